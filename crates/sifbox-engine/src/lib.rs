@@ -1,0 +1,20 @@
+//! The sandbox engines of sifbox.
+//!
+//! The native engine runs a sandbox as a small tree of supervisor processes
+//! (see [`supervisor`]) that create user, pid, mount, ipc, uts and optionally
+//! network namespaces, assemble an overlay root ([`rootfs`]) and serve exec
+//! requests over a Unix socket ([`protocol`]). [`Sandbox`] is the client side.
+
+pub mod doctor;
+pub mod error;
+pub mod idmap;
+pub mod protocol;
+pub mod rootfs;
+pub mod runtime;
+pub mod sandbox;
+pub mod spec;
+pub mod supervisor;
+
+pub use error::{Error, Result};
+pub use sandbox::{ExecStatus, Sandbox, StartOptions};
+pub use spec::SandboxSpec;

@@ -1,0 +1,226 @@
+//! The control protocol between clients and a sandbox's exec server.
+//!
+//! Frames on a Unix stream socket: a little-endian u32 length, then that many
+//! bytes of JSON. File descriptors (a command's stdio, a pty master) travel
+//! with the first byte of a frame as SCM_RIGHTS, so a client never has to
+//! enter the sandbox's namespaces itself.
+
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Largest frame accepted (argv and env of an exec included).
+pub const MAX_FRAME: u32 = 64 << 20;
+/// Most descriptors carried by one frame.
+const MAX_FDS: usize = 4;
+
+/// What a client asks of the exec server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Run a command. Without `tty`, three fds (stdin, stdout, stderr) come
+    /// with the frame.
+    Exec(ExecRequest),
+    /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
+    /// `grace_ms`.
+    Stop { grace_ms: u64 },
+    /// Liveness check.
+    Ping,
+}
+
+/// A command to run inside the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// Allocate a pty inside the sandbox; its master comes back with
+    /// [`Event::Started`].
+    #[serde(default)]
+    pub tty: bool,
+    /// Initial window size of the pty (rows, cols).
+    #[serde(default)]
+    pub winsize: Option<(u16, u16)>,
+    /// Run as this uid:gid instead of 0:0.
+    #[serde(default)]
+    pub user: Option<(u32, u32)>,
+}
+
+/// What the exec server answers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    /// The command runs (pid inside the sandbox). With a tty, the pty master
+    /// comes with this frame.
+    Started { pid: i32 },
+    /// The command ended: `code` follows the exit-code contract (128+N for
+    /// signal N).
+    Exit { code: i32 },
+    /// The command could not be started; `code` is 125, 126 or 127.
+    Error { code: i32, message: String },
+    /// The request was accepted (stop, ping).
+    Ok,
+}
+
+/// Protocol failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame of {0} bytes is larger than the limit")]
+    TooLarge(u32),
+    #[error("malformed frame: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Sends one frame with `fds` attached.
+pub fn send<T: Serialize>(
+    sock: &UnixStream,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ProtocolError> {
+    let body = serde_json::to_vec(msg)?;
+    let len = u32::try_from(body.len()).map_err(|_| ProtocolError::TooLarge(u32::MAX))?;
+    if len > MAX_FRAME {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let header = len.to_le_bytes();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(ProtocolError::Io(std::io::Error::other(
+            "too many fds for one frame",
+        )));
+    }
+    let iov = [IoSlice::new(&header), IoSlice::new(&body)];
+    let sent = loop {
+        match sendmsg(sock, &iov, &mut anc, SendFlags::NOSIGNAL) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        }
+    };
+    // The rest (if the kernel took only part) goes without descriptors.
+    let total = header.len() + body.len();
+    if sent < total {
+        let mut all = Vec::with_capacity(total);
+        all.extend_from_slice(&header);
+        all.extend_from_slice(&body);
+        (&*sock).write_all(&all[sent..])?;
+    }
+    Ok(())
+}
+
+/// Receives one frame and the descriptors that came with it.
+pub fn recv<T: DeserializeOwned>(sock: &UnixStream) -> Result<(T, Vec<OwnedFd>), ProtocolError> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    let mut fds = Vec::new();
+    while got < header.len() {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        let mut anc = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(&mut header[got..])];
+        let n = match recvmsg(sock, &mut iov, &mut anc, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(std::io::Error::from(e).into()),
+        };
+        for msg in anc.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = msg {
+                fds.extend(received);
+            }
+        }
+        if n == 0 {
+            return Err(ProtocolError::Closed);
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(header);
+    if len > MAX_FRAME {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len as usize];
+    (&*sock).read_exact(&mut body).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            ProtocolError::Closed
+        } else {
+            ProtocolError::Io(e)
+        }
+    })?;
+    Ok((serde_json::from_slice(&body)?, fds))
+}
+
+/// Borrows a list of owned descriptors for [`send`].
+pub fn borrow_all(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
+    fds.iter().map(|f| f.as_fd()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_roundtrip_with_fds() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let req = Request::Exec(ExecRequest {
+            argv: vec!["echo".into(), "hi".into()],
+            env: vec![("A".into(), "1".into())],
+            cwd: "/".into(),
+            ..Default::default()
+        });
+        let (r, w) = rustix::pipe::pipe().expect("pipe");
+        send(&a, &req, &[r.as_fd(), w.as_fd()]).expect("send");
+        send(&a, &Request::Ping, &[]).expect("send");
+        let (got, fds): (Request, _) = recv(&b).expect("recv");
+        assert_eq!(got, req);
+        assert_eq!(fds.len(), 2);
+        // The received write end feeds the original read end.
+        rustix::io::write(&fds[1], b"x").expect("write");
+        let mut buf = [0u8; 1];
+        rustix::io::read(&r, &mut buf).expect("read");
+        assert_eq!(&buf, b"x");
+        let (got, fds): (Request, _) = recv(&b).expect("recv");
+        assert_eq!(got, Request::Ping);
+        assert!(fds.is_empty());
+        drop(a);
+        assert!(matches!(recv::<Request>(&b), Err(ProtocolError::Closed)));
+    }
+
+    #[test]
+    fn large_frame_roundtrip() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        let big = "x".repeat(4 << 20);
+        let t = std::thread::spawn(move || {
+            send(
+                &a,
+                &Event::Error {
+                    code: 1,
+                    message: big,
+                },
+                &[],
+            )
+            .expect("send");
+        });
+        let (got, _): (Event, _) = recv(&b).expect("recv");
+        t.join().expect("join");
+        assert!(matches!(got, Event::Error { message, .. } if message.len() == 4 << 20));
+    }
+
+    #[test]
+    fn oversized_header_is_rejected() {
+        let (a, b) = UnixStream::pair().expect("pair");
+        (&a).write_all(&(MAX_FRAME + 1).to_le_bytes())
+            .expect("write");
+        assert!(matches!(recv::<Event>(&b), Err(ProtocolError::TooLarge(_))));
+    }
+}

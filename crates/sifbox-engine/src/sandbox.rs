@@ -1,0 +1,350 @@
+//! The client side of a native sandbox: start it, run commands in it, stop it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, IoContext, Result};
+use crate::idmap;
+use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
+use crate::runtime::{self, State};
+use crate::spec::{validate_name, SandboxSpec, Writable};
+use crate::supervisor::{Launch, CONTROL_SOCKET, SUPERVISOR_ARG};
+
+/// How to start a sandbox.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Tie the sandbox to this process: it dies when this process dies.
+    pub oneshot: bool,
+    /// The sifbox binary that serves as supervisor.
+    pub supervisor_exe: PathBuf,
+}
+
+/// How an exec ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecStatus {
+    /// The command ran and ended with this code (128+N for signal N).
+    Exited(i32),
+    /// The command could not start: 125 (sifbox), 126 (not executable) or
+    /// 127 (not found), with the reason.
+    Failed { code: i32, message: String },
+}
+
+impl ExecStatus {
+    /// The exit code under the contract of `sifbox run`.
+    pub fn code(&self) -> i32 {
+        match self {
+            ExecStatus::Exited(c) | ExecStatus::Failed { code: c, .. } => *c,
+        }
+    }
+}
+
+/// A running native sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    name: String,
+    dir: PathBuf,
+    supervisor: Option<Child>,
+    /// Kept open so the supervisor's late status lines never hit a closed pipe.
+    _status: Option<BufReader<ChildStdout>>,
+}
+
+/// An exec with a pty: relay between the caller's terminal and `master`,
+/// then [`TtyExec::wait`].
+#[derive(Debug)]
+pub struct TtyExec {
+    pub master: OwnedFd,
+    conn: UnixStream,
+}
+
+impl TtyExec {
+    /// Waits for the command to end.
+    pub fn wait(self, name: &str) -> Result<ExecStatus> {
+        wait_exit(&self.conn, name)
+    }
+}
+
+impl Sandbox {
+    /// Starts a sandbox and returns once it accepts commands.
+    pub fn start(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
+        validate_name(&spec.name)?;
+        let root = runtime::root()?;
+        if let Err(e) = runtime::reap_dead(&root) {
+            tracing::warn!("could not clean up dead sandboxes: {e}");
+        }
+        let dir = runtime::sandbox_dir(&root, &spec.name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::BadInput {
+                    what: format!("sandbox name {:?}", spec.name),
+                    why: "a sandbox of that name is running".into(),
+                    fix: "choose another --name, or stop it first".into(),
+                })
+            }
+            Err(e) => return Err(Error::io(format!("creating {}", dir.display()), e)),
+        }
+        let mut guard = DirGuard(Some(dir.clone()));
+        std::fs::create_dir(dir.join("m")).ctx(|| format!("creating {}/m", dir.display()))?;
+        if let Writable::Overlay { dir: o } = &spec.writable {
+            for sub in ["upper", "work"] {
+                std::fs::create_dir_all(o.join(sub)).map_err(|e| Error::BadInput {
+                    what: format!("--overlay {}", o.display()),
+                    why: format!("cannot create {sub}/ in it: {e}"),
+                    fix: "pass a writable directory on a local file system".into(),
+                })?;
+            }
+        }
+
+        let mut child = Command::new(&opts.supervisor_exe)
+            .arg0("sifbox")
+            .arg(SUPERVISOR_ARG)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .ctx(|| format!("starting the supervisor {}", opts.supervisor_exe.display()))?;
+        let pid = i32::try_from(child.id()).map_err(|_| Error::Setup("pid out of range".into()))?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(Error::Setup("supervisor pipes missing".into()));
+        };
+        let mut status = BufReader::new(stdout);
+        let mut sandbox = Sandbox {
+            name: spec.name.clone(),
+            dir: dir.clone(),
+            supervisor: Some(child),
+            _status: None,
+        };
+        guard.0 = None; // the Sandbox's Drop cleans up from here on
+
+        let state = State {
+            name: spec.name.clone(),
+            supervisor_pid: pid,
+            supervisor_start: runtime::process_start_time(pid).unwrap_or_default(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+            rootfs: spec.rootfs.clone(),
+            oneshot: opts.oneshot,
+        };
+        runtime::write_state(&dir, &state)?;
+        let launch = Launch {
+            spec,
+            dir,
+            oneshot: opts.oneshot,
+            client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
+        };
+        send_line(
+            &mut stdin,
+            &serde_json::to_string(&launch).map_err(|e| Error::Setup(e.to_string()))?,
+        )?;
+        loop {
+            let mut line = String::new();
+            status
+                .read_line(&mut line)
+                .ctx(|| "reading the supervisor's status".to_string())?;
+            let line = line.trim_end();
+            match line.split_once(' ').unwrap_or((line, "")) {
+                ("unshared", _) => {
+                    let caller = idmap::Caller::current();
+                    if let Err(e) = idmap::write_external(pid, &launch.spec.ids, &caller) {
+                        let _ = send_line(&mut stdin, "abort");
+                        return Err(e);
+                    }
+                    send_line(&mut stdin, "mapped")?;
+                }
+                ("ready", _) => break,
+                ("error", msg) => return Err(Error::Setup(msg.to_string())),
+                _ => {
+                    return Err(Error::Setup(format!(
+                        "sandbox {}: the supervisor exited during setup",
+                        launch.spec.name
+                    )))
+                }
+            }
+        }
+        drop(stdin);
+        sandbox._status = Some(status);
+        Ok(sandbox)
+    }
+
+    /// The sandbox's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The sandbox's runtime dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn connect(&self) -> Result<UnixStream> {
+        connect(&self.dir).map_err(|e| Error::Protocol {
+            name: self.name.clone(),
+            why: format!("cannot reach its control socket: {e}"),
+        })
+    }
+
+    /// Runs a command with the given stdin, stdout and stderr and waits for it.
+    pub fn exec(&self, req: ExecRequest, stdio: [BorrowedFd<'_>; 3]) -> Result<ExecStatus> {
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Exec(ExecRequest { tty: false, ..req }),
+            &stdio,
+        )
+        .map_err(|e| self.proto(e))?;
+        wait_exit(&conn, &self.name)
+    }
+
+    /// Runs a command on a new pty inside the sandbox.
+    pub fn exec_tty(&self, req: ExecRequest) -> Result<std::result::Result<TtyExec, ExecStatus>> {
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::Exec(ExecRequest { tty: true, ..req }), &[])
+            .map_err(|e| self.proto(e))?;
+        let (ev, mut fds) = protocol::recv::<Event>(&conn).map_err(|e| self.proto(e))?;
+        match ev {
+            Event::Started { .. } => match fds.pop() {
+                Some(master) => Ok(Ok(TtyExec { master, conn })),
+                None => {
+                    Err(self.proto(ProtocolError::Io(std::io::Error::other("no pty came back"))))
+                }
+            },
+            Event::Error { code, message } => Ok(Err(ExecStatus::Failed { code, message })),
+            other => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
+                "unexpected {other:?}"
+            ))))),
+        }
+    }
+
+    fn proto(&self, e: ProtocolError) -> Error {
+        Error::Protocol {
+            name: self.name.clone(),
+            why: e.to_string(),
+        }
+    }
+
+    /// Stops the sandbox: SIGTERM to every process, SIGKILL after `grace`;
+    /// returns once no process, mount or runtime dir of it is left.
+    pub fn stop(mut self, grace: std::time::Duration) -> Result<()> {
+        self.shutdown(grace)
+    }
+
+    fn shutdown(&mut self, grace: std::time::Duration) -> Result<()> {
+        let Some(mut child) = self.supervisor.take() else {
+            return Ok(());
+        };
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let asked = self.connect().ok().and_then(|c| {
+            protocol::send(&c, &Request::Stop { grace_ms }, &[])
+                .ok()
+                .map(|()| c)
+        });
+        if asked.is_none() {
+            signal_child(&child, rustix::process::Signal::TERM);
+        }
+        child
+            .wait()
+            .ctx(|| format!("waiting for sandbox {}", self.name))?;
+        drop(asked);
+        runtime::remove_dir(&self.dir)
+    }
+
+    /// Tells the supervisor to tear everything down now (used on SIGINT/SIGTERM).
+    pub fn kill_handle(&self) -> Option<KillHandle> {
+        self.supervisor
+            .as_ref()
+            .and_then(|c| rustix::process::Pid::from_raw(i32::try_from(c.id()).ok()?))
+            .map(KillHandle)
+    }
+}
+
+/// Sends the supervisor the signal that makes it kill the sandbox at once.
+#[derive(Debug, Clone, Copy)]
+pub struct KillHandle(rustix::process::Pid);
+
+impl KillHandle {
+    /// Asks the supervisor to kill every process of the sandbox now.
+    pub fn kill(&self) {
+        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::TERM);
+    }
+}
+
+fn signal_child(child: &Child, sig: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(child.id())
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown(std::time::Duration::ZERO) {
+            tracing::warn!("cleaning up sandbox {}: {e}", self.name);
+        }
+    }
+}
+
+/// Removes a half-made runtime dir unless disarmed.
+struct DirGuard(Option<PathBuf>);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = runtime::remove_dir(&d);
+        }
+    }
+}
+
+fn send_line(w: &mut ChildStdin, line: &str) -> Result<()> {
+    w.write_all(format!("{line}\n").as_bytes())
+        .ctx(|| "talking to the supervisor".to_string())
+}
+
+/// Connects to the control socket of the sandbox whose runtime dir is `dir`
+/// (through /proc/self/fd, so long paths do not hit the 108-byte limit).
+pub fn connect(dir: &Path) -> std::io::Result<UnixStream> {
+    let fd = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    use std::os::fd::AsRawFd;
+    UnixStream::connect(format!(
+        "/proc/self/fd/{}/{CONTROL_SOCKET}",
+        fd.as_fd().as_raw_fd()
+    ))
+}
+
+fn wait_exit(conn: &UnixStream, name: &str) -> Result<ExecStatus> {
+    loop {
+        match protocol::recv::<Event>(conn) {
+            Ok((Event::Started { .. }, _)) | Ok((Event::Ok, _)) => {}
+            Ok((Event::Exit { code }, _)) => return Ok(ExecStatus::Exited(code)),
+            Ok((Event::Error { code, message }, _)) => {
+                return Ok(ExecStatus::Failed { code, message })
+            }
+            Err(ProtocolError::Closed) => {
+                return Err(Error::Protocol {
+                    name: name.to_string(),
+                    why: "the sandbox stopped while the command ran".into(),
+                })
+            }
+            Err(e) => {
+                return Err(Error::Protocol {
+                    name: name.to_string(),
+                    why: e.to_string(),
+                })
+            }
+        }
+    }
+}

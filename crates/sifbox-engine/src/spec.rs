@@ -1,0 +1,363 @@
+//! What a sandbox is made of: the validated, serializable description that the
+//! CLI (or a library user) builds and the supervisor executes.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The default PATH inside a sandbox (Apptainer's).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Default size of the `--writable-tmpfs` upper layer, in MiB.
+pub const DEFAULT_TMPFS_MIB: u64 = 1024;
+
+/// Network mode of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum NetMode {
+    /// Share the host's network namespace.
+    #[default]
+    Host,
+    /// A network namespace of its own with only `lo`, up.
+    None,
+}
+
+/// How ids are mapped into the sandbox's user namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UsernsMode {
+    /// `full` when the caller has a subordinate range and newuidmap/newgidmap
+    /// exist (or is root), else `single`.
+    #[default]
+    Auto,
+    /// Only the caller's own uid/gid, mapped to 0.
+    Single,
+    /// The caller's id at 0 plus the caller's whole subordinate range from 1.
+    Full,
+}
+
+/// One line of a uid_map or gid_map: `inside outside count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdRange {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+/// The id maps of a sandbox and how they are written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMapping {
+    /// The mode that was asked for, after `auto` was resolved.
+    pub mode: UsernsMode,
+    pub uid: Vec<IdRange>,
+    pub gid: Vec<IdRange>,
+    /// True when the maps must be written from outside (newuidmap, or root
+    /// writing /proc/PID/uid_map); false when the sandbox writes its own
+    /// single-id map.
+    pub external: bool,
+}
+
+impl IdMapping {
+    /// Number of ids mapped (the inside ranges start at 0 and are contiguous).
+    pub fn uid_count(&self) -> u32 {
+        self.uid.iter().map(|r| r.count).sum()
+    }
+
+    /// Number of gids mapped.
+    pub fn gid_count(&self) -> u32 {
+        self.gid.iter().map(|r| r.count).sum()
+    }
+}
+
+/// Where the sandbox's writes go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Writable {
+    /// An upper dir on a tmpfs of this many MiB, gone with the sandbox.
+    Tmpfs { size_mib: u64 },
+    /// An upper dir (`DIR/upper`, `DIR/work`) kept on the host for inspection.
+    Overlay { dir: PathBuf },
+}
+
+/// A host path made visible inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub readonly: bool,
+}
+
+impl Bind {
+    /// Parses `SRC:DST[:ro|rw]` (or `SRC` alone, bound at the same path).
+    /// SRC must exist; it is made absolute.
+    pub fn parse(spec: &str) -> Result<Bind> {
+        let bad = |why: &str| Error::BadInput {
+            what: format!("--bind {spec:?}"),
+            why: why.to_string(),
+            fix: "use --bind SRC:DST or --bind SRC:DST:ro with absolute DST".into(),
+        };
+        let parts: Vec<&str> = spec.split(':').collect();
+        let (src, dst, readonly) = match parts.as_slice() {
+            [src] => (*src, *src, false),
+            [src, dst] => (*src, *dst, false),
+            [src, dst, "ro"] => (*src, *dst, true),
+            [src, dst, "rw"] => (*src, *dst, false),
+            [_, _, opt] => return Err(bad(&format!("unknown option {opt:?} (expected ro or rw)"))),
+            _ => return Err(bad("too many ':' separated fields")),
+        };
+        if src.is_empty() || dst.is_empty() {
+            return Err(bad("empty source or destination"));
+        }
+        let dst = PathBuf::from(dst);
+        if !dst.is_absolute() {
+            return Err(bad(
+                "the destination must be an absolute path inside the sandbox",
+            ));
+        }
+        if dst
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            return Err(bad("the destination must not contain '..'"));
+        }
+        let src = std::path::absolute(src).map_err(|e| bad(&e.to_string()))?;
+        if std::fs::symlink_metadata(&src).is_err() {
+            return Err(Error::BadInput {
+                what: format!("--bind {spec:?}"),
+                why: format!("the source {} does not exist on the host", src.display()),
+                fix: "create it first or fix the path".into(),
+            });
+        }
+        Ok(Bind { src, dst, readonly })
+    }
+}
+
+/// Everything needed to start a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Sandbox name (`^[a-zA-Z0-9._-]+$`).
+    pub name: String,
+    /// The read-only lower layer: an unpacked root file system.
+    pub rootfs: PathBuf,
+    pub hostname: String,
+    pub net: NetMode,
+    pub ids: IdMapping,
+    pub writable: Writable,
+    pub binds: Vec<Bind>,
+    /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
+    pub host_dns: bool,
+}
+
+/// Checks a sandbox name against Apptainer's rule.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && name != "."
+        && name != "..";
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadInput {
+            what: format!("sandbox name {name:?}"),
+            why: "names may only contain letters, digits, '.', '_' and '-' (at most 128)".into(),
+            fix: "choose a name matching ^[a-zA-Z0-9._-]+$".into(),
+        })
+    }
+}
+
+/// The environment a command starts with, as Apptainer's `--cleanenv`:
+/// PATH, HOME=/root, LANG=C, and TERM and the proxy variables taken from
+/// `host`, then `extra` in order (later wins).
+pub fn clean_env<'a>(
+    host: impl IntoIterator<Item = (String, String)>,
+    extra: impl IntoIterator<Item = &'a (String, String)>,
+) -> Vec<(String, String)> {
+    const KEPT: &[&str] = &[
+        "TERM",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+        "ftp_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "FTP_PROXY",
+    ];
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/root".into()),
+        ("LANG".into(), "C".into()),
+    ];
+    let mut kept: Vec<(String, String)> = host
+        .into_iter()
+        .filter(|(k, _)| KEPT.contains(&k.as_str()))
+        .collect();
+    kept.sort();
+    env.extend(kept);
+    for (k, v) in extra {
+        set_env(&mut env, k, v);
+    }
+    env
+}
+
+/// Sets `key` in `env`, replacing an earlier value in place.
+pub fn set_env(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    if let Some(slot) = env.iter_mut().find(|(k, _)| k == key) {
+        slot.1 = value.to_string();
+    } else {
+        env.push((key.to_string(), value.to_string()));
+    }
+}
+
+fn valid_env_key(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Parses one `--env K=V` argument.
+pub fn parse_env_arg(arg: &str) -> Result<(String, String)> {
+    match arg.split_once('=') {
+        Some((k, v)) if valid_env_key(k) => Ok((k.to_string(), v.to_string())),
+        _ => Err(Error::BadInput {
+            what: format!("--env {arg:?}"),
+            why: "expected KEY=VALUE with KEY made of letters, digits and '_'".into(),
+            fix: "write it as --env NAME=value".into(),
+        }),
+    }
+}
+
+/// Parses an env file: `KEY=VALUE` lines, blank lines and `#` comments
+/// ignored, an optional `export ` prefix, no shell evaluation. A value wrapped
+/// in one pair of matching quotes loses them; nothing else is interpreted.
+pub fn parse_env_file(path: &Path) -> Result<Vec<(String, String)>> {
+    let text = std::fs::read(path).map_err(|e| Error::BadInput {
+        what: format!("--env-file {}", path.display()),
+        why: format!("cannot read it: {e}"),
+        fix: "check the path and its permissions".into(),
+    })?;
+    let text = String::from_utf8(text).map_err(|_| Error::BadInput {
+        what: format!("--env-file {}", path.display()),
+        why: "it is not valid UTF-8".into(),
+        fix: "save the file as UTF-8 text".into(),
+    })?;
+    parse_env_text(&text).map_err(|(line, why)| Error::BadInput {
+        what: format!("{}:{line}", path.display()),
+        why,
+        fix: "each line must be KEY=VALUE (no spaces around '='), a comment or blank".into(),
+    })
+}
+
+/// Parses the text of an env file; an error carries the 1-based line number.
+pub fn parse_env_text(text: &str) -> std::result::Result<Vec<(String, String)>, (usize, String)> {
+    let mut out = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let Some((key, value)) = line.split_once('=') else {
+            return Err((i + 1, format!("no '=' in {raw:?}")));
+        };
+        if !valid_env_key(key) {
+            return Err((i + 1, format!("invalid variable name {key:?}")));
+        }
+        let value = strip_matching_quotes(value);
+        out.push((key.to_string(), value.to_string()));
+    }
+    Ok(out)
+}
+
+fn strip_matching_quotes(v: &str) -> &str {
+    for q in ['"', '\''] {
+        if v.len() >= 2 && v.starts_with(q) && v.ends_with(q) {
+            return &v[1..v.len() - 1];
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_forms() {
+        let b = Bind::parse("/tmp:/data:ro").expect("parse");
+        assert_eq!(b.dst, PathBuf::from("/data"));
+        assert!(b.readonly);
+        let b = Bind::parse("/tmp").expect("parse");
+        assert_eq!(b.dst, PathBuf::from("/tmp"));
+        assert!(!b.readonly);
+        assert!(Bind::parse("/tmp:/d:rx").is_err());
+        assert!(Bind::parse("/tmp:rel").is_err());
+        assert!(Bind::parse("/tmp:/a/../b").is_err());
+        assert!(Bind::parse("/no/such/dir/sifbox:/d").is_err());
+        assert!(Bind::parse("/tmp:/d:ro:x").is_err());
+        assert!(Bind::parse(":/d").is_err());
+    }
+
+    #[test]
+    fn env_file_lines() {
+        let parsed = parse_env_text("# c\n\nA=1\nexport B=\"two words\"\nC='x'\nD=a=b\nE=\n")
+            .expect("parse");
+        assert_eq!(
+            parsed,
+            vec![
+                ("A".into(), "1".into()),
+                ("B".into(), "two words".into()),
+                ("C".into(), "x".into()),
+                ("D".into(), "a=b".into()),
+                ("E".into(), String::new()),
+            ]
+        );
+        assert_eq!(parse_env_text("A=1\nnovalue\n").map_err(|e| e.0), Err(2));
+        assert_eq!(parse_env_text("1A=1").map_err(|e| e.0), Err(1));
+        assert_eq!(parse_env_text("A B=1").map_err(|e| e.0), Err(1));
+        // No shell evaluation.
+        assert_eq!(
+            parse_env_text("A=$(id)`x`${HOME}").expect("parse"),
+            vec![("A".into(), "$(id)`x`${HOME}".into())]
+        );
+    }
+
+    #[test]
+    fn clean_env_keeps_only_allowed() {
+        let host = vec![
+            ("SECRET".to_string(), "x".to_string()),
+            ("TERM".to_string(), "xterm".to_string()),
+            ("https_proxy".to_string(), "http://p".to_string()),
+            ("HOME".to_string(), "/home/me".to_string()),
+        ];
+        let extra = vec![
+            ("A".to_string(), "1".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+        ];
+        let env = clean_env(host, &extra);
+        let get = |k: &str| env.iter().find(|(kk, _)| kk == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("SECRET"), None);
+        assert_eq!(get("HOME"), Some("/root"));
+        assert_eq!(get("TERM"), Some("xterm"));
+        assert_eq!(get("https_proxy"), Some("http://p"));
+        assert_eq!(get("A"), Some("1"));
+        assert_eq!(get("LANG"), Some("C.UTF-8"));
+        assert_eq!(get("PATH"), Some(DEFAULT_PATH));
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("a.b_c-1").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name("..").is_err());
+        assert!(validate_name("a b").is_err());
+    }
+}

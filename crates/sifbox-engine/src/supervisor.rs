@@ -1,0 +1,564 @@
+//! The sandbox supervisor: `sifbox __supervisor`, re-executed from the sifbox
+//! binary so that it is single-threaded and may fork freely.
+//!
+//! Process tree of one sandbox:
+//!
+//! ```text
+//! client (sifbox run/start)
+//!  └─ outer    host pid ns; new user ns. Waits for init, then removes the runtime dir.
+//!      └─ init     PID 1 of the sandbox: new mount/ipc/uts(/net) ns, assembles the
+//!          │       root, pivots; then only reaps. When it exits the kernel kills
+//!          │       every process of the sandbox.
+//!          └─ server  nested user + mount ns (the sandbox's mounts are locked there,
+//!              │      so nothing inside can unmount /proc/sys's read-only cover);
+//!              │      accepts control connections.
+//!              └─ exec    one per command: a child subreaper that spawns the command
+//!                  └─ CMD  with the client's stdio (SCM_RIGHTS) or a pty.
+//! ```
+//!
+//! The client talks to outer over two pipes: outer's stdin carries the launch
+//! description (and "mapped" once the client wrote external id maps), outer's
+//! stdout carries status lines: `unshared`, `ready`, `error MESSAGE`,
+//! `exited CODE`. Every parent-to-child link carries a parent-death signal, so
+//! a SIGKILLed client (one-shot) or outer takes the whole sandbox down.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::idmap;
+use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::rootfs;
+use crate::spec::{NetMode, SandboxSpec};
+
+/// The hidden first argument that turns the sifbox binary into a supervisor.
+pub const SUPERVISOR_ARG: &str = "__supervisor";
+
+/// Name of the control socket in the sandbox's runtime dir.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// What the client hands the supervisor on its stdin (one JSON line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Launch {
+    pub spec: SandboxSpec,
+    /// The sandbox's runtime dir.
+    pub dir: PathBuf,
+    /// Tie the sandbox's life to the client's (a one-shot `run`).
+    pub oneshot: bool,
+    /// The client's pid, to detect a client that died before we started.
+    pub client_pid: i32,
+}
+
+/// Status lines to the client.
+struct Status(Option<File>);
+
+impl Status {
+    fn send(&mut self, line: &str) {
+        // The client may be gone (it then no longer cares); a failed write
+        // is not an error of the sandbox.
+        if let Some(f) = &mut self.0 {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Closes this process's copy of the status pipe.
+    fn close(&mut self) {
+        self.0 = None;
+    }
+
+    fn error(&mut self, e: &Error) {
+        let one_line = e.to_string().replace('\n', " ");
+        self.send(&format!("error {one_line}"));
+    }
+}
+
+fn errno(what: &str) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
+    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+}
+
+/// Entry point of `sifbox __supervisor`; returns the exit code.
+pub fn main() -> i32 {
+    // fd 1 is the status pipe; keep it as a close-on-exec fd and point fd 1
+    // at /dev/null so no command inherits it.
+    let mut status = match take_fd(1) {
+        Ok(fd) => Status(Some(File::from(fd))),
+        Err(_) => return 125,
+    };
+    let mut input = BufReader::new(std::io::stdin().lock());
+    match outer(&mut input, &mut status) {
+        Ok(code) => code,
+        Err(e) => {
+            status.error(&e);
+            125
+        }
+    }
+}
+
+/// Duplicates `fd` close-on-exec and replaces it with /dev/null.
+fn take_fd(fd: i32) -> std::io::Result<OwnedFd> {
+    let borrowed = match fd {
+        0 => rustix::stdio::stdin(),
+        _ => rustix::stdio::stdout(),
+    };
+    let dup = rustix::io::fcntl_dupfd_cloexec(borrowed, 3)?;
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR,
+        rustix::fs::Mode::empty(),
+    )?;
+    match fd {
+        0 => rustix::stdio::dup2_stdin(&null)?,
+        _ => rustix::stdio::dup2_stdout(&null)?,
+    }
+    Ok(dup)
+}
+
+fn read_line(input: &mut impl BufRead) -> Result<String> {
+    let mut line = String::new();
+    input
+        .read_line(&mut line)
+        .map_err(|e| Error::io("reading from the client", e))?;
+    if line.is_empty() {
+        return Err(Error::Setup("the client went away during setup".into()));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+fn outer(input: &mut impl BufRead, status: &mut Status) -> Result<i32> {
+    let launch: Launch = serde_json::from_str(&read_line(input)?)
+        .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))?;
+    if launch.oneshot {
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+            .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+        if rustix::process::getppid()
+            .map(Pid::as_raw_nonzero)
+            .map(|p| p.get())
+            != Some(launch.client_pid)
+        {
+            return Ok(125);
+        }
+    }
+    // Out of the client's session: terminal signals go to the client, which
+    // then stops the sandbox.
+    let _ = rustix::process::setsid();
+
+    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
+        what: "creating the sandbox's user and pid namespaces".into(),
+        source: e,
+        fix: "unprivileged user namespaces may be disabled or exhausted on this host; run `sifbox doctor`".into(),
+    })?;
+    let ids = &launch.spec.ids;
+    if ids.external {
+        status.send("unshared");
+        let answer = read_line(input)?;
+        if answer != "mapped" {
+            return Ok(125);
+        }
+    } else {
+        let (uid, gid) = (ids.uid[0].outside, ids.gid[0].outside);
+        idmap::write_file(Path::new("/proc/self/setgroups"), "deny\n")?;
+        idmap::write_file(Path::new("/proc/self/uid_map"), &format!("0 {uid} 1\n"))?;
+        idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
+    }
+
+    let init = match sifbox_sys::fork()? {
+        sifbox_sys::Forked::Child => {
+            let code = match init_main(&launch, status) {
+                Ok(()) => 0,
+                Err(e) => {
+                    status.error(&e);
+                    125
+                }
+            };
+            exit_now(code)
+        }
+        sifbox_sys::Forked::Parent(pid) => pid,
+    };
+    wait_init(init)?;
+    status.send("exited 0");
+    crate::runtime::remove_dir(&launch.dir)?;
+    Ok(0)
+}
+
+/// Ends a forked process without returning into the caller's stack.
+#[allow(clippy::exit, reason = "a forked supervisor process ends here")]
+fn exit_now(code: i32) -> ! {
+    std::process::exit(code)
+}
+
+/// Waits for init; SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once.
+fn wait_init(init: Pid) -> Result<()> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let (sig_r, sig_w) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(errno("pipe"))?;
+    let sig_w = File::from(sig_w);
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
+        let w = sig_w.try_clone().map_err(|e| Error::io("signal pipe", e))?;
+        signal_hook::low_level::pipe::register(sig, w)
+            .map_err(|e| Error::io("installing signal handlers", e))?;
+    }
+    let pidfd = rustix::process::pidfd_open(init, rustix::process::PidfdFlags::empty())
+        .map_err(errno("pidfd_open"))?;
+    loop {
+        let mut fds = [
+            PollFd::new(&pidfd, PollFlags::IN),
+            PollFd::new(&sig_r, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(errno("poll")(e)),
+        }
+        if !fds[1].revents().is_empty() {
+            let _ = rustix::process::kill_process(init, Signal::KILL);
+        }
+        if !fds[0].revents().is_empty() {
+            break;
+        }
+    }
+    loop {
+        match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// PID 1 of the sandbox.
+fn init_main(launch: &Launch, status: &mut Status) -> Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+    let spec = &launch.spec;
+    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
+    if spec.net == NetMode::None {
+        flags |= UnshareFlags::NEWNET;
+    }
+    sifbox_sys::unshare_namespaces(flags).map_err(|e| Error::Host {
+        what: "creating the sandbox's mount, ipc, uts and network namespaces".into(),
+        source: e,
+        fix: "run `sifbox doctor` to see what this host allows".into(),
+    })?;
+    // Host supplementary groups do not follow into the sandbox where the
+    // kernel lets us drop them (not in single-id namespaces).
+    let _ = rustix::thread::set_thread_groups(&[]);
+    let root = rootfs::assemble(spec, &launch.dir)?;
+    if spec.net == NetMode::None {
+        sifbox_sys::loopback_up()?;
+    }
+    rustix::system::sethostname(spec.hostname.as_bytes()).map_err(errno("sethostname"))?;
+    rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
+    let listener = UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
+        Error::io(
+            format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
+            e,
+        )
+    })?;
+    rootfs::pivot(&root)?;
+
+    // The server lives in a nested user namespace: the mounts made above are
+    // locked there.
+    let (to_init_r, to_init_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
+    let (to_server_r, to_server_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
+    let server = match sifbox_sys::fork()? {
+        sifbox_sys::Forked::Child => {
+            drop((to_init_r, to_server_w));
+            let result = (|| -> Result<()> {
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+                    .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+                sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)
+                    .map_err(|e| Error::io("creating the nested user namespace", e))?;
+                rustix::io::write(&to_init_w, b"u").map_err(errno("sync"))?;
+                let mut b = [0u8; 1];
+                if rustix::io::read(&to_server_r, &mut b).map_err(errno("sync"))? != 1 {
+                    return Err(Error::Setup(
+                        "init died while mapping the nested namespace".into(),
+                    ));
+                }
+                Ok(())
+            })();
+            match result {
+                Ok(()) => {
+                    status.send("ready");
+                    // From now on only outer holds the status pipe.
+                    status.close();
+                    serve(listener)
+                }
+                Err(e) => {
+                    status.error(&e);
+                    exit_now(125)
+                }
+            }
+        }
+        sifbox_sys::Forked::Parent(pid) => pid,
+    };
+    drop((to_init_w, to_server_r, listener));
+    let mut b = [0u8; 1];
+    if rustix::io::read(&to_init_r, &mut b).map_err(errno("sync"))? == 1 {
+        let uid = idmap::map_text(&idmap::identity_of(&spec.ids.uid));
+        let gid = idmap::map_text(&idmap::identity_of(&spec.ids.gid));
+        let proc = PathBuf::from(format!("/proc/{}", server.as_raw_nonzero()));
+        idmap::write_file(&proc.join("uid_map"), &uid)?;
+        idmap::write_file(&proc.join("gid_map"), &gid)?;
+        rustix::io::write(&to_server_w, b"m").map_err(errno("sync"))?;
+    }
+    drop(to_server_w);
+    // Nothing of the client's stays open here.
+    status.close();
+    reap_until(server);
+    Ok(())
+}
+
+/// PID 1's life after setup: reap orphans until the server exits.
+fn reap_until(server: Pid) {
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, _))) if pid == server => return,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The exec server: one connection at a time, each exec in its own process.
+fn serve(listener: UnixListener) -> ! {
+    loop {
+        reap_finished();
+        let conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => exit_now(125),
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+        let Ok((req, fds)) = protocol::recv::<Request>(&conn) else {
+            continue;
+        };
+        let _ = conn.set_read_timeout(None);
+        match req {
+            Request::Ping => {
+                let _ = protocol::send(&conn, &Event::Ok, &[]);
+            }
+            Request::Stop { grace_ms } => {
+                stop_all(Duration::from_millis(grace_ms));
+                let _ = protocol::send(&conn, &Event::Ok, &[]);
+                exit_now(0);
+            }
+            Request::Exec(exec) => match sifbox_sys::fork() {
+                Ok(sifbox_sys::Forked::Child) => {
+                    drop(listener);
+                    exit_now(run_exec(&conn, exec, fds))
+                }
+                Ok(sifbox_sys::Forked::Parent(_)) => {}
+                Err(e) => {
+                    let _ = protocol::send(
+                        &conn,
+                        &Event::Error {
+                            code: 125,
+                            message: e.to_string(),
+                        },
+                        &[],
+                    );
+                }
+            },
+        }
+    }
+}
+
+fn reap_finished() {
+    while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+}
+
+/// SIGTERM to every process of the sandbox, SIGKILL after `grace`.
+fn stop_all(grace: Duration) {
+    if !grace.is_zero() {
+        let _ = sifbox_sys::kill_all(Signal::TERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && others_alive() {
+            reap_finished();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = sifbox_sys::kill_all(Signal::KILL);
+}
+
+/// Whether any process besides init and the server remains.
+fn others_alive() -> bool {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc").map_or(false, |rd| {
+        rd.flatten().any(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.bytes().all(|b| b.is_ascii_digit()) && n != "1" && n != me.as_str()
+        })
+    })
+}
+
+/// One exec: runs in its own process, a child subreaper, so that everything
+/// the command starts (also what calls setsid or double-forks) stays below it.
+fn run_exec(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
+    let fail = |code: i32, message: String| {
+        let _ = protocol::send(conn, &Event::Error { code, message }, &[]);
+        code
+    };
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        return fail(125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
+    }
+    let Some(program) = req.argv.first().cloned() else {
+        return fail(125, "no command given".into());
+    };
+    match std::fs::metadata(&req.cwd) {
+        Ok(m) if m.is_dir() => {}
+        _ => {
+            return fail(
+                125,
+                format!(
+                    "working directory {} does not exist in the sandbox; pass an existing --cwd",
+                    req.cwd
+                ),
+            )
+        }
+    }
+    let mut cmd = Command::new(&program);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&req.cwd);
+    let mut hooks = sifbox_sys::ExecHooks {
+        setsid: true,
+        ids: req.user,
+        ..Default::default()
+    };
+    let mut master = None;
+    if req.tty {
+        match open_pty(req.winsize) {
+            Ok((m, slave)) => {
+                let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
+                    return fail(125, "duplicating the pty".into());
+                };
+                cmd.stdin(Stdio::from(slave))
+                    .stdout(Stdio::from(a))
+                    .stderr(Stdio::from(b));
+                hooks.controlling_tty = true;
+                master = Some(m);
+            }
+            Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
+        }
+    } else {
+        if fds.len() != 3 {
+            return fail(
+                125,
+                format!("expected 3 stdio descriptors, got {}", fds.len()),
+            );
+        }
+        let err = fds.pop();
+        let out = fds.pop();
+        let inp = fds.pop();
+        if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
+            cmd.stdin(Stdio::from(i))
+                .stdout(Stdio::from(o))
+                .stderr(Stdio::from(e));
+        }
+    }
+    sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, why) = match (e.kind(), e.raw_os_error()) {
+                (std::io::ErrorKind::NotFound, _) => (127, "command not found"),
+                (std::io::ErrorKind::PermissionDenied, _) => (126, "permission denied"),
+                (_, Some(8)) => (126, "not an executable format"),
+                _ => (126, "cannot execute"),
+            };
+            return fail(code, format!("{program}: {why} ({e})"));
+        }
+    };
+    // Our copies of the stdio fds are gone with `cmd`; only the command holds
+    // them now, so the client sees EOF when the command's tree closes them.
+    drop(cmd);
+    let Ok(pid) = i32::try_from(child.id()) else {
+        return fail(125, "pid out of range".into());
+    };
+    let sent = match &master {
+        Some(m) => protocol::send(conn, &Event::Started { pid }, &[m.as_fd()]),
+        None => protocol::send(conn, &Event::Started { pid }, &[]),
+    };
+    drop(master);
+    if sent.is_err() {
+        let _ = rustix::process::kill_process_group(
+            rustix::process::Pid::from_raw(pid).unwrap_or_else(|| exit_now(125)),
+            Signal::KILL,
+        );
+    }
+    let code = wait_code(pid);
+    let _ = protocol::send(conn, &Event::Exit { code }, &[]);
+    // Stay until every process this exec started is gone (they were
+    // reparented to us), so that stopping them later has a single anchor.
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some(_)) | Err(rustix::io::Errno::INTR) => {}
+            _ => break,
+        }
+    }
+    0
+}
+
+/// Waits for `pid` and turns its status into the exit-code contract.
+fn wait_code(pid: i32) -> i32 {
+    let Some(pid) = Pid::from_raw(pid) else {
+        return 125;
+    };
+    loop {
+        match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+            Ok(Some((_, st))) => {
+                if let Some(code) = st.exit_status() {
+                    return code;
+                }
+                if let Some(sig) = st.terminating_signal() {
+                    return 128 + sig;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            _ => return 125,
+        }
+    }
+}
+
+/// Allocates a pty in the sandbox's own devpts; returns (master, slave).
+fn open_pty(winsize: Option<(u16, u16)>) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    if let Some((rows, cols)) = winsize {
+        let ws = rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        rustix::termios::tcsetwinsize(&slave, ws)?;
+    }
+    Ok((master, slave))
+}

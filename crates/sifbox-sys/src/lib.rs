@@ -1,0 +1,284 @@
+//! Every `unsafe` line of sifbox lives in this crate.
+//!
+//! The rest of the workspace denies `unsafe_code`. What `rustix` already offers
+//! safely (unshare, pivot_root, mount, pidfd, prctl, SCM_RIGHTS, ptys) is used
+//! directly by the engine; this crate covers the remainder: `fork`, the hooks
+//! that run between `fork` and `exec` of a `std::process::Command`,
+//! `mount_setattr`, and bringing the loopback interface up. Each function is
+//! small, checks its preconditions, and maps each failing call to its own
+//! error variant so that an error names the exact syscall that failed.
+
+#![allow(unsafe_code)]
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// Errors of the raw syscalls in this crate; each names the call that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "fork refused: the process has {0} threads, fork is only safe in a single-threaded process"
+    )]
+    NotSingleThreaded(usize),
+    #[error("cannot count this process's threads: {0}")]
+    ThreadCount(std::io::Error),
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+    #[error("mount_setattr({path}): {source}")]
+    MountSetattr {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("kill(-1, {sig}): {source}")]
+    KillAll { sig: i32, source: std::io::Error },
+    #[error("socket(AF_INET) for the loopback interface: {0}")]
+    LoopbackSocket(std::io::Error),
+    #[error("ioctl(SIOCGIFFLAGS, lo): {0}")]
+    LoopbackGetFlags(std::io::Error),
+    #[error("ioctl(SIOCSIFFLAGS, lo): {0}")]
+    LoopbackSetFlags(std::io::Error),
+}
+
+/// Result of [`fork`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    /// In the parent; the child's pid.
+    Parent(rustix::process::Pid),
+    /// In the child.
+    Child,
+}
+
+/// Number of threads of the calling process, from /proc/self/stat.
+pub fn thread_count() -> Result<usize, Error> {
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(Error::ThreadCount)?;
+    // Field 20 (num_threads) counted after the ")" that closes the command name.
+    let after = stat
+        .rfind(')')
+        .map(|i| &stat[i + 1..])
+        .ok_or_else(|| Error::ThreadCount(std::io::Error::other("malformed /proc/self/stat")))?;
+    after
+        .split_whitespace()
+        .nth(17)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::ThreadCount(std::io::Error::other("malformed /proc/self/stat")))
+}
+
+/// Forks the calling process.
+///
+/// Refuses unless the process is single-threaded: after `fork` in a
+/// multi-threaded process the child may only call async-signal-safe functions,
+/// which this API cannot enforce. The sandbox supervisor is single-threaded
+/// (it runs before any runtime starts), so it may fork freely.
+pub fn fork() -> Result<Forked, Error> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(Error::NotSingleThreaded(threads));
+    }
+    // SAFETY: the process is single-threaded (checked just above, and nothing in
+    // this call path starts a thread), so the child is a complete copy of the
+    // only thread and may run arbitrary code, including allocation.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(Error::Fork(std::io::Error::last_os_error())),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(
+            rustix::process::Pid::from_raw(pid).ok_or_else(|| {
+                Error::Fork(std::io::Error::other("fork returned a negative pid"))
+            })?,
+        )),
+    }
+}
+
+/// `unshare(2)` for namespace flags only.
+///
+/// rustix marks `unshare` unsafe because `CLONE_FILES` (and `CLONE_FS`) would
+/// unshare state that Rust code may hold references into; namespace flags do
+/// not touch the fd table or the process's memory, so this wrapper accepts
+/// only those.
+pub fn unshare_namespaces(flags: rustix::thread::UnshareFlags) -> std::io::Result<()> {
+    use rustix::thread::UnshareFlags as F;
+    let allowed = F::NEWNS
+        | F::NEWUTS
+        | F::NEWIPC
+        | F::NEWUSER
+        | F::NEWPID
+        | F::NEWNET
+        | F::NEWCGROUP
+        | F::NEWTIME;
+    if !allowed.contains(flags) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: only namespace flags are passed (checked above); they change
+    // which namespaces later syscalls act in, not the fd table, the file
+    // system context or any memory this process holds.
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(Into::into)
+}
+
+/// What to do in the child of a `Command` between `fork` and `exec`.
+///
+/// Only async-signal-safe raw syscalls are made there (through rustix, which
+/// does not allocate for these calls).
+#[derive(Debug, Default, Clone)]
+pub struct ExecHooks {
+    /// Start a new session (and process group) for the command.
+    pub setsid: bool,
+    /// Make this fd (already the child's stdin) the controlling terminal.
+    pub controlling_tty: bool,
+    /// Signal sent to the child when its parent dies.
+    pub parent_death_signal: Option<rustix::process::Signal>,
+    /// Switch to this gid, then this uid, before `exec` (also clears groups).
+    pub ids: Option<(u32, u32)>,
+}
+
+/// Installs `hooks` on `cmd`.
+pub fn set_exec_hooks(cmd: &mut Command, hooks: ExecHooks) {
+    let run = move || -> std::io::Result<()> {
+        if hooks.setsid {
+            rustix::process::setsid()?;
+        }
+        if hooks.controlling_tty {
+            rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+        }
+        if let Some(sig) = hooks.parent_death_signal {
+            rustix::process::set_parent_process_death_signal(Some(sig))?;
+        }
+        if let Some((uid, gid)) = hooks.ids {
+            let gid = rustix::process::Gid::from_raw(gid);
+            let uid = rustix::process::Uid::from_raw(uid);
+            // Clearing supplementary groups fails with EPERM where setgroups is
+            // denied (single-id user namespaces); the groups are then already
+            // the overflow group only, so that is not an error.
+            match rustix::thread::set_thread_groups(&[]) {
+                Ok(()) | Err(rustix::io::Errno::PERM) => {}
+                Err(e) => return Err(e.into()),
+            }
+            rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+            rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+        }
+        Ok(())
+    };
+    // SAFETY: the closure runs in the forked child before exec. It only makes
+    // raw syscalls through rustix (setsid, ioctl, prctl, setgroups/setres[ug]id)
+    // which are async-signal-safe and do not allocate or take locks.
+    unsafe {
+        cmd.pre_exec(run);
+    }
+}
+
+/// `MOUNT_ATTR_RDONLY` from linux/mount.h.
+const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+/// `AT_RECURSIVE` from linux/fcntl.h.
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Sends `sig` to every process this process may signal, except itself and
+/// the init of its pid namespace (`kill(-1, sig)`). Inside a sandbox's pid
+/// namespace that is every other process of the sandbox. `ESRCH` (nothing
+/// left) is success.
+pub fn kill_all(sig: rustix::process::Signal) -> Result<(), Error> {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::kill(-1, sig.as_raw()) };
+    if rc == -1 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ESRCH) {
+            return Err(Error::KillAll {
+                sig: sig.as_raw(),
+                source: err,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Makes the detached or attached mount tree referred to by `fd` (from
+/// `open_tree`) read-only, recursively, leaving every other flag as it is.
+pub fn make_readonly_fd(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is a static NUL-terminated empty string (with
+    // AT_EMPTY_PATH the call acts on `fd`, which is open for the whole call);
+    // `attr` is a live repr(C) struct mount_attr of the size we pass.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            AT_RECURSIVE | libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc == -1 {
+        return Err(Error::MountSetattr {
+            path: format!("fd {}", fd.as_raw_fd()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn loopback_up() -> Result<(), Error> {
+    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+    let sock = socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::LoopbackSocket(e.into()))?;
+    let fd: BorrowedFd<'_> = std::os::fd::AsFd::as_fd(&sock);
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads ifr_name and writes ifr_flags of the ifreq we
+    // own; the socket fd is open for the duration of the call.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } == -1 {
+        return Err(Error::LoopbackGetFlags(std::io::Error::last_os_error()));
+    }
+    // SAFETY: after a successful SIOCGIFFLAGS the union holds ifru_flags.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own; the fd is open.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {
+        return Err(Error::LoopbackSetFlags(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_count_sees_test_threads() {
+        let n = thread_count().expect("thread count");
+        assert!(n >= 1);
+    }
+
+    #[test]
+    fn fork_refuses_in_multithreaded_process() {
+        // The test harness runs tests on worker threads, so the process has
+        // more than one thread here.
+        let _keep = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(1)));
+        match fork() {
+            Err(Error::NotSingleThreaded(n)) => assert!(n > 1),
+            other => panic!("expected refusal, got {other:?}"),
+        }
+    }
+}
