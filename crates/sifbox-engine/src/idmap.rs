@@ -68,15 +68,21 @@ impl Caller {
     pub fn current() -> Caller {
         let uid = rustix::process::geteuid().as_raw();
         let gid = rustix::process::getegid().as_raw();
-        let name = user_name(uid);
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let (subuid_text, subgid_text) = (read("/etc/subuid"), read("/etc/subgid"));
+        // Only look the name up when some line could name us.
+        let name = (!subuid_text.is_empty() || !subgid_text.is_empty())
+            .then(|| user_name(uid))
+            .flatten();
+        // Root writes maps itself and needs no helper.
+        let tool = |t: &str| if uid == 0 { None } else { find_tool(t) };
         Caller {
             uid,
             gid,
-            subuid: find_subrange(&read("/etc/subuid"), name.as_deref(), uid),
-            subgid: find_subrange(&read("/etc/subgid"), name.as_deref(), uid),
-            newuidmap: find_tool("newuidmap"),
-            newgidmap: find_tool("newgidmap"),
+            subuid: find_subrange(&subuid_text, name.as_deref(), uid),
+            subgid: find_subrange(&subgid_text, name.as_deref(), uid),
+            newuidmap: tool("newuidmap"),
+            newgidmap: tool("newgidmap"),
         }
     }
 

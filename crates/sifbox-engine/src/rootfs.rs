@@ -16,6 +16,7 @@
 //! applied to the detached tree before it becomes visible.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
@@ -50,6 +51,17 @@ impl NewRoot {
     /// Opens (creating what is missing) `inside`, an absolute path in the
     /// new root, without ever leaving it; returns an `O_PATH` fd.
     pub fn ensure(&self, inside: &Path, kind: Kind) -> Result<OwnedFd> {
+        self.ensure_within(inside, kind, 0)
+    }
+
+    fn ensure_within(&self, inside: &Path, kind: Kind, links: u32) -> Result<OwnedFd> {
+        const MAX_LINKS: u32 = 40;
+        if links > MAX_LINKS {
+            return Err(Error::Setup(format!(
+                "creating {} in the sandbox: too many levels of symbolic links",
+                inside.display()
+            )));
+        }
         let rel = relative(inside);
         let how = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
         let open = |p: &Path| {
@@ -76,7 +88,7 @@ impl NewRoot {
         })?;
         let parent = match rel.parent() {
             Some(p) if !p.as_os_str().is_empty() => {
-                self.ensure(&Path::new("/").join(p), Kind::Dir)?
+                self.ensure_within(&Path::new("/").join(p), Kind::Dir, links)?
             }
             _ => open(Path::new(".")).map_err(sys_err("opening the sandbox root".into()))?,
         };
@@ -93,7 +105,18 @@ impl NewRoot {
             .map(drop),
         };
         match made {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Ok(()) => {}
+            Err(rustix::io::Errno::EXIST) => {
+                // A dangling symlink: create its target, resolved inside the
+                // root like any other path.
+                if let Ok(target) = rustix::fs::readlinkat(&parent, name, Vec::new()) {
+                    let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
+                    let next = Path::new("/")
+                        .join(rel.parent().unwrap_or(Path::new("")))
+                        .join(target);
+                    return self.ensure_within(&next, kind, links + 1);
+                }
+            }
             Err(e) => {
                 return Err(sys_err(format!(
                     "creating {} in the sandbox",
@@ -108,13 +131,14 @@ impl NewRoot {
     }
 }
 
-/// `/a/b` -> `a/b`, dropping `.`; `..` never reaches here (validated earlier,
-/// and RESOLVE_IN_ROOT would clamp it anyway).
+/// `/a/b` -> `a/b`, dropping `.`; `..` is kept for openat2, which clamps it
+/// at the root (RESOLVE_IN_ROOT).
 fn relative(inside: &Path) -> PathBuf {
     inside
         .components()
         .filter_map(|c| match c {
             Component::Normal(n) => Some(n),
+            Component::ParentDir => Some(std::ffi::OsStr::new("..")),
             _ => None,
         })
         .collect()
@@ -216,16 +240,17 @@ pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
         overlay_escape(&upper),
         overlay_escape(&work)
     );
-    mount_fs("sifbox-overlay", &root_path, "overlay", MountFlags::empty(), &opts)
-        .or_else(|_| {
-            mount_fs(
-                "sifbox-overlay",
-                &root_path,
-                "overlay",
-                MountFlags::empty(),
-                &format!("{opts},userxattr"),
-            )
-        })
+    // We are always in a user namespace here, where overlayfs cannot use
+    // trusted.* xattrs: ask for user.* ones (without this the kernel falls
+    // back to fewer features and logs warnings on every mount).
+    mount_fs(
+        "sifbox-overlay",
+        &root_path,
+        "overlay",
+        MountFlags::empty(),
+        &format!("{opts},userxattr"),
+    )
+    .or_else(|_| mount_fs("sifbox-overlay", &root_path, "overlay", MountFlags::empty(), &opts))
         .map_err(|e| {
             Error::Setup(format!(
                 "mounting the overlay root (image {}): {}; run `sifbox doctor` to see whether overlayfs works in a user namespace here",

@@ -87,14 +87,14 @@ pub fn sandbox_dir(root: &Path, name: &str) -> PathBuf {
     root.join("sandboxes").join(name)
 }
 
-/// Writes state.json atomically.
+/// Writes state.json. It is written once, right after the dir is made; a
+/// reader that finds it missing or partial treats the sandbox as being
+/// created (or, once older than a minute, as dead).
 pub fn write_state(dir: &Path, state: &State) -> Result<()> {
-    let tmp = dir.join("state.json.tmp");
+    let path = dir.join("state.json");
     let data = serde_json::to_vec_pretty(state)
         .map_err(|e| Error::io("encoding state", std::io::Error::other(e)))?;
-    std::fs::write(&tmp, data).ctx(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, dir.join("state.json"))
-        .ctx(|| format!("publishing {}/state.json", dir.display()))
+    std::fs::write(&path, data).ctx(|| format!("writing {}", path.display()))
 }
 
 /// Reads a sandbox's state.json.

@@ -1,12 +1,16 @@
 //! The client side of a native sandbox: start it, run commands in it, stop it.
 
+use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use rustix::pipe::{pipe_with, PipeFlags};
+use rustix::process::{Pid, Signal, WaitOptions};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, IoContext, Result};
@@ -14,7 +18,7 @@ use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 use crate::runtime::{self, State};
 use crate::spec::{validate_name, SandboxSpec, Writable};
-use crate::supervisor::{Launch, CONTROL_SOCKET, SUPERVISOR_ARG};
+use crate::supervisor::{self, Launch, CONTROL_SOCKET, SUPERVISOR_ARG};
 
 /// How to start a sandbox.
 #[derive(Debug, Clone)]
@@ -23,6 +27,9 @@ pub struct StartOptions {
     pub oneshot: bool,
     /// The sifbox binary that serves as supervisor.
     pub supervisor_exe: PathBuf,
+    /// Fork the supervisor instead of executing `supervisor_exe` when this
+    /// process is single-threaded (a CLI); faster, same behaviour.
+    pub fork_when_possible: bool,
 }
 
 /// How an exec ended.
@@ -49,9 +56,10 @@ impl ExecStatus {
 pub struct Sandbox {
     name: String,
     dir: PathBuf,
-    supervisor: Option<Child>,
+    /// Host pid of the outer supervisor, our child.
+    supervisor: Option<Pid>,
     /// Kept open so the supervisor's late status lines never hit a closed pipe.
-    _status: Option<BufReader<ChildStdout>>,
+    _status: Option<BufReader<File>>,
 }
 
 /// An exec with a pty: relay between the caller's terminal and `master`,
@@ -101,27 +109,24 @@ impl Sandbox {
             }
         }
 
-        let mut child = Command::new(&opts.supervisor_exe)
-            .arg0("sifbox")
-            .arg(SUPERVISOR_ARG)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .ctx(|| format!("starting the supervisor {}", opts.supervisor_exe.display()))?;
-        let pid = i32::try_from(child.id()).map_err(|_| Error::Setup("pid out of range".into()))?;
-        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(Error::Setup("supervisor pipes missing".into()));
-        };
-        let mut status = BufReader::new(stdout);
-        let mut sandbox = Sandbox {
-            name: spec.name.clone(),
+        let launch = Launch {
+            spec,
             dir: dir.clone(),
-            supervisor: Some(child),
+            oneshot: opts.oneshot,
+            client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
+        };
+        let (pid, control, status) = launch_supervisor(&launch, opts)?;
+        let mut control = File::from(control);
+        let mut status = BufReader::new(File::from(status));
+        let mut sandbox = Sandbox {
+            name: launch.spec.name.clone(),
+            dir: dir.clone(),
+            supervisor: Some(pid),
             _status: None,
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
+        let pid = pid.as_raw_nonzero().get();
+        let spec = &launch.spec;
 
         let state = State {
             name: spec.name.clone(),
@@ -135,16 +140,6 @@ impl Sandbox {
             oneshot: opts.oneshot,
         };
         runtime::write_state(&dir, &state)?;
-        let launch = Launch {
-            spec,
-            dir,
-            oneshot: opts.oneshot,
-            client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
-        };
-        send_line(
-            &mut stdin,
-            &serde_json::to_string(&launch).map_err(|e| Error::Setup(e.to_string()))?,
-        )?;
         loop {
             let mut line = String::new();
             status
@@ -155,10 +150,10 @@ impl Sandbox {
                 ("unshared", _) => {
                     let caller = idmap::Caller::current();
                     if let Err(e) = idmap::write_external(pid, &launch.spec.ids, &caller) {
-                        let _ = send_line(&mut stdin, "abort");
+                        let _ = send_line(&mut control, "abort");
                         return Err(e);
                     }
-                    send_line(&mut stdin, "mapped")?;
+                    send_line(&mut control, "mapped")?;
                 }
                 ("ready", _) => break,
                 ("error", msg) => return Err(Error::Setup(msg.to_string())),
@@ -170,7 +165,7 @@ impl Sandbox {
                 }
             }
         }
-        drop(stdin);
+        drop(control);
         sandbox._status = Some(status);
         Ok(sandbox)
     }
@@ -238,7 +233,7 @@ impl Sandbox {
     }
 
     fn shutdown(&mut self, grace: std::time::Duration) -> Result<()> {
-        let Some(mut child) = self.supervisor.take() else {
+        let Some(pid) = self.supervisor.take() else {
             return Ok(());
         };
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
@@ -248,21 +243,22 @@ impl Sandbox {
                 .map(|()| c)
         });
         if asked.is_none() {
-            signal_child(&child, rustix::process::Signal::TERM);
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
         }
-        child
-            .wait()
-            .ctx(|| format!("waiting for sandbox {}", self.name))?;
+        loop {
+            match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(Error::io(format!("waiting for sandbox {}", self.name), e)),
+                Ok(_) => break,
+            }
+        }
         drop(asked);
         runtime::remove_dir(&self.dir)
     }
 
     /// Tells the supervisor to tear everything down now (used on SIGINT/SIGTERM).
     pub fn kill_handle(&self) -> Option<KillHandle> {
-        self.supervisor
-            .as_ref()
-            .and_then(|c| rustix::process::Pid::from_raw(i32::try_from(c.id()).ok()?))
-            .map(KillHandle)
+        self.supervisor.map(KillHandle)
     }
 }
 
@@ -277,21 +273,66 @@ impl KillHandle {
     }
 }
 
-fn signal_child(child: &Child, sig: rustix::process::Signal) {
-    if let Some(pid) = i32::try_from(child.id())
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown(std::time::Duration::ZERO) {
             tracing::warn!("cleaning up sandbox {}: {e}", self.name);
         }
     }
+}
+
+/// Starts the outer supervisor; returns its pid, the control pipe's write end
+/// and the status pipe's read end.
+///
+/// A single-threaded client forks it directly (no exec: about a millisecond
+/// less per sandbox); a multi-threaded one (an async runtime) must re-execute
+/// the sifbox binary so that the supervisor starts single-threaded.
+fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<(Pid, OwnedFd, OwnedFd)> {
+    if opts.fork_when_possible && sifbox_sys::thread_count().ok() == Some(1) {
+        let (control_r, control_w) =
+            pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let (status_r, status_w) =
+            pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        match sifbox_sys::fork()? {
+            sifbox_sys::Forked::Child => {
+                drop((control_w, status_r));
+                exit_now(supervisor::main_forked(launch, control_r, status_w))
+            }
+            sifbox_sys::Forked::Parent(pid) => return Ok((pid, control_w, status_r)),
+        }
+    }
+    let mut child = Command::new(&opts.supervisor_exe)
+        .arg0("sifbox")
+        .arg(SUPERVISOR_ARG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ctx(|| format!("starting the supervisor {}", opts.supervisor_exe.display()))?;
+    let pid = i32::try_from(child.id())
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| Error::Setup("pid out of range".into()))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(Error::Setup("supervisor pipes missing".into()));
+    };
+    let mut control = File::from(OwnedFd::from(stdin));
+    send_line(
+        &mut control,
+        &serde_json::to_string(launch).map_err(|e| Error::Setup(e.to_string()))?,
+    )?;
+    // `child` is reaped with waitpid by pid; std's handle is not needed.
+    drop(child);
+    Ok((pid, OwnedFd::from(control), OwnedFd::from(stdout)))
+}
+
+#[allow(
+    clippy::exit,
+    reason = "a forked supervisor ends here, never returning into the client"
+)]
+fn exit_now(code: i32) -> ! {
+    std::process::exit(code)
 }
 
 /// Removes a half-made runtime dir unless disarmed.
@@ -305,7 +346,7 @@ impl Drop for DirGuard {
     }
 }
 
-fn send_line(w: &mut ChildStdin, line: &str) -> Result<()> {
+fn send_line(w: &mut File, line: &str) -> Result<()> {
     w.write_all(format!("{line}\n").as_bytes())
         .ctx(|| "talking to the supervisor".to_string())
 }

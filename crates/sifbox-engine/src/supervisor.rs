@@ -9,8 +9,10 @@
 //!      └─ init     PID 1 of the sandbox: new mount/ipc/uts(/net) ns, assembles the
 //!          │       root, pivots; then only reaps. When it exits the kernel kills
 //!          │       every process of the sandbox.
-//!          └─ server  nested user + mount ns (the sandbox's mounts are locked there,
-//!              │      so nothing inside can unmount /proc/sys's read-only cover);
+//!          └─ server  nested user ns: it holds no capability over the sandbox's mount
+//!              │      ns (owned by the outer user ns), so nothing inside can unmount
+//!              │      /proc/sys's read-only cover; a mount ns made inside copies the
+//!              │      mounts locked;
 //!              │      accepts control connections.
 //!              └─ exec    one per command: a child subreaper that spawns the command
 //!                  └─ CMD  with the client's stdio (SCM_RIGHTS) or a pty.
@@ -26,6 +28,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -94,7 +97,44 @@ pub fn main() -> i32 {
         Err(_) => return 125,
     };
     let mut input = BufReader::new(std::io::stdin().lock());
-    match outer(&mut input, &mut status) {
+    let launch = read_line(&mut input).and_then(|l| {
+        serde_json::from_str::<Launch>(&l)
+            .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
+    });
+    finish(
+        launch.and_then(|l| outer(&l, &mut input, &mut status)),
+        &mut status,
+    )
+}
+
+/// Entry point of a supervisor forked (not executed) by a single-threaded
+/// client: same protocol, over the given pipes.
+pub fn main_forked(launch: &Launch, control: OwnedFd, status: OwnedFd) -> i32 {
+    let mut status = Status(Some(File::from(status)));
+    // Carry neither the client's argv nor its environment, and none of its
+    // stdio but stderr.
+    let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
+        .map_err(Error::from)
+        .and_then(|()| {
+            let null = rustix::fs::open(
+                "/dev/null",
+                rustix::fs::OFlags::RDWR,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(errno("opening /dev/null"))?;
+            rustix::stdio::dup2_stdin(&null).map_err(errno("dup2"))?;
+            rustix::stdio::dup2_stdout(&null).map_err(errno("dup2"))?;
+            Ok(())
+        });
+    let mut input = BufReader::new(File::from(control));
+    finish(
+        prepared.and_then(|()| outer(launch, &mut input, &mut status)),
+        &mut status,
+    )
+}
+
+fn finish(result: Result<i32>, status: &mut Status) -> i32 {
+    match result {
         Ok(code) => code,
         Err(e) => {
             status.error(&e);
@@ -133,9 +173,7 @@ fn read_line(input: &mut impl BufRead) -> Result<String> {
     Ok(line.trim_end().to_string())
 }
 
-fn outer(input: &mut impl BufRead, status: &mut Status) -> Result<i32> {
-    let launch: Launch = serde_json::from_str(&read_line(input)?)
-        .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))?;
+fn outer(launch: &Launch, input: &mut impl BufRead, status: &mut Status) -> Result<i32> {
     if launch.oneshot {
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
             .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -172,7 +210,7 @@ fn outer(input: &mut impl BufRead, status: &mut Status) -> Result<i32> {
 
     let init = match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
-            let code = match init_main(&launch, status) {
+            let code = match init_main(launch, status) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);
@@ -270,8 +308,8 @@ fn init_main(launch: &Launch, status: &mut Status) -> Result<()> {
     })?;
     rootfs::pivot(&root)?;
 
-    // The server lives in a nested user namespace: the mounts made above are
-    // locked there.
+    // The server lives in a nested user namespace, which has no capability
+    // over the mount namespace made above.
     let (to_init_r, to_init_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
     let (to_server_r, to_server_w) =
@@ -282,7 +320,7 @@ fn init_main(launch: &Launch, status: &mut Status) -> Result<()> {
             let result = (|| -> Result<()> {
                 rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
                     .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
-                sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWNS)
+                sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
                     .map_err(|e| Error::io("creating the nested user namespace", e))?;
                 rustix::io::write(&to_init_w, b"u").map_err(errno("sync"))?;
                 let mut b = [0u8; 1];
@@ -400,7 +438,7 @@ fn stop_all(grace: Duration) {
 /// Whether any process besides init and the server remains.
 fn others_alive() -> bool {
     let me = std::process::id().to_string();
-    std::fs::read_dir("/proc").map_or(false, |rd| {
+    std::fs::read_dir("/proc").is_ok_and(|rd| {
         rd.flatten().any(|e| {
             let n = e.file_name();
             let n = n.to_string_lossy();
@@ -475,7 +513,14 @@ fn run_exec(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
                 .stderr(Stdio::from(e));
         }
     }
-    sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+    if hooks.controlling_tty || hooks.ids.is_some() {
+        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+    } else {
+        // Without hooks std can use posix_spawn (vfork), which is much
+        // cheaper than fork + exec; a process group of its own is all the
+        // command needs (the sandbox has no controlling terminal).
+        cmd.process_group(0);
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -509,12 +554,9 @@ fn run_exec(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
     let _ = protocol::send(conn, &Event::Exit { code }, &[]);
     // Stay until every process this exec started is gone (they were
     // reparented to us), so that stopping them later has a single anchor.
-    loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some(_)) | Err(rustix::io::Errno::INTR) => {}
-            _ => break,
-        }
-    }
+    while let Ok(Some(_)) | Err(rustix::io::Errno::INTR) =
+        rustix::process::wait(WaitOptions::empty())
+    {}
     0
 }
 

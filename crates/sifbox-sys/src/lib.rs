@@ -90,6 +90,64 @@ pub fn fork() -> Result<Forked, Error> {
     }
 }
 
+/// Replaces what /proc/self/cmdline and /proc/self/environ show for this
+/// process: the argument block becomes `title` (NUL-separated words) and the
+/// environment block is zeroed; `environ` is cleared too.
+///
+/// A process forked from the CLI (without exec) still carries the CLI's
+/// argv and environment in these blocks; a sandbox supervisor must carry
+/// neither. Only call this in a single-threaded process that no longer reads
+/// its environment or `std::env::args` (both become empty strings).
+pub fn scrub_proc_identity(title: &[&str]) -> Result<(), Error> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(Error::NotSingleThreaded(threads));
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat").map_err(Error::ThreadCount)?;
+    let bad = || Error::ThreadCount(std::io::Error::other("malformed /proc/self/stat"));
+    let after = stat.rfind(')').map(|i| &stat[i + 1..]).ok_or_else(bad)?;
+    // After the command name the fields start at 3; arg_start..env_end are
+    // fields 48..51.
+    let f: Vec<usize> = after
+        .split_whitespace()
+        .skip(45)
+        .take(4)
+        .map(|v| v.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let [arg_start, arg_end, env_start, env_end] = f[..] else {
+        return Err(bad());
+    };
+    if arg_end < arg_start || env_end < env_start {
+        return Err(bad());
+    }
+    // SAFETY: clearenv only resets the `environ` pointer of this
+    // single-threaded process (checked above); no other thread can be
+    // reading the environment concurrently.
+    unsafe {
+        libc::clearenv();
+    }
+    let mut block: Vec<u8> = Vec::new();
+    for word in title {
+        block.extend_from_slice(word.as_bytes());
+        block.push(0);
+    }
+    let arg_len = arg_end - arg_start;
+    block.truncate(arg_len);
+    // SAFETY: [arg_start, arg_end) and [env_start, env_end) are the argument
+    // and environment string blocks the kernel placed on this process's
+    // stack at exec (read from /proc/self/stat just above); they are mapped
+    // and writable for the life of the process. Nothing reads them through
+    // Rust references: `environ` was cleared above and the caller promises
+    // not to read std::env::args again, so overwriting them aliases nothing.
+    unsafe {
+        let arg = arg_start as *mut u8;
+        std::ptr::write_bytes(arg, 0, arg_len);
+        std::ptr::copy_nonoverlapping(block.as_ptr(), arg, block.len());
+        std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
+    }
+    Ok(())
+}
+
 /// `unshare(2)` for namespace flags only.
 ///
 /// rustix marks `unshare` unsafe because `CLONE_FILES` (and `CLONE_FS`) would
@@ -229,6 +287,9 @@ pub fn make_readonly_fd(fd: BorrowedFd<'_>) -> Result<(), Error> {
     Ok(())
 }
 
+/// IFF_UP | IFF_RUNNING as the `short` that `ifr_flags` holds (both fit).
+const IFF_UP_RUNNING: libc::c_short = 0x1 | 0x40;
+
 /// Brings the loopback interface of the current network namespace up.
 pub fn loopback_up() -> Result<(), Error> {
     use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
@@ -252,7 +313,7 @@ pub fn loopback_up() -> Result<(), Error> {
     }
     // SAFETY: after a successful SIOCGIFFLAGS the union holds ifru_flags.
     unsafe {
-        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        req.ifr_ifru.ifru_flags |= IFF_UP_RUNNING;
     }
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own; the fd is open.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {

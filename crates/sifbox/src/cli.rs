@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one command in a fresh sandbox, then tear it down.
-    Run(cmd::run::RunArgs),
+    Run(Box<cmd::run::RunArgs>),
     /// Check what this host allows (user namespaces, id ranges, overlayfs, cgroups...).
     Doctor(cmd::doctor::DoctorArgs),
     /// Remove what dead sandboxes left behind (after a crash or kill -9).
@@ -44,7 +44,7 @@ pub fn run() -> ExitCode {
     };
     init_tracing();
     let result = match cli.command {
-        Command::Run(a) => cmd::run::run(a),
+        Command::Run(a) => cmd::run::run(*a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Gc(a) => cmd::gc::run(a),
     };

@@ -227,7 +227,18 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     let (spec, env) = build_spec(&a.sandbox, rootfs)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
 
-    // SIGINT/SIGTERM/SIGHUP: tear the sandbox down, then exit 128+N.
+    let sandbox = Sandbox::start(
+        spec,
+        &StartOptions {
+            oneshot: true,
+            supervisor_exe: exe,
+            fork_when_possible: true,
+        },
+    )?;
+    // SIGINT/SIGTERM/SIGHUP: tear the sandbox down, then exit 128+N. (Set
+    // up after the start so that the forked supervisor inherits no handler;
+    // a signal during the start kills us, and the parent-death signal takes
+    // the sandbox along.)
     let caught = Arc::new(AtomicI32::new(0));
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -236,14 +247,6 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     ])
     .map_err(|e| Error::io("installing signal handlers", e))?;
     let signal_handle = signals.handle();
-
-    let sandbox = Sandbox::start(
-        spec,
-        &StartOptions {
-            oneshot: true,
-            supervisor_exe: exe,
-        },
-    )?;
     if let Some(killer) = sandbox.kill_handle() {
         let caught = Arc::clone(&caught);
         std::thread::spawn(move || {
