@@ -69,12 +69,18 @@ pub struct State {
     pub oneshot: bool,
 }
 
-/// Start time of `pid` in clock ticks since boot, if it exists.
+/// Start time of `pid` in clock ticks since boot, if it exists and has not
+/// exited (a zombie waiting to be reaped counts as gone).
 pub fn process_start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
-    // Fields after the command name start at field 3; start time is field 22.
-    after.split_whitespace().nth(19)?.parse().ok()
+    // Fields after the command name start at field 3 (state); start time is
+    // field 22.
+    let mut fields = after.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the supervisor recorded in `state` is still running.

@@ -81,7 +81,7 @@ pub struct RunArgs {
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
     /// IMAGE (unless --rootfs is given), then the command and its arguments.
-    #[arg(value_name = "[IMAGE] CMD", allow_hyphen_values = true, num_args = 0..)]
+    #[arg(value_name = "[IMAGE] CMD", num_args = 0..)]
     pub args: Vec<String>,
 }
 

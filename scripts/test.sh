@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The whole test suite of sifbox: set-up, lints, build, the test root
+# filesystem, then all tests as root and the end-to-end tests again as the
+# unprivileged user sbtest. This is README's test command and what CI runs.
+#
+# Usage: scripts/test.sh        (as root; re-runs itself with sudo otherwise)
+#
+# Every step runs even when an earlier one failed, except those that need what
+# failed (no tests without a build); the exit status is non-zero if any step
+# failed, and the last line sums up.
+set -euo pipefail
+
+readonly TEST_USER=sbtest
+
+if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+        echo "test.sh: not root: re-running with sudo" >&2
+        exec sudo -- bash "$0" "$@"
+    fi
+    echo "test.sh: error: must run as root (it installs packages, creates the user $TEST_USER and runs the suite as root and as $TEST_USER), and sudo is not installed" >&2
+    exit 1
+fi
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO
+ROOTFS=${SIFBOX_TEST_ROOTFS:-$REPO/target/test-rootfs}
+[[ $ROOTFS == /* ]] || ROOTFS=$PWD/$ROOTFS
+export SIFBOX_TEST_ROOTFS=$ROOTFS
+cd "$REPO"
+
+# Puts cargo on PATH: the caller's, else the usual rustup location of root
+# or, under sudo, of the user who called sudo.
+find_cargo() {
+    command -v cargo >/dev/null 2>&1 && return 0
+    local home
+    for home in "${CARGO_HOME:-}" "$HOME/.cargo" \
+        "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)/.cargo}"; do
+        if [[ -n $home && -x $home/bin/cargo ]]; then
+            PATH="$home/bin:$PATH"
+            if [[ -z ${RUSTUP_HOME:-} && ! -d $HOME/.rustup && -d ${home%/.cargo}/.rustup ]]; then
+                export RUSTUP_HOME=${home%/.cargo}/.rustup
+            fi
+            return 0
+        fi
+    done
+    echo "test.sh: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
+    exit 1
+}
+find_cargo
+
+USER_DIR=""
+
+cleanup() {
+    if [[ -n $USER_DIR && -d $USER_DIR ]]; then
+        rm -rf --one-file-system -- "$USER_DIR"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+SECONDS=0
+declare -a RESULTS=()
+FAILED=0
+
+header() {
+    printf '\n==== %s ====\n' "$*"
+}
+
+# step NAME COMMAND...: runs COMMAND under a header and records its result.
+step() {
+    local name=$1 start=$SECONDS rc=0
+    shift
+    header "$name"
+    "$@" || rc=$?
+    if ((rc == 0)); then
+        RESULTS+=("$name: ok")
+        printf -- '---- %s: ok (%ds)\n' "$name" $((SECONDS - start))
+    else
+        RESULTS+=("$name: FAILED")
+        FAILED=1
+        printf -- '---- %s: FAILED with exit code %d (%ds)\n' "$name" "$rc" $((SECONDS - start))
+    fi
+    return "$rc"
+}
+
+skip() {
+    RESULTS+=("$1: skipped")
+    FAILED=1
+    header "$1"
+    printf -- '---- %s: skipped (%s)\n' "$1" "$2"
+}
+
+shell_lint() {
+    local scripts=()
+    local f
+    for f in scripts/*.sh .ci/run; do
+        [[ -f $f ]] && scripts+=("$f")
+    done
+    shellcheck --severity=warning "${scripts[@]}"
+}
+
+root_tests() {
+    if cargo nextest --version >/dev/null 2>&1; then
+        cargo nextest run --workspace --no-fail-fast
+    else
+        echo "cargo-nextest not found: using cargo test"
+        cargo test --workspace --no-fail-fast
+    fi
+}
+
+# Prints the path of the e2e test binary that cargo built.
+e2e_binary() {
+    cargo test -p sifbox --test e2e --no-run --message-format=json |
+        python3 -c '
+import json, sys
+exe = None
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "e2e" and msg.get("executable"):
+        exe = msg["executable"]
+if not exe:
+    sys.exit("test.sh: cargo built no e2e test binary")
+print(exe)
+'
+}
+
+# Runs the e2e tests as the unprivileged user, from copies under /var/tmp:
+# the repository may sit under /root, which that user cannot read.
+user_tests() {
+    local exe target_dir
+    exe=$(e2e_binary) || return 1
+    # cargo's target dir (CARGO_TARGET_DIR or .cargo/config may move it).
+    target_dir=$(cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || return 1
+    echo "e2e test binary: $exe"
+    USER_DIR=$(mktemp -d /var/tmp/sifbox-usertest.XXXXXX) || return 1
+    chmod 0755 "$USER_DIR" || return 1
+    install -m 0755 "$exe" "$USER_DIR/e2e" || return 1
+    install -m 0755 "$target_dir/debug/sifbox" "$USER_DIR/sifbox" || return 1
+    cp -a "$ROOTFS" "$USER_DIR/rootfs" || return 1
+    # The user's sandboxes map its own id to root: files owned by ids outside
+    # its mapping would show as nobody and could not be copied up.
+    chown -R -h "$TEST_USER:$TEST_USER" "$USER_DIR/rootfs" || return 1
+    echo "running as $TEST_USER ($(id -u "$TEST_USER")) in $USER_DIR"
+    (
+        cd "$USER_DIR" &&
+            runuser -u "$TEST_USER" -- env -i \
+                PATH=/usr/bin:/bin \
+                HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
+                RUST_BACKTRACE=1 \
+                SIFBOX_BIN="$USER_DIR/sifbox" \
+                SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
+                "$USER_DIR/e2e" --test-threads=2
+    )
+}
+
+host_info() {
+    echo "kernel $(uname -r), $(nproc) cores, $(id -un) in $REPO"
+    cargo --version
+    rustc --version
+    if cargo nextest --version >/dev/null 2>&1; then cargo nextest --version | head -n1; fi
+}
+
+step "host" host_info || true
+if ! step "install-deps" bash "$REPO/scripts/install-deps.sh"; then
+    echo "test.sh: FAILED: could not install the dependencies (see above)"
+    exit 1
+fi
+step "shellcheck" shell_lint || true
+step "cargo fmt" cargo fmt --all -- --check || true
+step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings || true
+
+built=0
+rootfs=0
+step "cargo build" cargo build --workspace && built=1
+if [[ ! -f $REPO/scripts/make-test-rootfs.sh ]]; then
+    skip "test rootfs" "scripts/make-test-rootfs.sh is missing"
+else
+    step "test rootfs" bash "$REPO/scripts/make-test-rootfs.sh" "$ROOTFS" && rootfs=1
+fi
+
+if ((built && rootfs)); then
+    step "tests as root" root_tests || true
+    step "e2e tests as $TEST_USER" user_tests || true
+else
+    skip "tests as root" "the build or the test rootfs failed"
+    skip "e2e tests as $TEST_USER" "the build or the test rootfs failed"
+fi
+
+header "summary"
+printf '  %s\n' "${RESULTS[@]}"
+total="$((SECONDS / 60))m$((SECONDS % 60))s"
+if ((FAILED)); then
+    echo "test.sh: FAILED after $total: $(printf '%s; ' "${RESULTS[@]}" | sed 's/; $//')"
+    exit 1
+fi
+echo "test.sh: all steps passed in $total (tests as root and as $TEST_USER)"
