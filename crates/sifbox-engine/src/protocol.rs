@@ -52,6 +52,11 @@ pub struct ExecRequest {
     /// Run as this uid:gid instead of 0:0.
     #[serde(default)]
     pub user: Option<(u32, u32)>,
+    /// The sandbox's last command: once it ends (and its exit is reported),
+    /// the sandbox stops by itself, with no further round trip. A one-shot
+    /// `run` is start + this exec.
+    #[serde(default)]
+    pub stop_after: bool,
 }
 
 /// What the exec server answers.

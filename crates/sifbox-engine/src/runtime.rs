@@ -2,8 +2,12 @@
 //! are found and removed.
 //!
 //! `$SIFBOX_RUNTIME` (default `$XDG_RUNTIME_DIR/sifbox`, else
+//! `/dev/shm/sifbox-<uid>` where /dev/shm is a tmpfs, else
 //! `/tmp/sifbox-<uid>`) holds `sandboxes/NAME/{state.json, control.sock, m/}`.
-//! It is node-local and private to the caller (0700).
+//! It is node-local and private to the caller (0700). A memory file system
+//! is preferred: every sandbox creates and removes a few entries there, and
+//! on a disk file system (with online discard, say) that costs more than the
+//! rest of starting a sandbox.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -25,10 +29,12 @@ pub fn root() -> Result<PathBuf> {
         (PathBuf::from(p).join("sifbox"), "XDG_RUNTIME_DIR")
     } else {
         let uid = rustix::process::geteuid().as_raw();
-        (
-            std::env::temp_dir().join(format!("sifbox-{uid}")),
-            "the default",
-        )
+        let base = if is_tmpfs(Path::new("/dev/shm")) {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        (base.join(format!("sifbox-{uid}")), "the default")
     };
     let bad = |why: String| Error::BadInput {
         what: format!("runtime dir {} (from {from})", path.display()),
@@ -53,6 +59,12 @@ pub fn root() -> Result<PathBuf> {
     )
     .map_err(|e| bad(format!("not writable: {}", std::io::Error::from(e))))?;
     Ok(path)
+}
+
+/// Whether `path` is on a tmpfs.
+fn is_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == TMPFS_MAGIC)
 }
 
 /// What a live sandbox records about itself.

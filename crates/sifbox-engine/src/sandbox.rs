@@ -1,10 +1,11 @@
 //! The client side of a native sandbox: start it, run commands in it, stop it.
 
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,8 +59,37 @@ pub struct Sandbox {
     dir: PathBuf,
     /// Host pid of the outer supervisor, our child.
     supervisor: Option<Pid>,
-    /// Kept open so the supervisor's late status lines never hit a closed pipe.
-    _status: Option<BufReader<File>>,
+    /// The supervisor's status pipe: read until "ready", then kept open so
+    /// that its late status lines never hit a closed pipe.
+    status: RefCell<Option<BufReader<File>>>,
+    /// Whether "ready" was read from `status`.
+    ready: Cell<bool>,
+    /// The sandbox's last exec has run: it is stopping by itself.
+    stopping: Cell<bool>,
+}
+
+/// A status line of the supervisor that is not an error.
+enum Status {
+    Unshared,
+    Ready,
+}
+
+/// Reads the supervisor's next status line; an error line or the end of the
+/// pipe (the supervisor died) becomes the error.
+fn read_status(status: &mut BufReader<File>, name: &str) -> Result<Status> {
+    let mut line = String::new();
+    status
+        .read_line(&mut line)
+        .ctx(|| format!("reading the status of sandbox {name}"))?;
+    let line = line.trim_end();
+    match line.split_once(' ').unwrap_or((line, "")) {
+        ("unshared", _) => Ok(Status::Unshared),
+        ("ready", _) => Ok(Status::Ready),
+        ("error", msg) => Err(Error::Setup(msg.to_string())),
+        _ => Err(Error::Setup(format!(
+            "sandbox {name}: the supervisor exited during setup"
+        ))),
+    }
 }
 
 /// An exec with a pty: relay between the caller's terminal and `master`,
@@ -80,6 +110,17 @@ impl TtyExec {
 impl Sandbox {
     /// Starts a sandbox and returns once it accepts commands.
     pub fn start(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
+        let sandbox = Sandbox::launch(spec, opts)?;
+        sandbox.wait_ready()?;
+        Ok(sandbox)
+    }
+
+    /// Starts a sandbox and returns as soon as requests can be queued: its
+    /// control socket exists and its id maps are written, while it may still
+    /// be assembling its root. A request sent now is served once it is
+    /// ready; a setup failure is reported by whichever call waits for it
+    /// first. A one-shot `run` saves a round trip this way.
+    pub fn launch(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
         validate_name(&spec.name)?;
         let root = runtime::root()?;
         if let Err(e) = runtime::reap_dead(&root) {
@@ -115,19 +156,25 @@ impl Sandbox {
             oneshot: opts.oneshot,
             client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
         };
-        let (pid, control, status) = launch_supervisor(&launch, opts)?;
+        let Launched {
+            pid,
+            control,
+            status,
+            listening,
+        } = launch_supervisor(&launch, opts)?;
         let mut control = File::from(control);
         let mut status = BufReader::new(File::from(status));
-        let mut sandbox = Sandbox {
+        let sandbox = Sandbox {
             name: launch.spec.name.clone(),
             dir: dir.clone(),
             supervisor: Some(pid),
-            _status: None,
+            status: RefCell::new(None),
+            ready: Cell::new(false),
+            stopping: Cell::new(false),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
         let pid = pid.as_raw_nonzero().get();
         let spec = &launch.spec;
-
         let state = State {
             name: spec.name.clone(),
             supervisor_pid: pid,
@@ -140,34 +187,52 @@ impl Sandbox {
             oneshot: opts.oneshot,
         };
         runtime::write_state(&dir, &state)?;
-        loop {
-            let mut line = String::new();
-            status
-                .read_line(&mut line)
-                .ctx(|| "reading the supervisor's status".to_string())?;
-            let line = line.trim_end();
-            match line.split_once(' ').unwrap_or((line, "")) {
-                ("unshared", _) => {
+        if spec.ids.external {
+            match read_status(&mut status, &sandbox.name)? {
+                Status::Unshared => {
                     let caller = idmap::Caller::current();
-                    if let Err(e) = idmap::write_external(pid, &launch.spec.ids, &caller) {
+                    if let Err(e) = idmap::write_external(pid, &spec.ids, &caller) {
                         let _ = send_line(&mut control, "abort");
                         return Err(e);
                     }
                     send_line(&mut control, "mapped")?;
                 }
-                ("ready", _) => break,
-                ("error", msg) => return Err(Error::Setup(msg.to_string())),
-                _ => {
+                Status::Ready => {
                     return Err(Error::Setup(format!(
-                        "sandbox {}: the supervisor exited during setup",
-                        launch.spec.name
+                        "sandbox {}: ready before its id maps were written",
+                        sandbox.name
                     )))
                 }
             }
         }
         drop(control);
-        sandbox._status = Some(status);
+        *sandbox.status.borrow_mut() = Some(status);
+        if !listening {
+            sandbox.wait_ready()?;
+        }
         Ok(sandbox)
+    }
+
+    /// Waits until the sandbox has finished setting up (at once if it has).
+    pub fn wait_ready(&self) -> Result<()> {
+        if self.ready.get() {
+            return Ok(());
+        }
+        let mut slot = self.status.borrow_mut();
+        let status = slot.as_mut().ok_or_else(|| Error::Protocol {
+            name: self.name.clone(),
+            why: "its status pipe is gone".into(),
+        })?;
+        match read_status(status, &self.name)? {
+            Status::Ready => {
+                self.ready.set(true);
+                Ok(())
+            }
+            Status::Unshared => Err(Error::Setup(format!(
+                "sandbox {}: unexpected status from its supervisor",
+                self.name
+            ))),
+        }
     }
 
     /// The sandbox's name.
@@ -188,15 +253,20 @@ impl Sandbox {
     }
 
     /// Runs a command with the given stdin, stdout and stderr and waits for it.
+    /// With `stop_after`, the sandbox stops by itself once the command ended.
     pub fn exec(&self, req: ExecRequest, stdio: [BorrowedFd<'_>; 3]) -> Result<ExecStatus> {
         let conn = self.connect()?;
+        let last = req.stop_after;
         protocol::send(
             &conn,
             &Request::Exec(ExecRequest { tty: false, ..req }),
             &stdio,
         )
         .map_err(|e| self.proto(e))?;
-        wait_exit(&conn, &self.name)
+        self.wait_ready()?;
+        let status = wait_exit(&conn, &self.name)?;
+        self.stopping.set(last);
+        Ok(status)
     }
 
     /// Runs a command on a new pty inside the sandbox.
@@ -204,6 +274,7 @@ impl Sandbox {
         let conn = self.connect()?;
         protocol::send(&conn, &Request::Exec(ExecRequest { tty: true, ..req }), &[])
             .map_err(|e| self.proto(e))?;
+        self.wait_ready()?;
         let (ev, mut fds) = protocol::recv::<Event>(&conn).map_err(|e| self.proto(e))?;
         match ev {
             Event::Started { .. } => match fds.pop() {
@@ -237,14 +308,19 @@ impl Sandbox {
             return Ok(());
         };
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let asked = self.connect().ok().and_then(|c| {
-            protocol::send(&c, &Request::Stop { grace_ms }, &[])
-                .ok()
-                .map(|()| c)
-        });
-        if asked.is_none() {
-            let _ = rustix::process::kill_process(pid, Signal::TERM);
-        }
+        let asked = if self.stopping.get() {
+            None
+        } else {
+            let asked = self.connect().ok().and_then(|c| {
+                protocol::send(&c, &Request::Stop { grace_ms }, &[])
+                    .ok()
+                    .map(|()| c)
+            });
+            if asked.is_none() {
+                let _ = rustix::process::kill_process(pid, Signal::TERM);
+            }
+            asked
+        };
         loop {
             match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
                 Err(rustix::io::Errno::INTR) => continue,
@@ -287,18 +363,30 @@ impl Drop for Sandbox {
 /// A single-threaded client forks it directly (no exec: about a millisecond
 /// less per sandbox); a multi-threaded one (an async runtime) must re-execute
 /// the sifbox binary so that the supervisor starts single-threaded.
-fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<(Pid, OwnedFd, OwnedFd)> {
+fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
     if opts.fork_when_possible && sifbox_sys::thread_count().ok() == Some(1) {
         let (control_r, control_w) =
             pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let (status_r, status_w) =
             pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        // Made here, so that requests can be queued while the sandbox sets
+        // itself up; the supervisor inherits it.
+        let listener = bind_control_socket(&launch.dir)?;
         match sifbox_sys::fork()? {
             sifbox_sys::Forked::Child => {
                 drop((control_w, status_r));
-                exit_now(supervisor::main_forked(launch, control_r, status_w))
+                exit_now(supervisor::main_forked(
+                    launch, control_r, status_w, listener,
+                ))
             }
-            sifbox_sys::Forked::Parent(pid) => return Ok((pid, control_w, status_r)),
+            sifbox_sys::Forked::Parent(pid) => {
+                return Ok(Launched {
+                    pid,
+                    control: control_w,
+                    status: status_r,
+                    listening: true,
+                })
+            }
         }
     }
     let mut child = Command::new(&opts.supervisor_exe)
@@ -324,7 +412,39 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<(Pid, Owned
     )?;
     // `child` is reaped with waitpid by pid; std's handle is not needed.
     drop(child);
-    Ok((pid, OwnedFd::from(control), OwnedFd::from(stdout)))
+    Ok(Launched {
+        pid,
+        control: OwnedFd::from(control),
+        status: OwnedFd::from(stdout),
+        listening: false,
+    })
+}
+
+/// A supervisor just started.
+struct Launched {
+    pid: Pid,
+    /// Write end of its control pipe.
+    control: OwnedFd,
+    /// Read end of its status pipe.
+    status: OwnedFd,
+    /// Whether the control socket exists already.
+    listening: bool,
+}
+
+/// Creates the control socket of the sandbox whose runtime dir is `dir`.
+fn bind_control_socket(dir: &Path) -> Result<UnixListener> {
+    use std::os::fd::AsRawFd;
+    let fd = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+    UnixListener::bind(format!(
+        "/proc/self/fd/{}/{CONTROL_SOCKET}",
+        fd.as_fd().as_raw_fd()
+    ))
+    .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))
 }
 
 #[allow(

@@ -5,18 +5,20 @@
 //!
 //! ```text
 //! client (sifbox run/start)
-//!  └─ outer    host pid ns; new user ns. Waits for init, then removes the runtime dir.
-//!      └─ init     PID 1 of the sandbox: new mount/ipc/uts(/net) ns, assembles the
-//!          │       root, pivots; then only reaps. When it exits the kernel kills
-//!          │       every process of the sandbox.
-//!          └─ server  nested user ns: it holds no capability over the sandbox's mount
-//!              │      ns (owned by the outer user ns), so nothing inside can unmount
-//!              │      /proc/sys's read-only cover; a mount ns made inside copies the
-//!              │      mounts locked;
-//!              │      accepts control connections.
-//!              └─ exec    one per command: a child subreaper that spawns the command
-//!                  └─ CMD  with the client's stdio (SCM_RIGHTS) or a pty.
+//!  └─ outer   host pid ns; new user ns. Maps init's nested user ns when asked,
+//!      │      waits for init, then removes the runtime dir.
+//!      └─ init    PID 1 of the sandbox: new mount/ipc/uts(/net) ns; assembles the
+//!          │      root and pivots, then moves into a nested user ns (which has no
+//!          │      capability over that mount ns, so nothing inside can undo a
+//!          │      mount such as the read-only cover of /proc/sys) and serves
+//!          │      control connections; reaps orphans. When it exits, the kernel
+//!          │      kills every process of the sandbox.
+//!          └─ exec    one per command: a child subreaper that spawns the command
+//!              └─ CMD  with the client's stdio (SCM_RIGHTS) or a pty.
 //! ```
+//!
+//! A sandbox's last command (`stop_after`, as in a one-shot `run`) runs under
+//! init directly, which then stops the sandbox without another round trip.
 //!
 //! The client talks to outer over two pipes: outer's stdin carries the launch
 //! description (and "mapped" once the client wrote external id maps), outer's
@@ -102,14 +104,19 @@ pub fn main() -> i32 {
             .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
     });
     finish(
-        launch.and_then(|l| outer(&l, &mut input, &mut status)),
+        launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
         &mut status,
     )
 }
 
 /// Entry point of a supervisor forked (not executed) by a single-threaded
 /// client: same protocol, over the given pipes.
-pub fn main_forked(launch: &Launch, control: OwnedFd, status: OwnedFd) -> i32 {
+pub fn main_forked(
+    launch: &Launch,
+    control: OwnedFd,
+    status: OwnedFd,
+    listener: UnixListener,
+) -> i32 {
     let mut status = Status(Some(File::from(status)));
     // Carry neither the client's argv nor its environment, and none of its
     // stdio but stderr.
@@ -128,7 +135,7 @@ pub fn main_forked(launch: &Launch, control: OwnedFd, status: OwnedFd) -> i32 {
         });
     let mut input = BufReader::new(File::from(control));
     finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status)),
+        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener))),
         &mut status,
     )
 }
@@ -173,7 +180,13 @@ fn read_line(input: &mut impl BufRead) -> Result<String> {
     Ok(line.trim_end().to_string())
 }
 
-fn outer(launch: &Launch, input: &mut impl BufRead, status: &mut Status) -> Result<i32> {
+/// `listener`: the control socket when the client made it; else init makes it.
+fn outer(
+    launch: &Launch,
+    input: &mut impl BufRead,
+    status: &mut Status,
+    listener: Option<UnixListener>,
+) -> Result<i32> {
     if launch.oneshot {
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
             .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -208,9 +221,20 @@ fn outer(launch: &Launch, input: &mut impl BufRead, status: &mut Status) -> Resu
         idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
     }
 
+    // init asks us (over `nest`) to map the nested user namespace it moves
+    // into once its mounts are made; only a process outside it may.
+    let (nest_req_r, nest_req_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
+    let (nest_ack_r, nest_ack_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
     let init = match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
-            let code = match init_main(launch, status) {
+            drop((nest_req_r, nest_ack_w));
+            let nest = Nest {
+                request: nest_req_w,
+                ack: nest_ack_r,
+            };
+            let code = match init_main(launch, status, nest, listener) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);
@@ -221,7 +245,8 @@ fn outer(launch: &Launch, input: &mut impl BufRead, status: &mut Status) -> Resu
         }
         sifbox_sys::Forked::Parent(pid) => pid,
     };
-    wait_init(init)?;
+    drop((nest_req_w, nest_ack_r, listener));
+    wait_init(init, &launch.spec, nest_req_r, nest_ack_w)?;
     status.send("exited 0");
     crate::runtime::remove_dir(&launch.dir)?;
     Ok(0)
@@ -233,8 +258,15 @@ fn exit_now(code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// Waits for init; SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once.
-fn wait_init(init: Pid) -> Result<()> {
+/// init's side of the nested-namespace handshake.
+struct Nest {
+    request: OwnedFd,
+    ack: OwnedFd,
+}
+
+/// Waits for init, and maps its nested user namespace when it asks;
+/// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once.
+fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd) -> Result<()> {
     use rustix::event::{poll, PollFd, PollFlags};
     let (sig_r, sig_w) = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
@@ -252,20 +284,51 @@ fn wait_init(init: Pid) -> Result<()> {
     }
     let pidfd = rustix::process::pidfd_open(init, rustix::process::PidfdFlags::empty())
         .map_err(errno("pidfd_open"))?;
+    let mut nest = Some((nest_req, nest_ack));
     loop {
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(&pidfd, PollFlags::IN),
             PollFd::new(&sig_r, PollFlags::IN),
         ];
+        if let Some((req, _)) = &nest {
+            fds.push(PollFd::new(req, PollFlags::IN));
+        }
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(errno("poll")(e)),
         }
-        if !fds[1].revents().is_empty() {
+        let (init_done, signalled) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        let nest_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
+        if signalled {
+            // Once is enough: init's exit is what we wait for next.
             let _ = rustix::process::kill_process(init, Signal::KILL);
+            break;
         }
-        if !fds[0].revents().is_empty() {
+        if nest_ready {
+            if let Some((req, ack)) = nest.take() {
+                let mut b = [0u8; 1];
+                if rustix::io::read(&req, &mut b).unwrap_or(0) == 1 {
+                    let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
+                    let mapped = idmap::write_file(
+                        &proc.join("uid_map"),
+                        &idmap::map_text(&idmap::identity_of(&spec.ids.uid)),
+                    )
+                    .and_then(|()| {
+                        idmap::write_file(
+                            &proc.join("gid_map"),
+                            &idmap::map_text(&idmap::identity_of(&spec.ids.gid)),
+                        )
+                    });
+                    if mapped.is_ok() {
+                        let _ = rustix::io::write(&ack, b"m");
+                    }
+                    // On failure init reads EOF and reports it.
+                }
+            }
+        }
+        if init_done {
             break;
         }
     }
@@ -278,7 +341,12 @@ fn wait_init(init: Pid) -> Result<()> {
 }
 
 /// PID 1 of the sandbox.
-fn init_main(launch: &Launch, status: &mut Status) -> Result<()> {
+fn init_main(
+    launch: &Launch,
+    status: &mut Status,
+    nest: Nest,
+    listener: Option<UnixListener>,
+) -> Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let spec = &launch.spec;
@@ -299,85 +367,72 @@ fn init_main(launch: &Launch, status: &mut Status) -> Result<()> {
         sifbox_sys::loopback_up()?;
     }
     rustix::system::sethostname(spec.hostname.as_bytes()).map_err(errno("sethostname"))?;
-    rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
-    let listener = UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
-        Error::io(
-            format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
-            e,
-        )
-    })?;
+    let listener = match listener {
+        Some(l) => l,
+        None => {
+            // A relative name: runtime dir paths can be longer than a socket
+            // address allows.
+            rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
+            UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
+                Error::io(
+                    format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
+                    e,
+                )
+            })?
+        }
+    };
     rootfs::pivot(&root)?;
 
-    // The server lives in a nested user namespace, which has no capability
-    // over the mount namespace made above.
-    let (to_init_r, to_init_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
-    let (to_server_r, to_server_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
-    let server = match sifbox_sys::fork()? {
-        sifbox_sys::Forked::Child => {
-            drop((to_init_r, to_server_w));
-            let result = (|| -> Result<()> {
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
-                    .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
-                sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
-                    .map_err(|e| Error::io("creating the nested user namespace", e))?;
-                rustix::io::write(&to_init_w, b"u").map_err(errno("sync"))?;
-                let mut b = [0u8; 1];
-                if rustix::io::read(&to_server_r, &mut b).map_err(errno("sync"))? != 1 {
-                    return Err(Error::Setup(
-                        "init died while mapping the nested namespace".into(),
-                    ));
-                }
-                Ok(())
-            })();
-            match result {
-                Ok(()) => {
-                    status.send("ready");
-                    // From now on only outer holds the status pipe.
-                    status.close();
-                    serve(listener)
-                }
-                Err(e) => {
-                    status.error(&e);
-                    exit_now(125)
-                }
-            }
-        }
-        sifbox_sys::Forked::Parent(pid) => pid,
-    };
-    drop((to_init_w, to_server_r, listener));
+    // Move into a nested user namespace, which holds no capability over the
+    // mount namespace made above: nothing inside can undo a mount (say, the
+    // read-only cover of /proc/sys), and a mount namespace made inside gets
+    // these mounts locked. outer writes its maps.
+    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
+        .map_err(|e| Error::io("creating the nested user namespace", e))?;
+    rustix::io::write(&nest.request, b"n").map_err(errno("asking for the nested id maps"))?;
     let mut b = [0u8; 1];
-    if rustix::io::read(&to_init_r, &mut b).map_err(errno("sync"))? == 1 {
-        let uid = idmap::map_text(&idmap::identity_of(&spec.ids.uid));
-        let gid = idmap::map_text(&idmap::identity_of(&spec.ids.gid));
-        let proc = PathBuf::from(format!("/proc/{}", server.as_raw_nonzero()));
-        idmap::write_file(&proc.join("uid_map"), &uid)?;
-        idmap::write_file(&proc.join("gid_map"), &gid)?;
-        rustix::io::write(&to_server_w, b"m").map_err(errno("sync"))?;
+    if rustix::io::read(&nest.ack, &mut b).map_err(errno("waiting for the nested id maps"))? != 1 {
+        return Err(Error::Setup(
+            "mapping the sandbox's nested user namespace failed".into(),
+        ));
     }
-    drop(to_server_w);
-    // Nothing of the client's stays open here.
+    drop(nest);
+    status.send("ready");
+    // From now on only outer holds the status pipe.
     status.close();
-    reap_until(server);
-    Ok(())
-}
-
-/// PID 1's life after setup: reap orphans until the server exits.
-fn reap_until(server: Pid) {
-    loop {
-        match rustix::process::wait(WaitOptions::empty()) {
-            Ok(Some((pid, _))) if pid == server => return,
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(_) => return,
-        }
-    }
+    serve(listener)
 }
 
 /// The exec server: one connection at a time, each exec in its own process.
 fn serve(listener: UnixListener) -> ! {
+    use rustix::event::{poll, PollFd, PollFlags};
+    // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
+    let sigchld = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .ok()
+    .and_then(|(r, w)| {
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, File::from(w))
+            .ok()
+            .map(|_| r)
+    });
     loop {
         reap_finished();
+        if let Some(r) = &sigchld {
+            let mut fds = [
+                PollFd::new(&listener, PollFlags::IN),
+                PollFd::new(r, PollFlags::IN),
+            ];
+            if poll(&mut fds, None).is_err() || fds[0].revents().is_empty() {
+                let mut drain = [0u8; 64];
+                while let Ok(n) = rustix::io::read(r, &mut drain) {
+                    if n == 0 {
+                        break;
+                    }
+                }
+                continue;
+            }
+        }
         let conn = match listener.accept() {
             Ok((c, _)) => c,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -395,6 +450,14 @@ fn serve(listener: UnixListener) -> ! {
             Request::Stop { grace_ms } => {
                 stop_all(Duration::from_millis(grace_ms));
                 let _ = protocol::send(&conn, &Event::Ok, &[]);
+                exit_now(0);
+            }
+            Request::Exec(exec) if exec.stop_after => {
+                // The sandbox's last command runs right here, under PID 1,
+                // which adopts whatever it leaves behind; then everything goes.
+                drop(listener);
+                run_exec(&conn, exec, fds);
+                drop(conn);
                 exit_now(0);
             }
             Request::Exec(exec) => match sifbox_sys::fork() {
@@ -422,20 +485,22 @@ fn reap_finished() {
     while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
 }
 
-/// SIGTERM to every process of the sandbox, SIGKILL after `grace`.
+/// SIGTERM to every process of the sandbox, then up to `grace` for them to
+/// end. Only init calls this, and exits right after: the kernel then
+/// SIGKILLs whatever is left of its pid namespace.
 fn stop_all(grace: Duration) {
-    if !grace.is_zero() {
-        let _ = sifbox_sys::kill_all(Signal::TERM);
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && others_alive() {
-            reap_finished();
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    if grace.is_zero() {
+        return;
     }
-    let _ = sifbox_sys::kill_all(Signal::KILL);
+    let _ = sifbox_sys::kill_all(Signal::TERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && others_alive() {
+        reap_finished();
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
-/// Whether any process besides init and the server remains.
+/// Whether any process besides init (and the caller) remains.
 fn others_alive() -> bool {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc").is_ok_and(|rd| {
@@ -552,6 +617,10 @@ fn run_exec(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
     }
     let code = wait_code(pid);
     let _ = protocol::send(conn, &Event::Exit { code }, &[]);
+    if req.stop_after {
+        // The server stops the whole sandbox as soon as we are gone.
+        return 0;
+    }
     // Stay until every process this exec started is gone (they were
     // reparented to us), so that stopping them later has a single anchor.
     while let Ok(Some(_)) | Err(rustix::io::Errno::INTR) =

@@ -49,19 +49,20 @@ pub enum Forked {
     Child,
 }
 
-/// Number of threads of the calling process, from /proc/self/stat.
+/// Number of threads of the calling process: procfs reports the link count
+/// of /proc/self/task as the number of threads plus two, which one statx
+/// tells more cheaply than formatting /proc/self/stat.
 pub fn thread_count() -> Result<usize, Error> {
-    let stat = std::fs::read_to_string("/proc/self/stat").map_err(Error::ThreadCount)?;
-    // Field 20 (num_threads) counted after the ")" that closes the command name.
-    let after = stat
-        .rfind(')')
-        .map(|i| &stat[i + 1..])
-        .ok_or_else(|| Error::ThreadCount(std::io::Error::other("malformed /proc/self/stat")))?;
-    after
-        .split_whitespace()
-        .nth(17)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| Error::ThreadCount(std::io::Error::other("malformed /proc/self/stat")))
+    let st = rustix::fs::stat("/proc/self/task").map_err(|e| Error::ThreadCount(e.into()))?;
+    usize::try_from(st.st_nlink)
+        .ok()
+        .and_then(|n| n.checked_sub(2))
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| {
+            Error::ThreadCount(std::io::Error::other(
+                "unexpected link count of /proc/self/task",
+            ))
+        })
 }
 
 /// Forks the calling process.

@@ -227,7 +227,7 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     let (spec, env) = build_spec(&a.sandbox, rootfs)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
 
-    let sandbox = Sandbox::start(
+    let sandbox = Sandbox::launch(
         spec,
         &StartOptions {
             oneshot: true,
@@ -261,6 +261,7 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
         argv: args,
         env,
         cwd: a.cwd.clone(),
+        stop_after: true,
         ..Default::default()
     };
     let use_tty = a.tty && rustix::termios::isatty(std::io::stdin());
