@@ -228,4 +228,37 @@ mod tests {
             .expect("write");
         assert!(matches!(recv::<Event>(&b), Err(ProtocolError::TooLarge(_))));
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever bytes a peer sends, receiving gives a frame or an
+            /// error, never a panic or a hang.
+            #[test]
+            fn recv_survives_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let (a, b) = UnixStream::pair().expect("pair");
+                (&a).write_all(&bytes).expect("write");
+                drop(a);
+                let _ = recv::<Request>(&b);
+                let _ = recv::<Event>(&b);
+            }
+
+            /// Exec requests survive the wire unchanged.
+            #[test]
+            fn exec_request_roundtrip(
+                argv in proptest::collection::vec("\\PC{0,20}", 1..5),
+                env in proptest::collection::vec(("[A-Z_]{1,8}", "\\PC{0,20}"), 0..5),
+                cwd in "/\\PC{0,20}",
+                stop_after in any::<bool>(),
+            ) {
+                let (a, b) = UnixStream::pair().expect("pair");
+                let req = Request::Exec(ExecRequest { argv, env, cwd, stop_after, ..Default::default() });
+                send(&a, &req, &[]).expect("send");
+                let (got, _) = recv::<Request>(&b).expect("recv");
+                prop_assert_eq!(got, req);
+            }
+        }
+    }
 }

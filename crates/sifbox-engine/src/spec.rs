@@ -360,4 +360,45 @@ mod tests {
         assert!(validate_name("..").is_err());
         assert!(validate_name("a b").is_err());
     }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any text: parsing never panics, and an error names a line
+            /// that exists.
+            #[test]
+            fn env_text_never_panics(text in "\\PC{0,400}") {
+                if let Err((line, _)) = parse_env_text(&text) {
+                    prop_assert!(line >= 1 && line <= text.lines().count());
+                }
+            }
+
+            /// Well-formed lines come back exactly, values verbatim (no
+            /// shell evaluation), in order.
+            #[test]
+            fn env_text_roundtrip(
+                entries in proptest::collection::vec(
+                    ("[A-Za-z_][A-Za-z0-9_]{0,12}", "[^\\n\\r'\"]{0,30}"),
+                    0..12,
+                )
+            ) {
+                let text: String = entries.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+                let parsed = parse_env_text(&text).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+                let expected: Vec<(String, String)> = entries.clone();
+                prop_assert_eq!(parsed, expected);
+            }
+
+            /// Bind specs: never a panic; an accepted one has an absolute
+            /// destination without '..'.
+            #[test]
+            fn bind_spec_never_panics(spec in "\\PC{0,60}") {
+                if let Ok(b) = Bind::parse(&spec) {
+                    prop_assert!(b.dst.is_absolute());
+                    prop_assert!(!b.dst.components().any(|c| matches!(c, std::path::Component::ParentDir)));
+                }
+            }
+        }
+    }
 }

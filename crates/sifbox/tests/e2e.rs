@@ -897,6 +897,38 @@ fn stdio_passes_through_and_stays_separate() {
     assert_eq!(out.stdout, "tty-less\n");
 }
 
+/// `-t` with a terminal: the command gets a pty of the sandbox's own devpts
+/// as its controlling terminal, sees the caller's window size, and its exit
+/// code still comes back. util-linux's `script` provides the terminal.
+#[test]
+fn stdio_tty_gives_a_pty_inside() {
+    let sb = Sifbox::new();
+    let inner = format!(
+        "stty rows 33 cols 77; {} run --rootfs {} -t -- sh -c 'tty; stty size; test -t 0 && test -t 1 && echo both-ttys; exit 7'",
+        harness::sifbox_bin().display(),
+        rootfs().display()
+    );
+    let out = sb
+        .program("script", ["-q", "-e", "-c", inner.as_str(), "/dev/null"])
+        .output();
+    out.code_is(7);
+    assert!(
+        out.stdout.contains("/dev/pts/0"),
+        "tty inside: {:?}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("33 77"),
+        "window size inside: {:?}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("both-ttys"),
+        "stdio on the pty: {:?}",
+        out.stdout
+    );
+}
+
 // ===========================================================================
 // 11. Exit codes
 // ===========================================================================
