@@ -7,6 +7,8 @@
 
 pub mod doctor;
 pub mod error;
+pub mod evidence;
+pub mod exec;
 pub mod idmap;
 pub mod protocol;
 pub mod rootfs;
@@ -14,7 +16,8 @@ pub mod runtime;
 pub mod sandbox;
 pub mod spec;
 pub mod supervisor;
+pub mod transfer;
 
 pub use error::{Error, Result};
-pub use sandbox::{ExecStatus, Sandbox, StartOptions};
+pub use sandbox::{ExecOutput, ExecStatus, Sandbox, StartOptions};
 pub use spec::SandboxSpec;

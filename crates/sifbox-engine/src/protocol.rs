@@ -27,8 +27,24 @@ const MAX_FDS: usize = 4;
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
     /// Run a command. Without `tty`, three fds (stdin, stdout, stderr) come
-    /// with the frame.
+    /// with the frame; with `detach_id`, a fourth where the exit status is
+    /// written when the command ends.
     Exec(ExecRequest),
+    /// Send `signal` to a detached exec: SIGKILL reaches every process the
+    /// exec started; other signals go to the command's process group.
+    Signal { exec_id: String, signal: i32 },
+    /// Write a tar stream of `path` (a file or a directory, symlinks kept as
+    /// links) to the fd that comes with the frame.
+    Download { path: String },
+    /// Read a tar stream from the fd that comes with the frame and unpack it
+    /// at `dst` as `docker cp` does: into `dst` when it is a directory, else
+    /// as `dst`. Entries are named `name/...`. `owner` (a user of the
+    /// image) owns what is written; else root.
+    Upload {
+        dst: String,
+        name: String,
+        owner: Option<String>,
+    },
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },
@@ -49,9 +65,22 @@ pub struct ExecRequest {
     /// Initial window size of the pty (rows, cols).
     #[serde(default)]
     pub winsize: Option<(u16, u16)>,
-    /// Run as this uid:gid instead of 0:0.
+    /// Run as this user of the image (`name`, `uid`, `uid:gid` or
+    /// `name:group`) instead of root.
     #[serde(default)]
-    pub user: Option<(u32, u32)>,
+    pub user: Option<String>,
+    /// HOME was not given by the caller: with `user`, it becomes that
+    /// user's home from the image's /etc/passwd.
+    #[serde(default)]
+    pub default_home: bool,
+    /// Kill every process the exec started after this long; the exit code
+    /// is then 124.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Detached: the exec is known by this id (for `Signal`), and its exit
+    /// status goes to the fourth fd instead of the connection.
+    #[serde(default)]
+    pub detach_id: Option<String>,
     /// The sandbox's last command: once it ends (and its exit is reported),
     /// the sandbox stops by itself, with no further round trip. A one-shot
     /// `run` is start + this exec.
@@ -67,12 +96,22 @@ pub enum Event {
     /// comes with this frame.
     Started { pid: i32 },
     /// The command ended: `code` follows the exit-code contract (128+N for
-    /// signal N).
-    Exit { code: i32 },
+    /// signal N, 124 after a timeout); `time_ns` is the sandbox's clock then.
+    Exit {
+        code: i32,
+        #[serde(default)]
+        timed_out: bool,
+        #[serde(default)]
+        time_ns: u64,
+    },
     /// The command could not be started; `code` is 125, 126 or 127.
     Error { code: i32, message: String },
-    /// The request was accepted (stop, ping).
-    Ok,
+    /// The request was carried out (stop, ping, signal, transfers);
+    /// `time_ns` is the sandbox's clock then.
+    Ok {
+        #[serde(default)]
+        time_ns: u64,
+    },
 }
 
 /// Protocol failures.

@@ -79,6 +79,12 @@ pub struct State {
     pub created: u64,
     pub rootfs: PathBuf,
     pub oneshot: bool,
+    /// Where its sandbox.json is.
+    #[serde(default)]
+    pub evidence: Option<PathBuf>,
+    /// As the caller named the image.
+    #[serde(default)]
+    pub image: String,
 }
 
 /// Start time of `pid` in clock ticks since boot, if it exists and has not
@@ -209,6 +215,8 @@ mod tests {
             created: 0,
             rootfs: "/".into(),
             oneshot: true,
+            evidence: None,
+            image: String::new(),
         };
         let dead = State {
             name: "dead".into(),

@@ -4,7 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -15,11 +15,16 @@ use rustix::process::{Pid, Signal, WaitOptions};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, IoContext, Result};
+use crate::evidence::{self, Evidence, ImageRef};
 use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 use crate::runtime::{self, State};
 use crate::spec::{validate_name, SandboxSpec, Writable};
 use crate::supervisor::{self, Launch, CONTROL_SOCKET, SUPERVISOR_ARG};
+use crate::transfer;
+
+/// The file in the runtime dir holding the base environment of execs.
+const BASE_ENV: &str = "env.json";
 
 /// How to start a sandbox.
 #[derive(Debug, Clone)]
@@ -31,13 +36,44 @@ pub struct StartOptions {
     /// Fork the supervisor instead of executing `supervisor_exe` when this
     /// process is single-threaded (a CLI); faster, same behaviour.
     pub fork_when_possible: bool,
+    /// Where sandbox.json goes (default: the runtime dir).
+    pub evidence_dir: Option<PathBuf>,
+    /// The image as the caller named it (default: the rootfs path).
+    pub image: Option<ImageRef>,
+}
+
+impl StartOptions {
+    /// Options for a sandbox started by the sifbox binary at `exe`.
+    pub fn new(exe: PathBuf) -> StartOptions {
+        StartOptions {
+            oneshot: false,
+            supervisor_exe: exe,
+            fork_when_possible: true,
+            evidence_dir: None,
+            image: None,
+        }
+    }
+}
+
+/// The state of a sandbox's sandbox.json.
+#[derive(Debug)]
+enum Evidencing {
+    /// Written once the sandbox is ready.
+    Pending {
+        path: PathBuf,
+        spec: Box<SandboxSpec>,
+        image: ImageRef,
+    },
+    Written(PathBuf),
+    None,
 }
 
 /// How an exec ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExecStatus {
-    /// The command ran and ended with this code (128+N for signal N).
-    Exited(i32),
+    /// The command ran and ended with this code (128+N for signal N; 124
+    /// when it was killed at its timeout).
+    Exited { code: i32, timed_out: bool },
     /// The command could not start: 125 (sifbox), 126 (not executable) or
     /// 127 (not found), with the reason.
     Failed { code: i32, message: String },
@@ -47,7 +83,28 @@ impl ExecStatus {
     /// The exit code under the contract of `sifbox run`.
     pub fn code(&self) -> i32 {
         match self {
-            ExecStatus::Exited(c) | ExecStatus::Failed { code: c, .. } => *c,
+            ExecStatus::Exited { code, .. } | ExecStatus::Failed { code, .. } => *code,
+        }
+    }
+
+    /// Whether the exec was killed at its timeout.
+    pub fn timed_out(&self) -> bool {
+        matches!(
+            self,
+            ExecStatus::Exited {
+                timed_out: true,
+                ..
+            }
+        )
+    }
+
+    fn from_event(ev: Event) -> Option<ExecStatus> {
+        match ev {
+            Event::Exit {
+                code, timed_out, ..
+            } => Some(ExecStatus::Exited { code, timed_out }),
+            Event::Error { code, message } => Some(ExecStatus::Failed { code, message }),
+            _ => None,
         }
     }
 }
@@ -64,6 +121,14 @@ pub struct Sandbox {
     status: RefCell<Option<BufReader<File>>>,
     /// Whether "ready" was read from `status`.
     ready: Cell<bool>,
+    /// The sandbox's clock when it became ready.
+    ready_time_ns: Cell<u64>,
+    /// Whether the outer supervisor is our child (else we attached by name).
+    is_child: bool,
+    /// Where sandbox.json goes, and what to write once ready.
+    evidence: RefCell<Evidencing>,
+    /// The sandbox's clock when its last exec ended.
+    stop_inside_ns: Cell<u64>,
     /// The sandbox's last exec has run: it is stopping by itself.
     stopping: Cell<bool>,
 }
@@ -71,7 +136,8 @@ pub struct Sandbox {
 /// A status line of the supervisor that is not an error.
 enum Status {
     Unshared,
-    Ready,
+    /// With the sandbox's clock at that moment.
+    Ready(u64),
 }
 
 /// Reads the supervisor's next status line; an error line or the end of the
@@ -84,7 +150,7 @@ fn read_status(status: &mut BufReader<File>, name: &str) -> Result<Status> {
     let line = line.trim_end();
     match line.split_once(' ').unwrap_or((line, "")) {
         ("unshared", _) => Ok(Status::Unshared),
-        ("ready", _) => Ok(Status::Ready),
+        ("ready", t) => Ok(Status::Ready(t.parse().unwrap_or_default())),
         ("error", msg) => Err(Error::Setup(msg.to_string())),
         _ => Err(Error::Setup(format!(
             "sandbox {name}: the supervisor exited during setup"
@@ -103,7 +169,7 @@ pub struct TtyExec {
 impl TtyExec {
     /// Waits for the command to end.
     pub fn wait(self, name: &str) -> Result<ExecStatus> {
-        wait_exit(&self.conn, name)
+        wait_exit(&self.conn, name).map(|(st, _)| st)
     }
 }
 
@@ -150,6 +216,19 @@ impl Sandbox {
             }
         }
 
+        let image = opts.image.clone().unwrap_or_else(|| ImageRef {
+            reference: spec.rootfs.display().to_string(),
+            digest: None,
+            rootfs: spec.rootfs.clone(),
+        });
+        // A one-shot sandbox without a logs dir would write its record into
+        // a runtime dir that is gone when it ends: it keeps none.
+        let evidence_path = (!opts.oneshot || opts.evidence_dir.is_some()).then(|| {
+            opts.evidence_dir
+                .as_deref()
+                .unwrap_or(&dir)
+                .join(evidence::FILE)
+        });
         let launch = Launch {
             spec,
             dir: dir.clone(),
@@ -170,6 +249,17 @@ impl Sandbox {
             supervisor: Some(pid),
             status: RefCell::new(None),
             ready: Cell::new(false),
+            ready_time_ns: Cell::new(0),
+            is_child: true,
+            evidence: RefCell::new(match &evidence_path {
+                None => Evidencing::None,
+                Some(path) => Evidencing::Pending {
+                    path: path.clone(),
+                    spec: Box::new(launch.spec.clone()),
+                    image: image.clone(),
+                },
+            }),
+            stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
@@ -185,6 +275,8 @@ impl Sandbox {
                 .unwrap_or_default(),
             rootfs: spec.rootfs.clone(),
             oneshot: opts.oneshot,
+            evidence: evidence_path.clone(),
+            image: image.reference.clone(),
         };
         runtime::write_state(&dir, &state)?;
         if spec.ids.external {
@@ -197,7 +289,7 @@ impl Sandbox {
                     }
                     send_line(&mut control, "mapped")?;
                 }
-                Status::Ready => {
+                Status::Ready(_) => {
                     return Err(Error::Setup(format!(
                         "sandbox {}: ready before its id maps were written",
                         sandbox.name
@@ -213,6 +305,72 @@ impl Sandbox {
         Ok(sandbox)
     }
 
+    /// Like [`Sandbox::wait_ready`], but gives up at `deadline` with an
+    /// error (dropping the sandbox then tears it down).
+    pub fn wait_ready_until(&self, deadline: std::time::Instant) -> Result<()> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.ready.get() {
+            return Ok(());
+        }
+        {
+            let slot = self.status.borrow();
+            if let Some(status) = slot.as_ref() {
+                if status.buffer().is_empty() {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    let t = Timespec {
+                        tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    };
+                    let mut fds = [PollFd::new(status.get_ref(), PollFlags::IN)];
+                    if matches!(poll(&mut fds, Some(&t)), Ok(0)) {
+                        return Err(Error::Setup(format!(
+                            "sandbox {} was not ready in time; it was removed (raise --ready-timeout?)",
+                            self.name
+                        )));
+                    }
+                }
+            }
+        }
+        self.wait_ready()
+    }
+
+    /// A round trip through the control socket.
+    pub fn ping(&self) -> Result<()> {
+        self.request(&Request::Ping, &[]).map(drop)
+    }
+
+    /// Stores the environment that every exec starts from (0600: values
+    /// may be secrets).
+    pub fn set_base_env(&self, env: &[(String, String)]) -> Result<()> {
+        let path = self.dir.join(BASE_ENV);
+        let data = serde_json::to_vec(env)
+            .map_err(|e| Error::io("encoding the environment", std::io::Error::other(e)))?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .ctx(|| format!("writing {}", path.display()))?;
+        f.write_all(&data)
+            .ctx(|| format!("writing {}", path.display()))
+    }
+
+    /// The environment that every exec starts from.
+    pub fn base_env(&self) -> Result<Vec<(String, String)>> {
+        let path = self.dir.join(BASE_ENV);
+        match std::fs::read(&path) {
+            Ok(data) => serde_json::from_slice(&data).map_err(|e| Error::Protocol {
+                name: self.name.clone(),
+                why: format!("malformed {}: {e}", path.display()),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(crate::spec::clean_env(std::iter::empty(), &[]))
+            }
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
     /// Waits until the sandbox has finished setting up (at once if it has).
     pub fn wait_ready(&self) -> Result<()> {
         if self.ready.get() {
@@ -224,14 +382,316 @@ impl Sandbox {
             why: "its status pipe is gone".into(),
         })?;
         match read_status(status, &self.name)? {
-            Status::Ready => {
+            Status::Ready(t) => {
                 self.ready.set(true);
-                Ok(())
+                self.ready_time_ns.set(t);
+                drop(slot);
+                self.write_evidence(t)
             }
             Status::Unshared => Err(Error::Setup(format!(
                 "sandbox {}: unexpected status from its supervisor",
                 self.name
             ))),
+        }
+    }
+
+    /// Opens a running sandbox by name (started by another process).
+    pub fn attach(name: &str) -> Result<Sandbox> {
+        validate_name(name)?;
+        let root = runtime::root()?;
+        let dir = runtime::sandbox_dir(&root, name);
+        let not_running = |why: &str| {
+            Error::BadInput {
+            what: format!("sandbox {name:?}"),
+            why: why.into(),
+            fix: "start it with `sifbox start --name NAME IMAGE`; `sifbox ps` lists running sandboxes".into(),
+        }
+        };
+        let state =
+            runtime::read_state(&dir).ok_or_else(|| not_running("no such sandbox is running"))?;
+        if !runtime::is_alive(&state) {
+            return Err(not_running("it has stopped (its supervisor is gone)"));
+        }
+        let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
+        Ok(Sandbox {
+            name: name.to_string(),
+            dir,
+            supervisor: Some(pid),
+            status: RefCell::new(None),
+            ready: Cell::new(true),
+            ready_time_ns: Cell::new(0),
+            is_child: false,
+            evidence: RefCell::new(match state.evidence {
+                Some(p) => Evidencing::Written(p),
+                None => Evidencing::None,
+            }),
+            stop_inside_ns: Cell::new(0),
+            stopping: Cell::new(false),
+        })
+    }
+
+    fn note_last(&self, last: bool, inside_ns: u64) {
+        if last {
+            self.stopping.set(true);
+            self.stop_inside_ns.set(inside_ns);
+        }
+    }
+
+    fn write_evidence(&self, inside_ready_ns: u64) -> Result<()> {
+        let mut ev = self.evidence.borrow_mut();
+        if let Evidencing::Pending { path, spec, image } = &*ev {
+            Evidence::new(spec, image.clone(), inside_ready_ns).write(path)?;
+            *ev = Evidencing::Written(path.clone());
+        }
+        Ok(())
+    }
+
+    /// Where this sandbox's sandbox.json is, once written.
+    pub fn evidence_path(&self) -> Option<PathBuf> {
+        match &*self.evidence.borrow() {
+            Evidencing::Written(p) => Some(p.clone()),
+            _ => None,
+        }
+    }
+
+    /// Lets the sandbox run on after this handle is gone (`sifbox start`).
+    pub fn detach(mut self) {
+        self.supervisor = None;
+    }
+
+    /// The sandbox's own clock when it became ready (0 when unknown).
+    pub fn ready_time_ns(&self) -> u64 {
+        self.ready_time_ns.get()
+    }
+
+    /// Host pid of the outer supervisor.
+    pub fn supervisor_pid(&self) -> Option<i32> {
+        self.supervisor.map(|p| p.as_raw_nonzero().get())
+    }
+
+    /// Runs a command with `stdin` as its input and captures its output,
+    /// keeping the last `max_output` bytes of each stream.
+    pub fn exec_capture(
+        &self,
+        req: ExecRequest,
+        stdin: Option<BorrowedFd<'_>>,
+        max_output: usize,
+    ) -> Result<ExecOutput> {
+        let started = std::time::Instant::now();
+        let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let (err_r, err_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
+        let input = stdin.unwrap_or(null.as_fd());
+        let conn = self.connect()?;
+        let last = req.stop_after;
+        protocol::send(
+            &conn,
+            &Request::Exec(ExecRequest { tty: false, ..req }),
+            &[input, out_w.as_fd(), err_w.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop((out_w, err_w));
+        let err_thread = std::thread::spawn(move || read_tail(File::from(err_r), max_output));
+        let (stdout, out_cut) = read_tail(File::from(out_r), max_output);
+        let (stderr, err_cut) = err_thread.join().unwrap_or_default();
+        self.wait_ready()?;
+        let (status, t) = wait_exit(&conn, &self.name)?;
+        self.note_last(last, t);
+        Ok(ExecOutput {
+            stdout,
+            stderr,
+            exit_code: status.code(),
+            timed_out: status.timed_out(),
+            truncated: out_cut || err_cut,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            error: match status {
+                ExecStatus::Failed { message, .. } => Some(message),
+                ExecStatus::Exited { .. } => None,
+            },
+        })
+    }
+
+    /// Starts a command that runs on after this call; its output and exit
+    /// status go to files under the runtime dir (`execs/ID/`). Returns the id.
+    pub fn exec_detached(&self, req: ExecRequest) -> Result<String> {
+        let id = random_id();
+        let dir = self.dir.join("execs").join(&id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .ctx(|| format!("creating {}", dir.display()))?;
+        let create = |n: &str| {
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(dir.join(n))
+                .ctx(|| format!("creating {}/{n}", dir.display()))
+        };
+        let (out, err, status) = (create("stdout")?, create("stderr")?, create("status.json")?);
+        let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Exec(ExecRequest {
+                tty: false,
+                detach_id: Some(id.clone()),
+                ..req
+            }),
+            &[null.as_fd(), out.as_fd(), err.as_fd(), status.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        Ok(id)
+    }
+
+    /// The files of a detached exec: (stdout, stderr, status.json).
+    pub fn detached_files(&self, id: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Error::BadInput {
+                what: format!("exec id {id:?}"),
+                why: "not an id that `sifbox exec --detach` prints".into(),
+                fix: "pass the id printed by `sifbox exec --detach`".into(),
+            });
+        }
+        let dir = self.dir.join("execs").join(id);
+        if !dir.is_dir() {
+            return Err(Error::BadInput {
+                what: format!("exec {id} of sandbox {}", self.name),
+                why: "no such detached exec".into(),
+                fix: "pass the id printed by `sifbox exec --detach`".into(),
+            });
+        }
+        Ok((
+            dir.join("stdout"),
+            dir.join("stderr"),
+            dir.join("status.json"),
+        ))
+    }
+
+    /// The status of a detached exec, if it has ended.
+    pub fn detached_status(&self, id: &str) -> Result<Option<ExecStatus>> {
+        let (_, _, status) = self.detached_files(id)?;
+        let text = std::fs::read(&status).ctx(|| format!("reading {}", status.display()))?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let ev: Event = serde_json::from_slice(&text).map_err(|e| Error::Protocol {
+            name: self.name.clone(),
+            why: format!("malformed {}: {e}", status.display()),
+        })?;
+        Ok(ExecStatus::from_event(ev))
+    }
+
+    /// Waits for a detached exec to end.
+    pub fn wait_detached(&self, id: &str) -> Result<ExecStatus> {
+        loop {
+            if let Some(st) = self.detached_status(id)? {
+                return Ok(st);
+            }
+            if !self.is_running() {
+                return Err(Error::Protocol {
+                    name: self.name.clone(),
+                    why: format!("the sandbox stopped before exec {id} ended"),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `signal` to a detached exec (SIGKILL: to every process it started).
+    pub fn signal_detached(&self, id: &str, signal: i32) -> Result<()> {
+        self.detached_files(id)?;
+        self.request(
+            &Request::Signal {
+                exec_id: id.to_string(),
+                signal,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// Whether the sandbox's supervisor still runs.
+    pub fn is_running(&self) -> bool {
+        self.supervisor
+            .is_some_and(|p| runtime::process_start_time(p.as_raw_nonzero().get()).is_some())
+    }
+
+    /// Copies `src` on the host into the sandbox at `dst` (`docker cp`
+    /// rules: into `dst` when it is a directory, else as `dst`). With
+    /// `owner` (a user of the image) the copy belongs to that user.
+    pub fn upload(&self, src: &Path, dst: &str, owner: Option<&str>) -> Result<()> {
+        let name = base_name(src)?;
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Upload {
+                dst: dst.to_string(),
+                name: name.clone(),
+                owner: owner.map(str::to_string),
+            },
+            &[r.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(r);
+        let src_owned = src.to_path_buf();
+        let writer =
+            std::thread::spawn(move || transfer::write_tar(&src_owned, &name, File::from(w)));
+        let reply = self.reply(&conn);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        reply?;
+        written.ctx(|| format!("reading {}", src.display()))
+    }
+
+    /// Copies `src` in the sandbox to `dst` on the host (`docker cp` rules).
+    pub fn download(&self, src: &str, dst: &Path) -> Result<()> {
+        let name = Path::new(src)
+            .file_name()
+            .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Download {
+                path: src.to_string(),
+            },
+            &[w.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(w);
+        let dst_owned = dst.to_path_buf();
+        let reader = std::thread::spawn(move || {
+            transfer::unpack_tar(File::from(r), &dst_owned, &name, None)
+        });
+        let reply = self.reply(&conn);
+        let unpacked = reader
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        reply?;
+        unpacked.ctx(|| format!("writing {}", dst.display()))
+    }
+
+    /// Sends one request and waits for its `ok` (or error).
+    fn request(&self, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<u64> {
+        let conn = self.connect()?;
+        protocol::send(&conn, req, fds).map_err(|e| self.proto(e))?;
+        self.reply(&conn)
+    }
+
+    fn reply(&self, conn: &UnixStream) -> Result<u64> {
+        match protocol::recv::<Event>(conn) {
+            Ok((Event::Ok { time_ns }, _)) => Ok(time_ns),
+            Ok((Event::Error { message, .. }, _)) => {
+                Err(Error::Setup(format!("sandbox {}: {message}", self.name)))
+            }
+            Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
+                "unexpected {other:?}"
+            ))))),
+            Err(e) => Err(self.proto(e)),
         }
     }
 
@@ -264,8 +724,8 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
-        let status = wait_exit(&conn, &self.name)?;
-        self.stopping.set(last);
+        let (status, t) = wait_exit(&conn, &self.name)?;
+        self.note_last(last, t);
         Ok(status)
     }
 
@@ -308,27 +768,54 @@ impl Sandbox {
             return Ok(());
         };
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let asked = if self.stopping.get() {
-            None
-        } else {
+        let mut inside_ns = self.stop_inside_ns.get();
+        if !self.stopping.get() {
             let asked = self.connect().ok().and_then(|c| {
                 protocol::send(&c, &Request::Stop { grace_ms }, &[])
                     .ok()
                     .map(|()| c)
             });
-            if asked.is_none() {
-                let _ = rustix::process::kill_process(pid, Signal::TERM);
-            }
-            asked
-        };
-        loop {
-            match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(Error::io(format!("waiting for sandbox {}", self.name), e)),
-                Ok(_) => break,
+            match asked {
+                // The reply comes once every process had its grace time.
+                Some(c) => {
+                    if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
+                        inside_ns = time_ns;
+                    }
+                }
+                None => {
+                    let _ = rustix::process::kill_process(pid, Signal::TERM);
+                }
             }
         }
-        drop(asked);
+        if self.is_child {
+            loop {
+                match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        return Err(Error::io(format!("waiting for sandbox {}", self.name), e))
+                    }
+                    Ok(_) => break,
+                }
+            }
+        } else if !wait_gone(pid, std::time::Duration::from_secs(10)) {
+            // Stop did not take: end it the hard way (outer kills init,
+            // and the kernel the rest of the pid namespace).
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+            if !wait_gone(pid, std::time::Duration::from_secs(10)) {
+                return Err(Error::Protocol {
+                    name: self.name.clone(),
+                    why: format!(
+                        "its supervisor (pid {pid:?}) does not stop; kill it and run `sifbox gc`"
+                    ),
+                });
+            }
+        }
+        if let Some(path) = self.evidence_path() {
+            // A record inside the runtime dir goes with it.
+            if !path.starts_with(&self.dir) {
+                Evidence::record_stop(&path, inside_ns)?;
+            }
+        }
         runtime::remove_dir(&self.dir)
     }
 
@@ -336,6 +823,83 @@ impl Sandbox {
     pub fn kill_handle(&self) -> Option<KillHandle> {
         self.supervisor.map(KillHandle)
     }
+}
+
+/// What a captured exec produced.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub exit_code: i32,
+    pub timed_out: bool,
+    /// Some output was dropped (only the tail was kept).
+    pub truncated: bool,
+    pub duration_ms: u64,
+    /// Why the command could not start, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Reads `r` to the end, keeping the last `max` bytes; returns them (lossy
+/// UTF-8) and whether anything was dropped.
+fn read_tail(mut r: File, max: usize) -> (String, bool) {
+    use std::io::Read;
+    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
+    let mut cut = false;
+    let mut buf = [0u8; 16384];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                kept.extend(&buf[..n]);
+                if kept.len() > max {
+                    let excess = kept.len() - max;
+                    kept.drain(..excess);
+                    cut = true;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let bytes: Vec<u8> = kept.into_iter().collect();
+    (String::from_utf8_lossy(&bytes).into_owned(), cut)
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 8];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let n = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        b.copy_from_slice(&n.to_le_bytes()[..8]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn base_name(p: &Path) -> Result<String> {
+    let canon = std::fs::canonicalize(p).ctx(|| format!("{}", p.display()))?;
+    Ok(canon
+        .file_name()
+        .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned()))
+}
+
+/// Waits (up to `limit`) until process `pid`, not our child, has exited;
+/// returns whether it has.
+fn wait_gone(pid: Pid, limit: std::time::Duration) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        // Already gone (or reaped).
+        return true;
+    };
+    let t = Timespec {
+        tv_sec: i64::try_from(limit.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+        || runtime::process_start_time(pid.as_raw_nonzero().get()).is_none()
 }
 
 /// Sends the supervisor the signal that makes it kill the sandbox at once.
@@ -349,8 +913,13 @@ impl KillHandle {
     }
 }
 
+/// A sandbox this handle started is stopped when the handle goes (unless
+/// detached); one it attached to by name runs on.
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        if !self.is_child {
+            return;
+        }
         if let Err(e) = self.shutdown(std::time::Duration::ZERO) {
             tracing::warn!("cleaning up sandbox {}: {e}", self.name);
         }
@@ -486,13 +1055,17 @@ pub fn connect(dir: &Path) -> std::io::Result<UnixStream> {
     ))
 }
 
-fn wait_exit(conn: &UnixStream, name: &str) -> Result<ExecStatus> {
+fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64)> {
     loop {
         match protocol::recv::<Event>(conn) {
-            Ok((Event::Started { .. }, _)) | Ok((Event::Ok, _)) => {}
-            Ok((Event::Exit { code }, _)) => return Ok(ExecStatus::Exited(code)),
-            Ok((Event::Error { code, message }, _)) => {
-                return Ok(ExecStatus::Failed { code, message })
+            Ok((ev, _)) => {
+                let t = match &ev {
+                    Event::Exit { time_ns, .. } => *time_ns,
+                    _ => 0,
+                };
+                if let Some(st) = ExecStatus::from_event(ev) {
+                    return Ok((st, t));
+                }
             }
             Err(ProtocolError::Closed) => {
                 return Err(Error::Protocol {

@@ -26,13 +26,12 @@
 //! `exited CODE`. Every parent-to-child link carries a parent-death signal, so
 //! a SIGKILLed client (one-shot) or outer takes the whole sandbox down.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
@@ -44,9 +43,13 @@ use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::rootfs;
 use crate::spec::{NetMode, SandboxSpec};
+use crate::{exec, transfer};
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
 pub const SUPERVISOR_ARG: &str = "__supervisor";
+
+/// Where a sandbox that outlives its client writes its diagnostics.
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
 
 /// Name of the control socket in the sandbox's runtime dir.
 pub const CONTROL_SOCKET: &str = "control.sock";
@@ -119,7 +122,8 @@ pub fn main_forked(
 ) -> i32 {
     let mut status = Status(Some(File::from(status)));
     // Carry neither the client's argv nor its environment, and none of its
-    // stdio but stderr.
+    // stdio but stderr; a sandbox that outlives its client logs to its
+    // runtime dir instead.
     let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
         .map_err(Error::from)
         .and_then(|()| {
@@ -131,6 +135,14 @@ pub fn main_forked(
             .map_err(errno("opening /dev/null"))?;
             rustix::stdio::dup2_stdin(&null).map_err(errno("dup2"))?;
             rustix::stdio::dup2_stdout(&null).map_err(errno("dup2"))?;
+            if !launch.oneshot {
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(launch.dir.join(SUPERVISOR_LOG))
+                    .map_err(|e| Error::io("opening the supervisor log", e))?;
+                rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
+            }
             Ok(())
         });
     let mut input = BufReader::new(File::from(control));
@@ -397,7 +409,7 @@ fn init_main(
         ));
     }
     drop(nest);
-    status.send("ready");
+    status.send(&format!("ready {}", exec::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();
     serve(listener)
@@ -416,8 +428,12 @@ fn serve(listener: UnixListener) -> ! {
             .ok()
             .map(|_| r)
     });
+    // Detached execs by id, for `Signal`.
+    let mut detached: HashMap<String, Pid> = HashMap::new();
     loop {
-        reap_finished();
+        for pid in reap_finished() {
+            detached.retain(|_, p| *p != pid);
+        }
         if let Some(r) = &sigchld {
             let mut fds = [
                 PollFd::new(&listener, PollFlags::IN),
@@ -443,29 +459,53 @@ fn serve(listener: UnixListener) -> ! {
             continue;
         };
         let _ = conn.set_read_timeout(None);
+        let ok = || Event::Ok {
+            time_ns: exec::now_ns(),
+        };
         match req {
             Request::Ping => {
-                let _ = protocol::send(&conn, &Event::Ok, &[]);
+                let _ = protocol::send(&conn, &ok(), &[]);
             }
             Request::Stop { grace_ms } => {
                 stop_all(Duration::from_millis(grace_ms));
-                let _ = protocol::send(&conn, &Event::Ok, &[]);
+                let _ = protocol::send(&conn, &ok(), &[]);
                 exit_now(0);
+            }
+            Request::Signal { exec_id, signal } => {
+                let reply = match detached.get(&exec_id) {
+                    Some(pid) => {
+                        signal_exec(*pid, signal);
+                        ok()
+                    }
+                    None => Event::Error {
+                        code: 125,
+                        message: format!("no running exec {exec_id:?} in this sandbox"),
+                    },
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
             }
             Request::Exec(exec) if exec.stop_after => {
                 // The sandbox's last command runs right here, under PID 1,
                 // which adopts whatever it leaves behind; then everything goes.
                 drop(listener);
-                run_exec(&conn, exec, fds);
+                exec::run(&conn, exec, fds);
                 drop(conn);
                 exit_now(0);
             }
-            Request::Exec(exec) => match sifbox_sys::fork() {
+            other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
                     drop(listener);
-                    exit_now(run_exec(&conn, exec, fds))
+                    exit_now(serve_in_child(&conn, other, fds))
                 }
-                Ok(sifbox_sys::Forked::Parent(_)) => {}
+                Ok(sifbox_sys::Forked::Parent(pid)) => {
+                    if let Request::Exec(ExecRequest {
+                        detach_id: Some(id),
+                        ..
+                    }) = other
+                    {
+                        detached.insert(id, pid);
+                    }
+                }
                 Err(e) => {
                     let _ = protocol::send(
                         &conn,
@@ -481,8 +521,77 @@ fn serve(listener: UnixListener) -> ! {
     }
 }
 
-fn reap_finished() {
-    while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+/// A request served in a process of its own: an exec or a transfer.
+fn serve_in_child(conn: &UnixStream, req: Request, mut fds: Vec<OwnedFd>) -> i32 {
+    let reply = |r: std::io::Result<()>| {
+        let ev = match r {
+            Ok(()) => Event::Ok {
+                time_ns: exec::now_ns(),
+            },
+            Err(e) => Event::Error {
+                code: 125,
+                message: e.to_string(),
+            },
+        };
+        let _ = protocol::send(conn, &ev, &[]);
+    };
+    match req {
+        Request::Exec(exec) => exec::run(conn, exec, fds),
+        Request::Download { path } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let name = Path::new(&path)
+                .file_name()
+                .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+            let r = transfer::write_tar(Path::new(&path), &name, File::from(fd));
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Upload { dst, name, owner } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let owner = match owner.as_deref().map(exec::lookup_user).transpose() {
+                Ok(o) => o.map(|u| (u.uid, u.gid)),
+                Err(e) => {
+                    reply(Err(std::io::Error::other(e)));
+                    return 125;
+                }
+            };
+            let r = transfer::unpack_tar(File::from(fd), Path::new(&dst), &name, owner);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        _ => 125,
+    }
+}
+
+/// Signals a detached exec (whose subreaper is `anchor`): SIGKILL reaches
+/// every process below it; other signals go to the command's process group.
+fn signal_exec(anchor: Pid, signal: i32) {
+    let Some(sig) = Signal::from_named_raw(signal) else {
+        return;
+    };
+    if sig == Signal::KILL {
+        for p in exec::descendants(anchor) {
+            let _ = rustix::process::kill_process(p, sig);
+        }
+        return;
+    }
+    for p in exec::descendants(anchor) {
+        // The command leads its own process group (or session).
+        if rustix::process::getpgid(Some(p)).ok() == Some(p) {
+            let _ = rustix::process::kill_process_group(p, sig);
+        }
+    }
+}
+
+/// Reaps every child that has exited; returns their pids.
+fn reap_finished() -> Vec<Pid> {
+    let mut out = Vec::new();
+    while let Ok(Some((pid, _))) = rustix::process::wait(WaitOptions::NOHANG) {
+        out.push(pid);
+    }
+    out
 }
 
 /// SIGTERM to every process of the sandbox, then up to `grace` for them to
@@ -510,166 +619,4 @@ fn others_alive() -> bool {
             n.bytes().all(|b| b.is_ascii_digit()) && n != "1" && n != me.as_str()
         })
     })
-}
-
-/// One exec: runs in its own process, a child subreaper, so that everything
-/// the command starts (also what calls setsid or double-forks) stays below it.
-fn run_exec(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
-    let fail = |code: i32, message: String| {
-        let _ = protocol::send(conn, &Event::Error { code, message }, &[]);
-        code
-    };
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        return fail(125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
-    }
-    let Some(program) = req.argv.first().cloned() else {
-        return fail(125, "no command given".into());
-    };
-    match std::fs::metadata(&req.cwd) {
-        Ok(m) if m.is_dir() => {}
-        _ => {
-            return fail(
-                125,
-                format!(
-                    "working directory {} does not exist in the sandbox; pass an existing --cwd",
-                    req.cwd
-                ),
-            )
-        }
-    }
-    let mut cmd = Command::new(&program);
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&req.cwd);
-    let mut hooks = sifbox_sys::ExecHooks {
-        setsid: true,
-        ids: req.user,
-        ..Default::default()
-    };
-    let mut master = None;
-    if req.tty {
-        match open_pty(req.winsize) {
-            Ok((m, slave)) => {
-                let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
-                    return fail(125, "duplicating the pty".into());
-                };
-                cmd.stdin(Stdio::from(slave))
-                    .stdout(Stdio::from(a))
-                    .stderr(Stdio::from(b));
-                hooks.controlling_tty = true;
-                master = Some(m);
-            }
-            Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
-        }
-    } else {
-        if fds.len() != 3 {
-            return fail(
-                125,
-                format!("expected 3 stdio descriptors, got {}", fds.len()),
-            );
-        }
-        let err = fds.pop();
-        let out = fds.pop();
-        let inp = fds.pop();
-        if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
-            cmd.stdin(Stdio::from(i))
-                .stdout(Stdio::from(o))
-                .stderr(Stdio::from(e));
-        }
-    }
-    if hooks.controlling_tty || hooks.ids.is_some() {
-        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
-    } else {
-        // Without hooks std can use posix_spawn (vfork), which is much
-        // cheaper than fork + exec; a process group of its own is all the
-        // command needs (the sandbox has no controlling terminal).
-        cmd.process_group(0);
-    }
-    let child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let (code, why) = match (e.kind(), e.raw_os_error()) {
-                (std::io::ErrorKind::NotFound, _) => (127, "command not found"),
-                (std::io::ErrorKind::PermissionDenied, _) => (126, "permission denied"),
-                (_, Some(8)) => (126, "not an executable format"),
-                _ => (126, "cannot execute"),
-            };
-            return fail(code, format!("{program}: {why} ({e})"));
-        }
-    };
-    // Our copies of the stdio fds are gone with `cmd`; only the command holds
-    // them now, so the client sees EOF when the command's tree closes them.
-    drop(cmd);
-    let Ok(pid) = i32::try_from(child.id()) else {
-        return fail(125, "pid out of range".into());
-    };
-    let sent = match &master {
-        Some(m) => protocol::send(conn, &Event::Started { pid }, &[m.as_fd()]),
-        None => protocol::send(conn, &Event::Started { pid }, &[]),
-    };
-    drop(master);
-    if sent.is_err() {
-        let _ = rustix::process::kill_process_group(
-            rustix::process::Pid::from_raw(pid).unwrap_or_else(|| exit_now(125)),
-            Signal::KILL,
-        );
-    }
-    let code = wait_code(pid);
-    let _ = protocol::send(conn, &Event::Exit { code }, &[]);
-    if req.stop_after {
-        // The server stops the whole sandbox as soon as we are gone.
-        return 0;
-    }
-    // Stay until every process this exec started is gone (they were
-    // reparented to us), so that stopping them later has a single anchor.
-    while let Ok(Some(_)) | Err(rustix::io::Errno::INTR) =
-        rustix::process::wait(WaitOptions::empty())
-    {}
-    0
-}
-
-/// Waits for `pid` and turns its status into the exit-code contract.
-fn wait_code(pid: i32) -> i32 {
-    let Some(pid) = Pid::from_raw(pid) else {
-        return 125;
-    };
-    loop {
-        match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
-            Ok(Some((_, st))) => {
-                if let Some(code) = st.exit_status() {
-                    return code;
-                }
-                if let Some(sig) = st.terminating_signal() {
-                    return 128 + sig;
-                }
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            _ => return 125,
-        }
-    }
-}
-
-/// Allocates a pty in the sandbox's own devpts; returns (master, slave).
-fn open_pty(winsize: Option<(u16, u16)>) -> std::io::Result<(OwnedFd, OwnedFd)> {
-    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
-    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
-    grantpt(&master)?;
-    unlockpt(&master)?;
-    let name = ptsname(&master, Vec::new())?;
-    let slave = rustix::fs::open(
-        name.as_c_str(),
-        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )?;
-    if let Some((rows, cols)) = winsize {
-        let ws = rustix::termios::Winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        rustix::termios::tcsetwinsize(&slave, ws)?;
-    }
-    Ok((master, slave))
 }

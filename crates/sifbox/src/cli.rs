@@ -23,6 +23,24 @@ struct Cli {
 enum Command {
     /// Run one command in a fresh sandbox, then tear it down.
     Run(Box<cmd::run::RunArgs>),
+    /// Start a sandbox that runs until `sifbox stop`; prints its name once ready.
+    Start(Box<cmd::start::StartArgs>),
+    /// Run a command in a running sandbox.
+    Exec(Box<cmd::exec::ExecArgs>),
+    /// Copy files or directories into or out of a sandbox (NAME:/path on one side).
+    Cp(cmd::cp::CpArgs),
+    /// List sandboxes.
+    Ps(cmd::ps::PsArgs),
+    /// Stop sandboxes: SIGTERM to every process, SIGKILL after --timeout; nothing is left.
+    Stop(cmd::stop::StopArgs),
+    /// Stop sandboxes and remove their runtime state (their logs dirs stay).
+    Rm(cmd::stop::StopArgs),
+    /// Wait for a detached exec and exit with its code.
+    Wait(cmd::detached::WaitArgs),
+    /// Send a signal to a detached exec (default KILL: every process it started).
+    Kill(cmd::detached::KillArgs),
+    /// Print the output of a detached exec.
+    Logs(cmd::detached::LogsArgs),
     /// Check what this host allows (user namespaces, id ranges, overlayfs, cgroups...).
     Doctor(cmd::doctor::DoctorArgs),
     /// Remove what dead sandboxes left behind (after a crash or kill -9).
@@ -45,6 +63,15 @@ pub fn run() -> ExitCode {
     init_tracing();
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(*a),
+        Command::Start(a) => cmd::start::run(*a),
+        Command::Exec(a) => cmd::exec::run(*a),
+        Command::Cp(a) => cmd::cp::run(a),
+        Command::Ps(a) => cmd::ps::run(a),
+        Command::Stop(a) => cmd::stop::run(a, "stopped"),
+        Command::Rm(a) => cmd::stop::run(a, "removed"),
+        Command::Wait(a) => cmd::detached::wait(a),
+        Command::Kill(a) => cmd::detached::kill(a),
+        Command::Logs(a) => cmd::detached::logs(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Gc(a) => cmd::gc::run(a),
     };

@@ -1,0 +1,413 @@
+//! One exec inside a sandbox, on the server side: resolving the user,
+//! spawning the command on the client's stdio or a pty, timeouts, and
+//! killing every process the exec started.
+//!
+//! Runs in a process forked by the sandbox's init (or in init itself for the
+//! sandbox's last command) that is a child subreaper: whatever the command
+//! starts, also what calls setsid or double-forks, stays below it, so a
+//! timeout or a kill can reach all of it.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use crate::protocol::{self, Event, ExecRequest};
+
+/// The sandbox's clock, as reported in events.
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
+/// A user of the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: Option<String>,
+}
+
+/// Resolves `spec` (`name`, `uid`, `uid:gid`, `name:group`) against the
+/// image's passwd and group text.
+pub fn resolve_user(spec: &str, passwd: &str, group: &str) -> Result<ImageUser, String> {
+    let (user, grp) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let entries: Vec<Vec<&str>> = passwd.lines().map(|l| l.split(':').collect()).collect();
+    let by_name = entries.iter().find(|f| f.len() >= 7 && f[0] == user);
+    let (uid, mut gid, home) = if let Some(f) = by_name {
+        let uid = f[2]
+            .parse()
+            .map_err(|_| format!("bad uid for {user} in /etc/passwd"))?;
+        let gid = f[3]
+            .parse()
+            .map_err(|_| format!("bad gid for {user} in /etc/passwd"))?;
+        (uid, gid, Some(f[5].to_string()))
+    } else if let Ok(uid) = user.parse::<u32>() {
+        let f = entries.iter().find(|f| f.len() >= 7 && f[2] == user);
+        let gid = f.and_then(|f| f[3].parse().ok()).unwrap_or(uid);
+        (uid, gid, f.map(|f| f[5].to_string()))
+    } else {
+        return Err(format!(
+            "user {user:?} is not in the image's /etc/passwd; pass a numeric uid[:gid] or a user the image has"
+        ));
+    };
+    if let Some(g) = grp {
+        gid = match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => group
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 3 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        };
+    }
+    Ok(ImageUser { uid, gid, home })
+}
+
+/// Looks a user up in the sandbox's own /etc/passwd and /etc/group.
+pub fn lookup_user(spec: &str) -> Result<ImageUser, String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+    resolve_user(spec, &passwd, &group)
+}
+
+/// Runs one exec; returns the exit code. `fds` are the client's stdio (and
+/// for a detached exec, the status file).
+pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
+    let mut status_file = if req.detach_id.is_some() && fds.len() == 4 {
+        fds.pop().map(File::from)
+    } else {
+        None
+    };
+    let report = |ev: &Event, status_file: &mut Option<File>| {
+        if let Some(f) = status_file {
+            let _ = f.write_all(serde_json::to_string(ev).unwrap_or_default().as_bytes());
+        } else {
+            let _ = protocol::send(conn, ev, &[]);
+        }
+    };
+    let mut fail = |code: i32, message: String| {
+        report(&Event::Error { code, message }, &mut status_file);
+        code
+    };
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        return fail(125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
+    }
+    let Some(program) = req.argv.first().cloned() else {
+        return fail(125, "no command given".into());
+    };
+    match std::fs::metadata(&req.cwd) {
+        Ok(m) if m.is_dir() => {}
+        _ => {
+            return fail(
+                125,
+                format!(
+                    "working directory {} does not exist in the sandbox; pass an existing --cwd",
+                    req.cwd
+                ),
+            )
+        }
+    }
+    let user = match req.user.as_deref().map(lookup_user).transpose() {
+        Ok(u) => u,
+        Err(e) => return fail(125, e),
+    };
+    let mut cmd = Command::new(&program);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&req.cwd);
+    if let Some(u) = &user {
+        if req.default_home {
+            cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
+        }
+    }
+    let mut hooks = sifbox_sys::ExecHooks {
+        setsid: true,
+        ids: user.as_ref().map(|u| (u.uid, u.gid)),
+        ..Default::default()
+    };
+    let mut master = None;
+    if req.tty {
+        match open_pty(req.winsize) {
+            Ok((m, slave)) => {
+                let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
+                    return fail(125, "duplicating the pty".into());
+                };
+                cmd.stdin(Stdio::from(slave))
+                    .stdout(Stdio::from(a))
+                    .stderr(Stdio::from(b));
+                hooks.controlling_tty = true;
+                master = Some(m);
+            }
+            Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
+        }
+    } else {
+        if fds.len() != 3 {
+            return fail(
+                125,
+                format!("expected 3 stdio descriptors, got {}", fds.len()),
+            );
+        }
+        let err = fds.pop();
+        let out = fds.pop();
+        let inp = fds.pop();
+        if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
+            cmd.stdin(Stdio::from(i))
+                .stdout(Stdio::from(o))
+                .stderr(Stdio::from(e));
+        }
+    }
+    if hooks.controlling_tty || hooks.ids.is_some() {
+        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+    } else {
+        // Without hooks std can use posix_spawn (vfork), much cheaper than
+        // fork + exec; a process group of its own is all the command needs
+        // (the sandbox has no controlling terminal).
+        cmd.process_group(0);
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let (code, why) = match (e.kind(), e.raw_os_error()) {
+                (std::io::ErrorKind::NotFound, _) => (127, "command not found"),
+                (std::io::ErrorKind::PermissionDenied, _) => (126, "permission denied"),
+                (_, Some(8)) => (126, "not an executable format"),
+                _ => (126, "cannot execute"),
+            };
+            return fail(code, format!("{program}: {why} ({e})"));
+        }
+    };
+    // Our copies of the stdio fds go with `cmd`; only the command holds them
+    // now, so the client sees EOF when the command's tree closes them.
+    drop(cmd);
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+        return fail(125, "pid out of range".into());
+    };
+    let started = Event::Started {
+        pid: pid.as_raw_nonzero().get(),
+    };
+    let sent = match (&master, &status_file) {
+        (_, Some(_)) => Ok(()),
+        (Some(m), None) => protocol::send(conn, &started, &[m.as_fd()]),
+        (None, None) => protocol::send(conn, &started, &[]),
+    };
+    drop(master);
+    if sent.is_err() {
+        kill_tree(rustix::process::getpid());
+    }
+    // An attached exec dies with its client: a client that gave up (or was
+    // killed) must not leave the command running unseen.
+    let watch_client = status_file.is_none();
+    let deadline = req
+        .timeout_ms
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
+    let (code, timed_out) = wait_for(pid, deadline, watch_client.then_some(conn));
+    report(
+        &Event::Exit {
+            code,
+            timed_out,
+            time_ns: now_ns(),
+        },
+        &mut status_file,
+    );
+    drop(status_file);
+    if req.stop_after {
+        // init stops the whole sandbox as soon as we return.
+        return code;
+    }
+    if timed_out {
+        kill_tree(rustix::process::getpid());
+    }
+    // Stay until every process this exec started is gone (they were
+    // reparented to us), so that stopping them later has a single anchor.
+    while let Ok(Some(_)) | Err(rustix::io::Errno::INTR) =
+        rustix::process::wait(WaitOptions::empty())
+    {}
+    code
+}
+
+/// Waits for `pid` until `deadline`, or until the client hangs up; returns
+/// its exit code (124 on timeout) and whether it timed out.
+fn wait_for(pid: Pid, deadline: Option<Instant>, client: Option<&UnixStream>) -> (i32, bool) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let Ok(pidfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return (wait_code(pid), false);
+    };
+    loop {
+        let timeout = deadline.map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            Timespec {
+                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(left.subsec_nanos()),
+            }
+        });
+        let mut fds = vec![PollFd::new(&pidfd, PollFlags::IN)];
+        if let Some(c) = client {
+            fds.push(PollFd::new(c, PollFlags::IN));
+        }
+        match poll(&mut fds, timeout.as_ref()) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return (wait_code(pid), false),
+            Ok(0) => {
+                kill_tree(rustix::process::getpid());
+                let _ = wait_code(pid);
+                return (124, true);
+            }
+            Ok(_) => {}
+        }
+        if !fds[0].revents().is_empty() {
+            return (wait_code(pid), false);
+        }
+        if fds.get(1).is_some_and(|f| !f.revents().is_empty()) {
+            // Readable with nothing to read means the client is gone.
+            let mut b = [0u8; 1];
+            let gone = client.is_some_and(|c| {
+                matches!(
+                    rustix::net::recv(
+                        c,
+                        &mut b,
+                        rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+                    ),
+                    Ok((0, _)) | Err(_)
+                )
+            });
+            if gone {
+                kill_tree(rustix::process::getpid());
+                return (wait_code(pid), false);
+            }
+            // A stray byte from the client: ignore it and keep waiting.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Waits for `pid` and turns its status into the exit-code contract.
+pub fn wait_code(pid: Pid) -> i32 {
+    loop {
+        match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+            Ok(Some((_, st))) => {
+                if let Some(code) = st.exit_status() {
+                    return code;
+                }
+                if let Some(sig) = st.terminating_signal() {
+                    return 128 + sig;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            _ => return 125,
+        }
+    }
+}
+
+/// Every process below `root` in the sandbox (from /proc's parent links).
+pub fn descendants(root: Pid) -> Vec<Pid> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            if let Some(ppid) = parent_of(pid) {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    let mut todo = vec![root.as_raw_nonzero().get()];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            if seen.insert(c) {
+                out.extend(Pid::from_raw(c));
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// SIGKILLs every process below `root` until none is left, reaping those
+/// that are its children (orphans are reparented to it: it is a subreaper).
+pub fn kill_tree(root: Pid) {
+    for _ in 0..1000 {
+        let procs = descendants(root);
+        if procs.is_empty() {
+            return;
+        }
+        for p in &procs {
+            let _ = rustix::process::kill_process(*p, Signal::KILL);
+        }
+        while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Allocates a pty in the sandbox's own devpts; returns (master, slave).
+fn open_pty(winsize: Option<(u16, u16)>) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let name = ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    if let Some((rows, cols)) = winsize {
+        let ws = rustix::termios::Winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        rustix::termios::tcsetwinsize(&slave, ws)?;
+    }
+    Ok((master, slave))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nweb:x:33:33::/var/www:/usr/sbin/nologin\n";
+    const GROUP: &str = "root:x:0:\nusers:x:100:\nuser:x:1000:\n";
+
+    #[test]
+    fn users_resolve_by_name_and_number() {
+        let u = resolve_user("user", PASSWD, GROUP).expect("user");
+        assert_eq!(
+            (u.uid, u.gid, u.home.as_deref()),
+            (1000, 1000, Some("/home/user"))
+        );
+        let u = resolve_user("33", PASSWD, GROUP).expect("uid");
+        assert_eq!((u.uid, u.gid), (33, 33));
+        let u = resolve_user("4242", PASSWD, GROUP).expect("unknown uid");
+        assert_eq!((u.uid, u.gid, u.home), (4242, 4242, None));
+        let u = resolve_user("user:users", PASSWD, GROUP).expect("name:group");
+        assert_eq!((u.uid, u.gid), (1000, 100));
+        let u = resolve_user("5:6", PASSWD, GROUP).expect("uid:gid");
+        assert_eq!((u.uid, u.gid), (5, 6));
+        assert!(resolve_user("nobody-here", PASSWD, GROUP).is_err());
+        assert!(resolve_user("user:nogroup", PASSWD, GROUP).is_err());
+    }
+}

@@ -1,0 +1,69 @@
+//! `sifbox cp`: files and directories into and out of a running sandbox.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use sifbox_engine::Sandbox;
+
+use crate::cmd::options::bad;
+
+#[derive(Debug, clap::Args)]
+pub struct CpArgs {
+    /// For uploads: the user of the image that owns the copy (default root).
+    #[arg(long, value_name = "USER")]
+    pub owner: Option<String>,
+    /// Source: a host path or NAME:/path in a sandbox.
+    pub src: String,
+    /// Destination: a host path or NAME:/path in a sandbox.
+    pub dst: String,
+}
+
+/// `NAME:/path` -> (NAME, /path); host paths (with no `:` before the first
+/// `/`) -> None.
+fn sandbox_side(arg: &str) -> Option<(&str, &str)> {
+    let (name, path) = arg.split_once(':')?;
+    (!name.is_empty() && !name.contains('/')).then_some((name, path))
+}
+
+pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
+    let usage = "usage: sifbox cp [--owner USER] SRC DST, with NAME:/path on exactly one side";
+    match (sandbox_side(&a.src), sandbox_side(&a.dst)) {
+        (None, Some((name, path))) => {
+            check_inside(path)?;
+            let sandbox = Sandbox::attach(name)?;
+            sandbox.upload(&PathBuf::from(&a.src), path, a.owner.as_deref())?;
+        }
+        (Some((name, path)), None) => {
+            check_inside(path)?;
+            if a.owner.is_some() {
+                return Err(bad(
+                    "--owner",
+                    "only applies to copies into a sandbox",
+                    usage,
+                ));
+            }
+            let sandbox = Sandbox::attach(name)?;
+            sandbox.download(path, &PathBuf::from(&a.dst))?;
+        }
+        _ => {
+            return Err(bad(
+                "sifbox cp",
+                "one side must be NAME:/path and the other a host path",
+                usage,
+            ))
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_inside(path: &str) -> sifbox_engine::Result<()> {
+    if path.starts_with('/') {
+        Ok(())
+    } else {
+        Err(bad(
+            &format!("sandbox path {path:?}"),
+            "must be absolute",
+            "write it as NAME:/absolute/path",
+        ))
+    }
+}

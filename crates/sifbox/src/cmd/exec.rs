@@ -1,0 +1,134 @@
+//! `sifbox exec`: a command in a running sandbox.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::process::ExitCode;
+
+use sifbox_engine::protocol::ExecRequest;
+use sifbox_engine::{spec, Sandbox};
+
+use crate::cmd::options::{bad, EnvArgs};
+use crate::cmd::status_exit;
+
+#[derive(Debug, clap::Args)]
+#[command(trailing_var_arg = true)]
+pub struct ExecArgs {
+    /// Working directory inside the sandbox.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub cwd: String,
+    #[command(flatten)]
+    pub env: EnvArgs,
+    /// Run as this user of the image: NAME, UID, UID:GID or NAME:GROUP.
+    #[arg(long, short = 'u', value_name = "USER")]
+    pub user: Option<String>,
+    /// Kill every process the command started after this many seconds; exit 124.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+    /// Capture output, keeping the last BYTES of each stream (reports truncation).
+    #[arg(long, value_name = "BYTES")]
+    pub max_output: Option<usize>,
+    /// Pass stdin to the command (without it, the command reads /dev/null).
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
+    /// Give the command a pty (when sifbox's stdin is a terminal).
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// Start the command and print its exec id; see `sifbox wait|kill|logs`.
+    #[arg(long, short = 'd')]
+    pub detach: bool,
+    /// Capture output and print {stdout, stderr, exit_code, timed_out, truncated, duration_ms}.
+    #[arg(long)]
+    pub json: bool,
+    /// The sandbox.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// The command and its arguments.
+    #[arg(value_name = "CMD", num_args = 0..)]
+    pub command: Vec<String>,
+}
+
+/// Captured output is limited to this much per stream unless asked otherwise.
+const DEFAULT_MAX_OUTPUT: usize = 16 << 20;
+
+pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
+    let mut argv = a.command.clone();
+    if argv.first().map(String::as_str) == Some("--") {
+        argv.remove(0);
+    }
+    if argv.is_empty() {
+        return Err(bad(
+            "sifbox exec",
+            "no command given",
+            "usage: sifbox exec [OPTIONS] NAME [--] CMD [ARGS...]",
+        ));
+    }
+    let timeout_ms = match a.timeout {
+        None => None,
+        Some(t) if t > 0.0 && t.is_finite() => {
+            Some(std::time::Duration::from_secs_f64(t).as_millis())
+        }
+        Some(_) => {
+            return Err(bad(
+                "--timeout",
+                "must be a positive number of seconds",
+                "e.g. --timeout 30",
+            ))
+        }
+    }
+    .map(|ms| u64::try_from(ms).unwrap_or(u64::MAX));
+    let sandbox = Sandbox::attach(&a.name)?;
+    let mut env = sandbox.base_env()?;
+    let extra = a.env.resolve()?;
+    let default_home = !extra.iter().any(|(k, _)| k == "HOME");
+    for (k, v) in &extra {
+        spec::set_env(&mut env, k, v);
+    }
+    let req = ExecRequest {
+        argv,
+        env,
+        cwd: a.cwd.clone(),
+        user: a.user.clone(),
+        default_home,
+        timeout_ms,
+        ..Default::default()
+    };
+    if a.detach {
+        let id = sandbox.exec_detached(req)?;
+        println!("{id}");
+        Ok(ExitCode::SUCCESS)
+    } else if a.json || a.max_output.is_some() {
+        let stdin = std::io::stdin();
+        let input = a.interactive.then(|| stdin.as_fd());
+        let out = sandbox.exec_capture(req, input, a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT))?;
+        if a.json {
+            println!("{}", serde_json::to_string(&out).unwrap_or_default());
+        } else {
+            let _ = std::io::stdout().write_all(out.stdout.as_bytes());
+            let _ = std::io::stderr().write_all(out.stderr.as_bytes());
+            if out.truncated {
+                eprintln!(
+                    "sifbox: output truncated to the last {} bytes per stream",
+                    a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)
+                );
+            }
+            if let Some(e) = &out.error {
+                eprintln!("sifbox: {e}");
+            }
+        }
+        Ok(crate::exit_code(out.exit_code))
+    } else if a.tty && rustix::termios::isatty(std::io::stdin()) {
+        Ok(status_exit(&crate::cmd::tty::exec(&sandbox, req)?))
+    } else {
+        let null = std::fs::File::open("/dev/null")
+            .map_err(|e| sifbox_engine::Error::io("opening /dev/null", e))?;
+        let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+        let input = if a.interactive {
+            i.as_fd()
+        } else {
+            null.as_fd()
+        };
+        Ok(status_exit(
+            &sandbox.exec(req, [input, o.as_fd(), e.as_fd()])?,
+        ))
+    }
+}

@@ -1,0 +1,249 @@
+//! Options shared by the commands that create sandboxes or run commands in
+//! them, and their translation into engine types.
+
+use std::path::PathBuf;
+
+use sifbox_engine::spec::{self, Bind, NetMode, UsernsMode, Writable};
+use sifbox_engine::{idmap, Error, SandboxSpec};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum NetArg {
+    /// Share the host's network.
+    Host,
+    /// Only a loopback interface of the sandbox's own.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum UsernsArg {
+    /// `full` when you have a subordinate id range and newuidmap, else `single`.
+    Auto,
+    /// Map only your own uid/gid (to root inside).
+    Single,
+    /// Map your own id to root and your subordinate range from 1 (chown works).
+    Full,
+}
+
+/// Options shared by every command that creates a sandbox.
+#[derive(Debug, clap::Args)]
+pub struct SandboxArgs {
+    /// Root file system directory to use as the (read-only) image.
+    #[arg(long, value_name = "DIR")]
+    pub rootfs: Option<PathBuf>,
+    /// Network: `host` shares the host's, `none` gives only loopback.
+    #[arg(long, value_enum, default_value = "host")]
+    pub net: NetArg,
+    /// How ids are mapped into the sandbox's user namespace.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub userns: UsernsArg,
+    /// Keep writes in a tmpfs that disappears with the sandbox (the default).
+    #[arg(long)]
+    pub writable_tmpfs: bool,
+    /// Size limit of the --writable-tmpfs layer in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = spec::DEFAULT_TMPFS_MIB)]
+    pub tmpfs_size: u64,
+    /// Keep writes in DIR/upper on the host, for inspection afterwards.
+    #[arg(long, value_name = "DIR", conflicts_with = "writable_tmpfs")]
+    pub overlay: Option<PathBuf>,
+    /// Host name inside (default: the sandbox name).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Sandbox name (default: run-<random>).
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub env: EnvArgs,
+    /// Bind DIR at /logs, with agent/, verifier/ and artifacts/ in it
+    /// writable by any user; sandbox.json is written there. DIR outlives
+    /// the sandbox.
+    #[arg(long, value_name = "DIR")]
+    pub logs: Option<PathBuf>,
+    /// Make a host path visible inside: SRC[:DST[:ro|rw]] (repeatable).
+    #[arg(long, value_name = "SRC:DST[:ro]")]
+    pub bind: Vec<String>,
+}
+
+/// Environment options of commands that run something.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EnvArgs {
+    /// Set a variable inside (repeatable; beats --env-file). `--env KEY`
+    /// alone takes KEY's value from sifbox's own environment, which keeps
+    /// secrets out of command lines.
+    #[arg(long = "env", short = 'e', value_name = "KEY[=VALUE]")]
+    pub env: Vec<String>,
+    /// Read KEY=VALUE lines (no shell evaluation) into the environment.
+    #[arg(long, value_name = "FILE")]
+    pub env_file: Vec<PathBuf>,
+}
+
+impl EnvArgs {
+    /// The variables given, in order (files first, then --env).
+    pub fn resolve(&self) -> sifbox_engine::Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for f in &self.env_file {
+            out.extend(spec::parse_env_file(f)?);
+        }
+        for e in &self.env {
+            if e.contains('=') {
+                out.push(spec::parse_env_arg(e)?);
+            } else {
+                let value = std::env::var(e).map_err(|_| {
+                    bad(
+                        &format!("--env {e}"),
+                        "no value given and sifbox's environment has none",
+                        "pass --env KEY=VALUE, or set KEY in the environment sifbox runs in",
+                    )
+                })?;
+                out.push(spec::parse_env_arg(&format!("{e}={value}"))?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub fn bad(what: &str, why: &str, fix: &str) -> Error {
+    Error::BadInput {
+        what: what.into(),
+        why: why.into(),
+        fix: fix.into(),
+    }
+}
+
+/// A sandbox as the options describe it.
+#[derive(Debug)]
+pub struct Planned {
+    pub spec: SandboxSpec,
+    /// The environment commands start with.
+    pub env: Vec<(String, String)>,
+    /// The logs dir (absolute), when asked for.
+    pub logs: Option<PathBuf>,
+}
+
+/// Makes the logs dir and its agent/, verifier/ and artifacts/, writable by
+/// any user (the sandbox's commands may run as any user of the image).
+fn prepare_logs(dir: &std::path::Path) -> sifbox_engine::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir =
+        std::path::absolute(dir).map_err(|e| Error::io(format!("--logs {}", dir.display()), e))?;
+    for sub in ["", "agent", "verifier", "artifacts"] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).map_err(|e| {
+            bad(
+                &format!("--logs {}", dir.display()),
+                &format!("cannot create {}: {e}", d.display()),
+                "pass a directory you can write",
+            )
+        })?;
+        if !sub.is_empty() {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
+                .map_err(|e| Error::io(format!("making {} writable", d.display()), e))?;
+        }
+    }
+    Ok(dir)
+}
+
+/// Turns the sandbox options into a spec.
+pub fn build_spec(a: &SandboxArgs, rootfs: PathBuf) -> sifbox_engine::Result<Planned> {
+    let meta = std::fs::metadata(&rootfs).map_err(|e| {
+        bad(
+            &format!("image {}", rootfs.display()),
+            &format!("cannot use it: {e}"),
+            "pass an existing root file system directory (--rootfs DIR)",
+        )
+    })?;
+    if !meta.is_dir() {
+        return Err(bad(
+            &format!("image {}", rootfs.display()),
+            "not a directory",
+            "pass an unpacked root file system directory; SIF files and store references come with the image store",
+        ));
+    }
+    let rootfs = std::fs::canonicalize(&rootfs)
+        .map_err(|e| Error::io(format!("resolving {}", rootfs.display()), e))?;
+    let name = match &a.name {
+        Some(n) => n.clone(),
+        None => format!("run-{}", random_hex()),
+    };
+    spec::validate_name(&name)?;
+    let extra = a.env.resolve()?;
+    let env = spec::clean_env(std::env::vars(), &extra);
+    let mut binds = a
+        .bind
+        .iter()
+        .map(|b| Bind::parse(b))
+        .collect::<Result<Vec<_>, _>>()?;
+    let logs = a.logs.as_deref().map(prepare_logs).transpose()?;
+    if let Some(dir) = &logs {
+        binds.push(Bind {
+            src: dir.clone(),
+            dst: PathBuf::from("/logs"),
+            readonly: false,
+        });
+    }
+    let mode = match a.userns {
+        UsernsArg::Auto => UsernsMode::Auto,
+        UsernsArg::Single => UsernsMode::Single,
+        UsernsArg::Full => UsernsMode::Full,
+    };
+    let ids = idmap::resolve(mode, &idmap::Caller::current())?;
+    let writable = match &a.overlay {
+        Some(dir) => {
+            let dir = std::path::absolute(dir)
+                .map_err(|e| Error::io(format!("--overlay {}", dir.display()), e))?;
+            if dir.starts_with(&rootfs) {
+                return Err(bad(
+                    &format!("--overlay {}", dir.display()),
+                    "it lies inside the image",
+                    "choose a directory outside the root file system",
+                ));
+            }
+            Writable::Overlay { dir }
+        }
+        None => {
+            if a.tmpfs_size == 0 {
+                return Err(bad(
+                    "--tmpfs-size 0",
+                    "the writable layer needs some space",
+                    "pass a size in MiB, e.g. 1024",
+                ));
+            }
+            Writable::Tmpfs {
+                size_mib: a.tmpfs_size,
+            }
+        }
+    };
+    let hostname = a.hostname.clone().unwrap_or_else(|| name.clone());
+    if hostname.is_empty() || hostname.len() > 64 {
+        return Err(bad(
+            &format!("--hostname {hostname:?}"),
+            "must be 1 to 64 bytes",
+            "pass a shorter host name",
+        ));
+    }
+    let spec = SandboxSpec {
+        name,
+        rootfs,
+        hostname,
+        net: match a.net {
+            NetArg::Host => NetMode::Host,
+            NetArg::None => NetMode::None,
+        },
+        ids,
+        writable,
+        binds,
+        host_dns: true,
+    };
+    Ok(Planned { spec, env, logs })
+}
+
+fn random_hex() -> String {
+    let mut buf = [0u8; 6];
+    if rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        buf[..4].copy_from_slice(&nanos.to_le_bytes());
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,50 @@
+//! `sifbox ps`: the sandboxes of this user on this node.
+
+use std::process::ExitCode;
+
+use sifbox_engine::runtime;
+
+#[derive(Debug, clap::Args)]
+pub struct PsArgs {
+    /// Print the list as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: PsArgs) -> sifbox_engine::Result<ExitCode> {
+    let root = runtime::root()?;
+    let entries: Vec<_> = runtime::scan(&root)?
+        .into_iter()
+        .map(|e| {
+            let s = e.state.as_ref();
+            serde_json::json!({
+                "name": e.name,
+                "status": if e.alive { "running" } else { "dead" },
+                "supervisor_pid": s.map(|s| s.supervisor_pid),
+                "created": s.map(|s| s.created),
+                "image": s.map(|s| s.image.clone()),
+                "rootfs": s.map(|s| s.rootfs.clone()),
+                "evidence": s.and_then(|s| s.evidence.clone()),
+                "oneshot": s.map(|s| s.oneshot),
+            })
+        })
+        .collect();
+    if a.json {
+        println!("{}", serde_json::json!({ "sandboxes": entries }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<28} {:<8} {:>8}  IMAGE", "NAME", "STATUS", "PID");
+    for e in &entries {
+        println!(
+            "{:<28} {:<8} {:>8}  {}",
+            e["name"].as_str().unwrap_or_default(),
+            e["status"].as_str().unwrap_or_default(),
+            e["supervisor_pid"]
+                .as_i64()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+            e["image"].as_str().unwrap_or_default(),
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,85 @@
+//! `sifbox start`: a sandbox that runs until `sifbox stop`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use sifbox_engine::{Error, Sandbox, StartOptions};
+
+use crate::cmd::options::{bad, build_spec, SandboxArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Give up (and clean up) if the sandbox is not ready after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub ready_timeout: f64,
+    /// Print the sandbox as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The image (unless --rootfs is given).
+    #[arg(value_name = "IMAGE")]
+    pub image: Option<String>,
+}
+
+pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
+    let rootfs = match (&a.sandbox.rootfs, &a.image) {
+        (Some(r), None) => r.clone(),
+        (None, Some(i)) => PathBuf::from(i),
+        _ => {
+            return Err(bad(
+                "sifbox start",
+                "give exactly one image (IMAGE or --rootfs DIR)",
+                "usage: sifbox start [OPTIONS] --name NAME IMAGE",
+            ))
+        }
+    };
+    if a.sandbox.name.is_none() {
+        return Err(bad(
+            "sifbox start",
+            "no --name given",
+            "name the sandbox: sifbox start --name NAME IMAGE",
+        ));
+    }
+    if a.ready_timeout.is_nan() || a.ready_timeout <= 0.0 {
+        return Err(bad(
+            "--ready-timeout",
+            "must be a positive number of seconds",
+            "e.g. --ready-timeout 60",
+        ));
+    }
+    let planned = build_spec(&a.sandbox, rootfs)?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
+    let opts = StartOptions {
+        evidence_dir: planned.logs.clone(),
+        ..StartOptions::new(exe)
+    };
+    let started = Instant::now();
+    let sandbox = Sandbox::launch(planned.spec, &opts)?;
+    // Readiness: the supervisor reports it, then a round trip through the
+    // control socket proves the sandbox serves requests. A sandbox that is
+    // not ready in time is torn down (dropping it stops it).
+    let deadline = started + Duration::from_secs_f64(a.ready_timeout);
+    sandbox.wait_ready_until(deadline)?;
+    sandbox.ping()?;
+    sandbox.set_base_env(&planned.env)?;
+    let name = sandbox.name().to_string();
+    let evidence = sandbox.evidence_path();
+    let pid = sandbox.supervisor_pid();
+    sandbox.detach();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "name": name,
+                "supervisor_pid": pid,
+                "evidence": evidence,
+                "ready_ms": u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            })
+        );
+    } else {
+        println!("{name}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

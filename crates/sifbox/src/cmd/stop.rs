@@ -1,0 +1,61 @@
+//! `sifbox stop` and `sifbox rm`: end sandboxes and leave nothing behind.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sifbox_engine::{runtime, spec, Sandbox};
+
+use crate::cmd::options::bad;
+
+#[derive(Debug, clap::Args)]
+pub struct StopArgs {
+    /// Seconds between SIGTERM to every process and SIGKILL.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub timeout: f64,
+    /// The sandboxes.
+    #[arg(value_name = "NAME", required = true)]
+    pub names: Vec<String>,
+}
+
+/// Stops each sandbox; an unknown or already stopped one succeeds with a
+/// note. Stopping removes its runtime state too (`rm` is the same, for
+/// scripts that say what they mean); its logs dir stays.
+pub fn run(a: StopArgs, verb: &str) -> sifbox_engine::Result<ExitCode> {
+    if !(a.timeout >= 0.0 && a.timeout.is_finite()) {
+        return Err(bad(
+            "--timeout",
+            "must be zero or more seconds",
+            "e.g. --timeout 10",
+        ));
+    }
+    let grace = Duration::from_secs_f64(a.timeout);
+    let root = runtime::root()?;
+    for name in &a.names {
+        spec::validate_name(name)?;
+        match Sandbox::attach(name) {
+            Ok(sandbox) => {
+                sandbox.stop(grace)?;
+                println!("{verb} {name}");
+            }
+            Err(_) => {
+                // Not running: remove whatever a dead one left.
+                let dir = runtime::sandbox_dir(&root, name);
+                let existed = dir.exists();
+                if existed && runtime::read_state(&dir).is_some_and(|s| runtime::is_alive(&s)) {
+                    return Err(bad(
+                        &format!("sandbox {name}"),
+                        "it runs but does not answer",
+                        "kill its supervisor (see `sifbox ps`), then run `sifbox gc`",
+                    ));
+                }
+                runtime::remove_dir(&dir)?;
+                if existed {
+                    eprintln!("sifbox: {name} was not running; removed what it left");
+                } else {
+                    eprintln!("sifbox: {name} is not running (nothing to do)");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
