@@ -20,6 +20,11 @@ readonly PACKAGES=(
     passwd         # useradd
     ca-certificates
     shellcheck # lint of the scripts in scripts/test.sh
+    siftool        # SIF interop tests (Debian's reference implementation)
+    squashfs-tools # mksquashfs/unsquashfs interop tests and benchmark
+    umoci          # OCI image layouts for import tests
+    skopeo         # OCI archives for import tests
+    mmdebstrap     # Debian base trees for benchmarks and base images
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

@@ -109,53 +109,63 @@ root_tests() {
     fi
 }
 
-# Prints the path of the e2e test binary that cargo built.
-e2e_binary() {
-    cargo test -p sifbox --test e2e --no-run --message-format=json |
+# Prints the paths of the end-to-end test binaries (every integration test of
+# the sifbox package) that cargo built, one per line.
+e2e_binaries() {
+    cargo test -p sifbox --tests --no-run --message-format=json |
         python3 -c '
 import json, sys
-exe = None
+exes = []
 for line in sys.stdin:
     try:
         msg = json.loads(line)
     except ValueError:
         continue
-    if msg.get("reason") == "compiler-artifact" and msg.get("target", {}).get("name") == "e2e" and msg.get("executable"):
-        exe = msg["executable"]
-if not exe:
-    sys.exit("test.sh: cargo built no e2e test binary")
-print(exe)
+    target = msg.get("target", {})
+    if (msg.get("reason") == "compiler-artifact" and "test" in target.get("kind", [])
+            and msg.get("executable") and msg.get("package_id", "").find("sifbox-engine") < 0):
+        exes.append(msg["executable"])
+if not exes:
+    sys.exit("test.sh: cargo built no end-to-end test binary")
+print("\n".join(exes))
 '
 }
 
-# Runs the e2e tests as the unprivileged user, from copies under /var/tmp:
-# the repository may sit under /root, which that user cannot read.
+# Runs the end-to-end tests as the unprivileged user, from copies under
+# /var/tmp: the repository may sit under /root, which that user cannot read.
 user_tests() {
-    local exe target_dir
-    exe=$(e2e_binary) || return 1
+    local exes target_dir exe rc=0
+    exes=$(e2e_binaries) || return 1
     # cargo's target dir (CARGO_TARGET_DIR or .cargo/config may move it).
     target_dir=$(cargo metadata --format-version 1 --no-deps |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || return 1
-    echo "e2e test binary: $exe"
     USER_DIR=$(mktemp -d /var/tmp/sifbox-usertest.XXXXXX) || return 1
     chmod 0755 "$USER_DIR" || return 1
-    install -m 0755 "$exe" "$USER_DIR/e2e" || return 1
     install -m 0755 "$target_dir/debug/sifbox" "$USER_DIR/sifbox" || return 1
     cp -a "$ROOTFS" "$USER_DIR/rootfs" || return 1
     # The user's sandboxes map its own id to root: files owned by ids outside
     # its mapping would show as nobody and could not be copied up.
     chown -R -h "$TEST_USER:$TEST_USER" "$USER_DIR/rootfs" || return 1
-    echo "running as $TEST_USER ($(id -u "$TEST_USER")) in $USER_DIR"
-    (
-        cd "$USER_DIR" &&
-            runuser -u "$TEST_USER" -- env -i \
-                PATH=/usr/bin:/bin \
-                HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
-                RUST_BACKTRACE=1 \
-                SIFBOX_BIN="$USER_DIR/sifbox" \
-                SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
-                "$USER_DIR/e2e" --test-threads=2
-    )
+    while IFS= read -r exe; do
+        [[ -n $exe ]] || continue
+        local name
+        name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
+        # The unit tests of the CLI binary itself need nothing of the user.
+        [[ $name == sifbox ]] && continue
+        install -m 0755 "$exe" "$USER_DIR/$name" || return 1
+        echo "running $name as $TEST_USER ($(id -u "$TEST_USER")) in $USER_DIR"
+        (
+            cd "$USER_DIR" &&
+                runuser -u "$TEST_USER" -- env -i \
+                    PATH=/usr/bin:/bin \
+                    HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
+                    RUST_BACKTRACE=1 \
+                    SIFBOX_BIN="$USER_DIR/sifbox" \
+                    SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
+                    "$USER_DIR/$name" --test-threads=2
+        ) || rc=1
+    done <<<"$exes"
+    return "$rc"
 }
 
 host_info() {
