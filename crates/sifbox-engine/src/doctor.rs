@@ -313,65 +313,12 @@ fn write_proc(path: &str, content: &str) -> Result<(), String> {
         .map_err(|e| format!("write {:?} to {path}: {}", content.trim_end(), io_text(&e)))
 }
 
-fn thread_count() -> Option<u64> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
+fn thread_count() -> Option<usize> {
+    sifbox_sys::thread_count().ok()
 }
 
 // ---------------------------------------------------------------------------
 // subordinate ids
-
-/// One `start:count` range from /etc/subuid or /etc/subgid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct IdRange {
-    start: u64,
-    count: u64,
-}
-
-impl std::fmt::Display for IdRange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let last = self.start.saturating_add(self.count.saturating_sub(1));
-        write!(f, "{}-{} ({} ids)", self.start, last, self.count)
-    }
-}
-
-/// The ranges in a subuid/subgid file that belong to `name` or `uid`.
-/// Lines are `name_or_uid:start:count`; comments, blank and malformed lines are skipped.
-fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Vec<IdRange> {
-    let uid_text = uid.to_string();
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|line| {
-            let mut fields = line.split(':');
-            let owner = fields.next()?.trim();
-            let start = fields.next()?.trim().parse::<u64>().ok()?;
-            let count = fields.next()?.trim().parse::<u64>().ok()?;
-            if fields.next().is_some() || count == 0 {
-                return None;
-            }
-            let mine = owner == uid_text || name.is_some_and(|n| n == owner);
-            mine.then_some(IdRange { start, count })
-        })
-        .collect()
-}
-
-/// The user name of `uid` in an /etc/passwd text.
-fn passwd_name(text: &str, uid: u32) -> Option<String> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with(['+', '-']))
-        .find_map(|line| {
-            let mut fields = line.split(':');
-            let name = fields.next()?;
-            let _password = fields.next()?;
-            let id = fields.next()?.parse::<u32>().ok()?;
-            (id == uid && !name.is_empty()).then(|| name.to_owned())
-        })
-}
 
 /// How an id-map helper gets its privilege.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,7 +348,7 @@ fn check_subordinate_ids() -> Check {
     let euid = rustix::process::geteuid().as_raw();
     let name = fs::read_to_string("/etc/passwd")
         .ok()
-        .and_then(|t| passwd_name(&t, euid));
+        .and_then(|t| crate::idmap::passwd_name(&t, euid));
     let who = match &name {
         Some(n) => format!("{n} (uid {euid})"),
         None => format!("uid {euid} (not in /etc/passwd)"),
@@ -413,7 +360,7 @@ fn check_subordinate_ids() -> Check {
     for (file, label) in [("/etc/subuid", "subuid"), ("/etc/subgid", "subgid")] {
         match fs::read_to_string(file) {
             Ok(text) => {
-                let ranges = parse_subid(&text, name.as_deref(), euid);
+                let ranges = crate::idmap::subranges(&text, name.as_deref(), euid);
                 if ranges.is_empty() {
                     missing.push(format!("no range in {file}"));
                 } else {
@@ -1303,43 +1250,43 @@ alice:400000:10
   alice : 500000 : 5  
 ";
         assert_eq!(
-            parse_subid(text, Some("alice"), 1000),
+            crate::idmap::subranges(text, Some("alice"), 1000),
             vec![
-                IdRange {
+                crate::idmap::SubRange {
                     start: 100000,
                     count: 65536
                 },
-                IdRange {
+                crate::idmap::SubRange {
                     start: 300000,
                     count: 1000
                 },
-                IdRange {
+                crate::idmap::SubRange {
                     start: 400000,
                     count: 10
                 },
-                IdRange {
+                crate::idmap::SubRange {
                     start: 500000,
                     count: 5
                 },
             ]
         );
         assert_eq!(
-            parse_subid(text, Some("bob"), 1001),
-            vec![IdRange {
+            crate::idmap::subranges(text, Some("bob"), 1001),
+            vec![crate::idmap::SubRange {
                 start: 165536,
                 count: 65536
             }]
         );
         assert_eq!(
-            parse_subid(text, None, 1000),
-            vec![IdRange {
+            crate::idmap::subranges(text, None, 1000),
+            vec![crate::idmap::SubRange {
                 start: 300000,
                 count: 1000
             }]
         );
         assert_eq!(
-            parse_subid(text, Some("carol"), 1002),
-            Vec::<IdRange>::new()
+            crate::idmap::subranges(text, Some("carol"), 1002),
+            Vec::<crate::idmap::SubRange>::new()
         );
     }
 
@@ -1348,16 +1295,16 @@ alice:400000:10
         let text =
             "alice:100000\nalice:x:65536\nalice:1:2:3\nalice:5:0\n:1:2\nalice:-1:5\nalice:7:8\n";
         assert_eq!(
-            parse_subid(text, Some("alice"), 1000),
-            vec![IdRange { start: 7, count: 8 }]
+            crate::idmap::subranges(text, Some("alice"), 1000),
+            vec![crate::idmap::SubRange { start: 7, count: 8 }]
         );
         // a uid string never matches a user whose name merely contains it
         assert_eq!(
-            parse_subid("10000:1:2\n", Some("x"), 1000),
-            Vec::<IdRange>::new()
+            crate::idmap::subranges("10000:1:2\n", Some("x"), 1000),
+            Vec::<crate::idmap::SubRange>::new()
         );
         assert_eq!(
-            IdRange {
+            crate::idmap::SubRange {
                 start: 100000,
                 count: 65536
             }
@@ -1369,9 +1316,12 @@ alice:400000:10
     #[test]
     fn passwd_lookup() {
         let text = "root:x:0:0:root:/root:/bin/bash\n# x\n+nis::1000:::\nalice:x:1000:1000::/home/alice:/bin/sh\nbroken\n";
-        assert_eq!(passwd_name(text, 0).as_deref(), Some("root"));
-        assert_eq!(passwd_name(text, 1000).as_deref(), Some("alice"));
-        assert_eq!(passwd_name(text, 1001), None);
+        assert_eq!(crate::idmap::passwd_name(text, 0).as_deref(), Some("root"));
+        assert_eq!(
+            crate::idmap::passwd_name(text, 1000).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(crate::idmap::passwd_name(text, 1001), None);
     }
 
     #[test]

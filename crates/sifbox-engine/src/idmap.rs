@@ -14,33 +14,54 @@ pub struct SubRange {
     pub count: u32,
 }
 
-/// Finds the first range for `name` or `id` in the text of /etc/subuid or
-/// /etc/subgid (`owner:start:count` lines, `#` comments).
-pub fn find_subrange(text: &str, name: Option<&str>, id: u32) -> Option<SubRange> {
+impl std::fmt::Display for SubRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let last = u64::from(self.start) + u64::from(self.count.saturating_sub(1));
+        write!(f, "{}-{} ({} ids)", self.start, last, self.count)
+    }
+}
+
+/// Every range for `name` or `id` in the text of /etc/subuid or
+/// /etc/subgid (`owner:start:count` lines; comments, blank, empty and
+/// malformed lines skipped).
+pub fn subranges(text: &str, name: Option<&str>, id: u32) -> Vec<SubRange> {
     let id = id.to_string();
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| {
             let mut f = l.split(':');
-            let owner = f.next()?;
+            let owner = f.next()?.trim();
             let start = f.next()?.trim().parse().ok()?;
             let count = f.next()?.trim().parse().ok()?;
             (f.next().is_none() && (Some(owner) == name || owner == id))
                 .then_some(SubRange { start, count })
         })
-        .find(|r| r.count > 0)
+        .filter(|r| r.count > 0)
+        .collect()
+}
+
+/// The first range for `name` or `id` (see [`subranges`]).
+pub fn find_subrange(text: &str, name: Option<&str>, id: u32) -> Option<SubRange> {
+    subranges(text, name, id).into_iter().next()
 }
 
 /// Looks up the user name of `uid` in /etc/passwd.
 pub fn user_name(uid: u32) -> Option<String> {
-    let text = std::fs::read_to_string("/etc/passwd").ok()?;
-    text.lines().find_map(|l| {
-        let mut f = l.split(':');
-        let name = f.next()?;
-        let _pw = f.next()?;
-        (f.next()?.parse::<u32>().ok()? == uid).then(|| name.to_string())
-    })
+    passwd_name(&std::fs::read_to_string("/etc/passwd").ok()?, uid)
+}
+
+/// The user name of `uid` in an /etc/passwd text (NIS `+`/`-` lines skipped).
+pub fn passwd_name(text: &str, uid: u32) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with(['+', '-']))
+        .find_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let _pw = f.next()?;
+            (f.next()?.parse::<u32>().ok()? == uid && !name.is_empty()).then(|| name.to_string())
+        })
 }
 
 /// Finds an executable on PATH or in /usr/bin, /bin.
