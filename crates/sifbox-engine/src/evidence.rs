@@ -120,13 +120,12 @@ impl Evidence {
         }
     }
 
-    /// Writes the record to `path` (atomically: temp file, then rename).
+    /// Writes the record to `path`, in place: the file may be bound
+    /// read-only into the sandbox, and a bind follows the file, not its name.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let tmp = path.with_extension("json.tmp");
         let data = serde_json::to_vec_pretty(self)
             .map_err(|e| Error::io("encoding sandbox.json", std::io::Error::other(e)))?;
-        std::fs::write(&tmp, data).ctx(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).ctx(|| format!("writing {}", path.display()))
+        std::fs::write(path, data).ctx(|| format!("writing {}", path.display()))
     }
 
     /// Adds the stop times to the record at `path`.

@@ -395,8 +395,18 @@ impl Sandbox {
         }
     }
 
-    /// Opens a running sandbox by name (started by another process).
+    /// Opens a running sandbox by name (started by another process) to run
+    /// commands in it or copy files; a one-shot `run` is refused.
     pub fn attach(name: &str) -> Result<Sandbox> {
+        Sandbox::attach_inner(name, false)
+    }
+
+    /// Opens a running sandbox by name to stop it; one-shot runs included.
+    pub fn attach_to_stop(name: &str) -> Result<Sandbox> {
+        Sandbox::attach_inner(name, true)
+    }
+
+    fn attach_inner(name: &str, any: bool) -> Result<Sandbox> {
         validate_name(name)?;
         let root = runtime::root()?;
         let dir = runtime::sandbox_dir(&root, name);
@@ -411,6 +421,13 @@ impl Sandbox {
             runtime::read_state(&dir).ok_or_else(|| not_running("no such sandbox is running"))?;
         if !runtime::is_alive(&state) {
             return Err(not_running("it has stopped (its supervisor is gone)"));
+        }
+        if state.oneshot && !any {
+            return Err(Error::BadInput {
+                what: format!("sandbox {name:?}"),
+                why: "it belongs to a one-shot `sifbox run`, which ends with its command".into(),
+                fix: "use `sifbox start --name NAME IMAGE` for a sandbox to exec into".into(),
+            });
         }
         let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
         Ok(Sandbox {

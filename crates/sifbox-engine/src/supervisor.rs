@@ -101,6 +101,11 @@ pub fn main() -> i32 {
         Ok(fd) => Status(Some(File::from(fd))),
         Err(_) => return 125,
     };
+    // Whatever else the client's caller left open must not reach commands.
+    if let Err(e) = sifbox_sys::cloexec_from(3) {
+        status.error(&e.into());
+        return 125;
+    }
     let mut input = BufReader::new(std::io::stdin().lock());
     let launch = read_line(&mut input).and_then(|l| {
         serde_json::from_str::<Launch>(&l)
@@ -125,6 +130,7 @@ pub fn main_forked(
     // stdio but stderr; a sandbox that outlives its client logs to its
     // runtime dir instead.
     let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
+        .and_then(|()| sifbox_sys::cloexec_from(3))
         .map_err(Error::from)
         .and_then(|()| {
             let null = rustix::fs::open(

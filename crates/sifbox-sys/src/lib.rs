@@ -32,6 +32,8 @@ pub enum Error {
     },
     #[error("kill(-1, {sig}): {source}")]
     KillAll { sig: i32, source: std::io::Error },
+    #[error("close_range(CLOSE_RANGE_CLOEXEC): {0}")]
+    CloseRange(std::io::Error),
     #[error("socket(AF_INET) for the loopback interface: {0}")]
     LoopbackSocket(std::io::Error),
     #[error("ioctl(SIOCGIFFLAGS, lo): {0}")]
@@ -145,6 +147,30 @@ pub fn scrub_proc_identity(title: &[&str]) -> Result<(), Error> {
         std::ptr::write_bytes(arg, 0, arg_len);
         std::ptr::copy_nonoverlapping(block.as_ptr(), arg, block.len());
         std::ptr::write_bytes(env_start as *mut u8, 0, env_end - env_start);
+    }
+    Ok(())
+}
+
+/// Marks every file descriptor from `first` on close-on-exec
+/// (`close_range(first, ~0, CLOSE_RANGE_CLOEXEC)`), so that descriptors this
+/// process inherited (from the shell that started sifbox, say) never reach
+/// a command it executes. Nothing is closed: descriptors the process holds
+/// stay usable.
+pub fn cloexec_from(first: u32) -> Result<(), Error> {
+    /// `CLOSE_RANGE_CLOEXEC` from linux/close_range.h.
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: with CLOSE_RANGE_CLOEXEC the call closes no descriptor, it only
+    // sets FD_CLOEXEC on them; no memory is passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == -1 {
+        return Err(Error::CloseRange(std::io::Error::last_os_error()));
     }
     Ok(())
 }

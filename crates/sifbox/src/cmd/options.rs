@@ -139,6 +139,11 @@ fn prepare_logs(dir: &std::path::Path) -> sifbox_engine::Result<PathBuf> {
                 .map_err(|e| Error::io(format!("making {} writable", d.display()), e))?;
         }
     }
+    // Made now so that it can be bound read-only; filled once the sandbox
+    // is ready.
+    let evidence = dir.join(sifbox_engine::evidence::FILE);
+    std::fs::write(&evidence, b"{}\n")
+        .map_err(|e| Error::io(format!("creating {}", evidence.display()), e))?;
     Ok(dir)
 }
 
@@ -178,6 +183,13 @@ pub fn build_spec(a: &SandboxArgs, rootfs: PathBuf) -> sifbox_engine::Result<Pla
             src: dir.clone(),
             dst: PathBuf::from("/logs"),
             readonly: false,
+        });
+        // The evidence is visible inside but read-only, and a mount point
+        // nothing inside can remove: the sandbox cannot rewrite its record.
+        binds.push(Bind {
+            src: dir.join(sifbox_engine::evidence::FILE),
+            dst: PathBuf::from("/logs").join(sifbox_engine::evidence::FILE),
+            readonly: true,
         });
     }
     let mode = match a.userns {

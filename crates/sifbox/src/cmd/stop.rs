@@ -32,7 +32,7 @@ pub fn run(a: StopArgs, verb: &str) -> sifbox_engine::Result<ExitCode> {
     let root = runtime::root()?;
     for name in &a.names {
         spec::validate_name(name)?;
-        match Sandbox::attach(name) {
+        match Sandbox::attach_to_stop(name) {
             Ok(sandbox) => {
                 sandbox.stop(grace)?;
                 println!("{verb} {name}");
