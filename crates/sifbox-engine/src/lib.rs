@@ -5,6 +5,7 @@
 //! network namespaces, assemble an overlay root ([`rootfs`]) and serve exec
 //! requests over a Unix socket ([`protocol`]). [`Sandbox`] is the client side.
 
+pub mod aio;
 pub mod doctor;
 pub mod error;
 pub mod evidence;
@@ -19,5 +20,5 @@ pub mod supervisor;
 pub mod transfer;
 
 pub use error::{Error, Result};
-pub use sandbox::{ExecOutput, ExecStatus, Sandbox, StartOptions};
+pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions};
 pub use spec::SandboxSpec;

@@ -25,6 +25,19 @@ use crate::transfer;
 
 /// The file in the runtime dir holding the base environment of execs.
 const BASE_ENV: &str = "env.json";
+/// The file in the runtime dir holding [`ExecDefaults`].
+const EXEC_DEFAULTS: &str = "exec-defaults.json";
+
+/// What execs in a sandbox default to, from its image.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExecDefaults {
+    /// Working directory when none is given.
+    pub cwd: Option<String>,
+    /// User when none is given.
+    pub user: Option<String>,
+    /// Commands run through `/bin/sh` sourcing `/.singularity.d/env/*.sh`.
+    pub source_env_scripts: bool,
+}
 
 /// How to start a sandbox.
 #[derive(Debug, Clone)]
@@ -356,6 +369,28 @@ impl Sandbox {
             .ctx(|| format!("writing {}", path.display()))
     }
 
+    /// Stores what execs default to (from the image): working directory,
+    /// user, and whether commands must source the image's env scripts.
+    pub fn set_exec_defaults(&self, d: &ExecDefaults) -> Result<()> {
+        let path = self.dir.join(EXEC_DEFAULTS);
+        let data = serde_json::to_vec(d)
+            .map_err(|e| Error::io("encoding exec defaults", std::io::Error::other(e)))?;
+        std::fs::write(&path, data).ctx(|| format!("writing {}", path.display()))
+    }
+
+    /// What execs default to (nothing special when never set).
+    pub fn exec_defaults(&self) -> Result<ExecDefaults> {
+        let path = self.dir.join(EXEC_DEFAULTS);
+        match std::fs::read(&path) {
+            Ok(data) => serde_json::from_slice(&data).map_err(|e| Error::Protocol {
+                name: self.name.clone(),
+                why: format!("malformed {}: {e}", path.display()),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ExecDefaults::default()),
+            Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
     /// The environment that every exec starts from.
     pub fn base_env(&self) -> Result<Vec<(String, String)>> {
         let path = self.dir.join(BASE_ENV);
@@ -508,11 +543,17 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         drop((out_w, err_w));
-        let err_thread = std::thread::spawn(move || read_tail(File::from(err_r), max_output));
-        let (stdout, out_cut) = read_tail(File::from(out_r), max_output);
-        let (stderr, err_cut) = err_thread.join().unwrap_or_default();
-        self.wait_ready()?;
-        let (status, t) = wait_exit(&conn, &self.name)?;
+        // Output is read until the command has exited and what it wrote is
+        // drained: a background process that keeps the pipes open (a
+        // server started with `&`) must not hold the caller.
+        let (stop_r, stop_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let reader = std::thread::spawn(move || read_until_exit(out_r, err_r, stop_r, max_output));
+        let ended = self
+            .wait_ready()
+            .and_then(|()| wait_exit(&conn, &self.name));
+        drop(stop_w);
+        let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
+        let (status, t) = ended?;
         self.note_last(last, t);
         Ok(ExecOutput {
             stdout,
@@ -857,30 +898,82 @@ pub struct ExecOutput {
     pub error: Option<String>,
 }
 
-/// Reads `r` to the end, keeping the last `max` bytes; returns them (lossy
-/// UTF-8) and whether anything was dropped.
-fn read_tail(mut r: File, max: usize) -> (String, bool) {
-    use std::io::Read;
-    let mut kept: std::collections::VecDeque<u8> = std::collections::VecDeque::new();
-    let mut cut = false;
-    let mut buf = [0u8; 16384];
-    loop {
-        match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                kept.extend(&buf[..n]);
-                if kept.len() > max {
-                    let excess = kept.len() - max;
-                    kept.drain(..excess);
-                    cut = true;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
+/// The last `max` bytes of a stream, and whether anything was dropped.
+#[derive(Debug, Default)]
+struct Tail {
+    kept: std::collections::VecDeque<u8>,
+    cut: bool,
+}
+
+impl Tail {
+    fn push(&mut self, data: &[u8], max: usize) {
+        self.kept.extend(data);
+        if self.kept.len() > max {
+            let excess = self.kept.len() - max;
+            self.kept.drain(..excess);
+            self.cut = true;
         }
     }
-    let bytes: Vec<u8> = kept.into_iter().collect();
-    (String::from_utf8_lossy(&bytes).into_owned(), cut)
+
+    fn finish(self) -> (String, bool) {
+        let bytes: Vec<u8> = self.kept.into_iter().collect();
+        (String::from_utf8_lossy(&bytes).into_owned(), self.cut)
+    }
+}
+
+/// Reads stdout and stderr, keeping the last `max` bytes of each, until both
+/// end, or until `stop` becomes readable (the command exited) and what is
+/// buffered has been drained.
+fn read_until_exit(
+    out: OwnedFd,
+    err: OwnedFd,
+    stop: OwnedFd,
+    max: usize,
+) -> ((String, bool), (String, bool)) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut tails = [Tail::default(), Tail::default()];
+    let mut open = [Some(out), Some(err)];
+    let mut buf = vec![0u8; 65536];
+    let mut draining = false;
+    while open.iter().any(Option::is_some) {
+        if !draining {
+            let mut fds: Vec<PollFd<'_>> = open
+                .iter()
+                .flatten()
+                .map(|fd| PollFd::new(fd, PollFlags::IN))
+                .collect();
+            fds.push(PollFd::new(&stop, PollFlags::IN));
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => break,
+            }
+            if fds.last().is_some_and(|f| !f.revents().is_empty()) {
+                draining = true;
+                for fd in open.iter().flatten() {
+                    let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
+                }
+            }
+        }
+        for (slot, tail) in open.iter_mut().zip(tails.iter_mut()) {
+            let Some(fd) = slot else { continue };
+            let mut fds = [PollFd::new(&*fd, PollFlags::IN)];
+            let ready = draining
+                || matches!(poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0);
+            if !ready {
+                continue;
+            }
+            match rustix::io::read(&*fd, &mut buf) {
+                Ok(0) => *slot = None,
+                Ok(n) => tail.push(&buf[..n], max),
+                Err(rustix::io::Errno::INTR) => {}
+                // Drained (EAGAIN) or broken: done with this stream.
+                Err(_) => *slot = None,
+            }
+        }
+    }
+    let [out, err] = tails;
+    (out.finish(), err.finish())
 }
 
 fn random_id() -> String {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The long-lived sandbox benchmark of issue 6 (item 8): `sifbox exec
+# /bin/true` into a running sandbox vs host /bin/true vs bwrap, interleaved;
+# start-to-ready; RSS/PSS of idle sandboxes. Installs what it needs (with
+# sudo when not root), builds sifbox in release mode, builds the test rootfs,
+# then runs scripts/bench-sandbox.py.
+#
+# Usage: scripts/bench-sandbox.sh [RUNS] [bench-sandbox.py options...]
+#   RUNS defaults to 50; e.g. scripts/bench-sandbox.sh 100 --idle 200 --json target/bench-sandbox.json
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO
+cd "$REPO"
+
+runs=50
+if [[ ${1:-} =~ ^[0-9]+$ ]]; then
+    runs=$1
+    shift
+fi
+
+# Puts cargo on PATH: the caller's, else the usual rustup location.
+find_cargo() {
+    command -v cargo >/dev/null 2>&1 && return 0
+    local home
+    for home in "${CARGO_HOME:-}" "$HOME/.cargo"; do
+        if [[ -n $home && -x $home/bin/cargo ]]; then
+            PATH="$home/bin:$PATH"
+            return 0
+        fi
+    done
+    echo "bench-sandbox.sh: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
+    exit 1
+}
+find_cargo
+
+rootfs=$REPO/target/test-rootfs
+
+echo "==== install-deps ===="
+bash "$REPO/scripts/install-deps.sh"
+echo "==== cargo build --release -p sifbox ===="
+cargo build --release -p sifbox
+echo "==== test rootfs ===="
+bash "$REPO/scripts/make-test-rootfs.sh" "$rootfs"
+echo "==== benchmark ===="
+exec python3 "$REPO/scripts/bench-sandbox.py" --runs "$runs" --rootfs "$rootfs" \
+    --sifbox "$REPO/target/release/sifbox" "$@"
