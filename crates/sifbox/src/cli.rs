@@ -41,6 +41,9 @@ enum Command {
     Kill(cmd::detached::KillArgs),
     /// Print the output of a detached exec.
     Logs(cmd::detached::LogsArgs),
+    /// Manage the image store: ls, inspect, rm, tag, import, export.
+    #[command(subcommand)]
+    Image(cmd::image::ImageCommand),
     /// Check what this host allows (user namespaces, id ranges, overlayfs, cgroups...).
     Doctor(cmd::doctor::DoctorArgs),
     /// Remove what dead sandboxes left behind (after a crash or kill -9).
@@ -73,6 +76,7 @@ pub fn run() -> ExitCode {
         Command::Kill(a) => cmd::detached::kill(a),
         Command::Logs(a) => cmd::detached::logs(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Image(c) => cmd::image::run(c),
         Command::Gc(a) => cmd::gc::run(a),
     };
     match result {

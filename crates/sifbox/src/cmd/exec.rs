@@ -7,15 +7,15 @@ use std::process::ExitCode;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::{spec, Sandbox};
 
-use crate::cmd::options::{bad, EnvArgs};
+use crate::cmd::options::{bad, command_for, EnvArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
 #[command(trailing_var_arg = true)]
 pub struct ExecArgs {
-    /// Working directory inside the sandbox.
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    pub cwd: String,
+    /// Working directory inside the sandbox (default: the image's, else /).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
     #[command(flatten)]
     pub env: EnvArgs,
     /// Run as this user of the image: NAME, UID, UID:GID or NAME:GROUP.
@@ -77,6 +77,7 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
     }
     .map(|ms| u64::try_from(ms).unwrap_or(u64::MAX));
     let sandbox = Sandbox::attach(&a.name)?;
+    let defaults = sandbox.exec_defaults()?;
     let mut env = sandbox.base_env()?;
     let extra = a.env.resolve()?;
     let default_home = !extra.iter().any(|(k, _)| k == "HOME");
@@ -84,10 +85,14 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
         spec::set_env(&mut env, k, v);
     }
     let req = ExecRequest {
-        argv,
+        argv: command_for(argv, &defaults),
         env,
-        cwd: a.cwd.clone(),
-        user: a.user.clone(),
+        cwd: a
+            .cwd
+            .clone()
+            .or_else(|| defaults.cwd.clone())
+            .unwrap_or_else(|| "/".into()),
+        user: a.user.clone().or_else(|| defaults.user.clone()),
         default_home,
         timeout_ms,
         ..Default::default()

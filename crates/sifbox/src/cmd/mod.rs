@@ -9,6 +9,7 @@ pub mod detached;
 pub mod doctor;
 pub mod exec;
 pub mod gc;
+pub mod image;
 pub mod options;
 pub mod ps;
 pub mod run;

@@ -3,8 +3,11 @@
 
 use std::path::PathBuf;
 
+use sifbox_engine::evidence::ImageRef;
 use sifbox_engine::spec::{self, Bind, NetMode, UsernsMode, Writable};
-use sifbox_engine::{idmap, Error, SandboxSpec};
+use sifbox_engine::{idmap, Error, ExecDefaults, SandboxSpec};
+
+use crate::cmd::image::Resolved;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum NetArg {
@@ -30,6 +33,10 @@ pub struct SandboxArgs {
     /// Root file system directory to use as the (read-only) image.
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
+    /// Run commands as this user of the image (default: the image's USER,
+    /// else root): NAME, UID, UID:GID or NAME:GROUP.
+    #[arg(long, short = 'u', value_name = "USER")]
+    pub user: Option<String>,
     /// Network: `host` shares the host's, `none` gives only loopback.
     #[arg(long, value_enum, default_value = "host")]
     pub net: NetArg,
@@ -117,6 +124,10 @@ pub struct Planned {
     pub env: Vec<(String, String)>,
     /// The logs dir (absolute), when asked for.
     pub logs: Option<PathBuf>,
+    /// The image, for the evidence.
+    pub image: ImageRef,
+    /// What commands default to, from the image.
+    pub defaults: ExecDefaults,
 }
 
 /// Makes the logs dir and its agent/, verifier/ and artifacts/, writable by
@@ -147,30 +158,17 @@ fn prepare_logs(dir: &std::path::Path) -> sifbox_engine::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Turns the sandbox options into a spec.
-pub fn build_spec(a: &SandboxArgs, rootfs: PathBuf) -> sifbox_engine::Result<Planned> {
-    let meta = std::fs::metadata(&rootfs).map_err(|e| {
-        bad(
-            &format!("image {}", rootfs.display()),
-            &format!("cannot use it: {e}"),
-            "pass an existing root file system directory (--rootfs DIR)",
-        )
-    })?;
-    if !meta.is_dir() {
-        return Err(bad(
-            &format!("image {}", rootfs.display()),
-            "not a directory",
-            "pass an unpacked root file system directory; SIF files and store references come with the image store",
-        ));
-    }
-    let rootfs = std::fs::canonicalize(&rootfs)
-        .map_err(|e| Error::io(format!("resolving {}", rootfs.display()), e))?;
+/// Turns the sandbox options and the resolved image into a spec.
+pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Planned> {
+    let rootfs = image.rootfs.clone();
     let name = match &a.name {
         Some(n) => n.clone(),
         None => format!("run-{}", random_hex()),
     };
     spec::validate_name(&name)?;
-    let extra = a.env.resolve()?;
+    // The image's environment first, then --env-file, then --env.
+    let mut extra = image.meta.env_pairs();
+    extra.extend(a.env.resolve()?);
     let env = spec::clean_env(std::env::vars(), &extra);
     let mut binds = a
         .bind
@@ -245,7 +243,26 @@ pub fn build_spec(a: &SandboxArgs, rootfs: PathBuf) -> sifbox_engine::Result<Pla
         binds,
         host_dns: true,
     };
-    Ok(Planned { spec, env, logs })
+    let defaults = ExecDefaults {
+        cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),
+        user: a
+            .user
+            .clone()
+            .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty())),
+        source_env_scripts: image.env_scripts,
+    };
+    let image = ImageRef {
+        reference: image.reference.clone(),
+        digest: image.digest.as_ref().map(ToString::to_string),
+        rootfs: image.rootfs.clone(),
+    };
+    Ok(Planned {
+        spec,
+        env,
+        logs,
+        image,
+        defaults,
+    })
 }
 
 fn random_hex() -> String {
@@ -258,4 +275,37 @@ fn random_hex() -> String {
         buf[..4].copy_from_slice(&nanos.to_le_bytes());
     }
     buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The argv to run for `argv` under `defaults`: through the image's env
+/// scripts when it has them.
+pub fn command_for(argv: Vec<String>, defaults: &ExecDefaults) -> Vec<String> {
+    if defaults.source_env_scripts {
+        sifbox_image::meta::with_env_scripts(&argv)
+    } else {
+        argv
+    }
+}
+
+/// Resolves the image of a sandbox command: `--rootfs DIR` (a directory) or
+/// the IMAGE argument.
+pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> sifbox_engine::Result<Resolved> {
+    match (&a.rootfs, image) {
+        (Some(dir), None) => {
+            if !dir.is_dir() {
+                return Err(bad(
+                    &format!("--rootfs {}", dir.display()),
+                    "no such directory",
+                    "pass an unpacked root file system directory, or an IMAGE without --rootfs",
+                ));
+            }
+            crate::cmd::image::resolve(&dir.to_string_lossy())
+        }
+        (None, Some(i)) => crate::cmd::image::resolve(i),
+        _ => Err(bad(
+            "image",
+            "give exactly one image (IMAGE or --rootfs DIR)",
+            "e.g. --rootfs ./rootfs, or an image name from `sifbox image ls`",
+        )),
+    }
 }

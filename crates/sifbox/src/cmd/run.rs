@@ -1,7 +1,6 @@
 //! `sifbox run`: one command in a fresh sandbox (start + one exec + stop).
 
 use std::os::fd::AsFd;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
@@ -10,7 +9,7 @@ use std::time::Duration;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::{Error, Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, command_for, resolve_image, SandboxArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -18,9 +17,9 @@ use crate::cmd::status_exit;
 pub struct RunArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
-    /// Working directory inside the sandbox.
-    #[arg(long, value_name = "DIR", default_value = "/")]
-    pub cwd: String,
+    /// Working directory inside the sandbox (default: the image's, else /).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
     /// Give the command a pty (when sifbox's stdin is a terminal).
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
@@ -33,22 +32,32 @@ const USAGE: &str = "usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] CMD
 
 pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     let mut args = a.args.clone();
-    let rootfs = match &a.sandbox.rootfs {
-        Some(r) => r.clone(),
+    let image_arg = match &a.sandbox.rootfs {
+        Some(_) => None,
         None if args.is_empty() => return Err(bad("sifbox run", "no image given", USAGE)),
-        None => PathBuf::from(args.remove(0)),
+        None => Some(args.remove(0)),
     };
     if args.first().map(String::as_str) == Some("--") {
         args.remove(0);
     }
+    let image = resolve_image(&a.sandbox, image_arg.as_deref())?;
+    // No command: the image's entrypoint and cmd, as `docker run` does.
     if args.is_empty() {
-        return Err(bad("sifbox run", "no command given", USAGE));
+        args = image.meta.command(&[]);
     }
-    let planned = build_spec(&a.sandbox, rootfs)?;
+    if args.is_empty() {
+        return Err(bad(
+            "sifbox run",
+            "no command given (and the image names none)",
+            USAGE,
+        ));
+    }
+    let planned = build_spec(&a.sandbox, &image)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
     let opts = StartOptions {
         oneshot: true,
         evidence_dir: planned.logs.clone(),
+        image: Some(planned.image.clone()),
         ..StartOptions::new(exe)
     };
     // Requests queue while the sandbox sets itself up.
@@ -77,9 +86,15 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     }
 
     let req = ExecRequest {
-        argv: args,
+        argv: command_for(args, &planned.defaults),
         env: planned.env,
-        cwd: a.cwd.clone(),
+        cwd: a
+            .cwd
+            .clone()
+            .or_else(|| planned.defaults.cwd.clone())
+            .unwrap_or_else(|| "/".into()),
+        user: planned.defaults.user.clone(),
+        default_home: true,
         stop_after: true,
         ..Default::default()
     };

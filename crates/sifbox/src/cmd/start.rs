@@ -1,12 +1,11 @@
 //! `sifbox start`: a sandbox that runs until `sifbox stop`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use sifbox_engine::{Error, Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct StartArgs {
@@ -24,17 +23,6 @@ pub struct StartArgs {
 }
 
 pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
-    let rootfs = match (&a.sandbox.rootfs, &a.image) {
-        (Some(r), None) => r.clone(),
-        (None, Some(i)) => PathBuf::from(i),
-        _ => {
-            return Err(bad(
-                "sifbox start",
-                "give exactly one image (IMAGE or --rootfs DIR)",
-                "usage: sifbox start [OPTIONS] --name NAME IMAGE",
-            ))
-        }
-    };
     if a.sandbox.name.is_none() {
         return Err(bad(
             "sifbox start",
@@ -49,10 +37,12 @@ pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
             "e.g. --ready-timeout 60",
         ));
     }
-    let planned = build_spec(&a.sandbox, rootfs)?;
+    let image = resolve_image(&a.sandbox, a.image.as_deref())?;
+    let planned = build_spec(&a.sandbox, &image)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
     let opts = StartOptions {
         evidence_dir: planned.logs.clone(),
+        image: Some(planned.image.clone()),
         ..StartOptions::new(exe)
     };
     let started = Instant::now();
@@ -64,6 +54,7 @@ pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
     sandbox.wait_ready_until(deadline)?;
     sandbox.ping()?;
     sandbox.set_base_env(&planned.env)?;
+    sandbox.set_exec_defaults(&planned.defaults)?;
     let name = sandbox.name().to_string();
     let evidence = sandbox.evidence_path();
     let pid = sandbox.supervisor_pid();

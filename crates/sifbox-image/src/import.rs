@@ -1,0 +1,267 @@
+//! Getting images into the store and their root file systems out of it.
+//!
+//! `import` takes a `.sif` file as it is, or turns a rootfs directory, a
+//! rootfs tarball, an OCI layout, an oci-archive or a docker-archive into a
+//! SIF (squashfs primary partition, metadata as a JSON object, Apptainer's
+//! `/.singularity.d` layout inside); the result is stored under the digest of
+//! its bytes. SIFs are written deterministically, so the same input gives the
+//! same digest. `rootfs` unpacks an image once (across processes) for the
+//! engine, owned by the caller so that every sandbox of the caller maps it.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::layer;
+use crate::meta::{self, ImageMeta};
+use crate::sif::{self, Arch, DataType, Partition, Sif, SifWriter};
+use crate::squash;
+use crate::store::{Digest, Store, StoreError};
+
+/// Errors of importing and unpacking, each naming the source.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{source_path}: {message}")]
+    Source {
+        source_path: PathBuf,
+        message: String,
+    },
+}
+
+type Result<T, E = ImportError> = std::result::Result<T, E>;
+
+fn src_err(path: &Path, e: impl std::fmt::Display) -> ImportError {
+    ImportError::Source {
+        source_path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// What a source is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    Sif,
+    RootfsDir,
+    /// A tarball, an OCI layout or archive, or a docker-archive.
+    Layers,
+}
+
+/// Tells a source's kind from what it is, not its name.
+pub fn classify(path: &Path) -> Result<SourceKind> {
+    let meta = std::fs::metadata(path).map_err(|e| src_err(path, e))?;
+    if meta.is_dir() {
+        return Ok(if path.join("oci-layout").is_file() {
+            SourceKind::Layers
+        } else {
+            SourceKind::RootfsDir
+        });
+    }
+    let mut head = [0u8; 48];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|e| src_err(path, e))?;
+    Ok(if n >= 42 && &head[32..42] == b"SIF_MAGIC\0" {
+        SourceKind::Sif
+    } else {
+        SourceKind::Layers
+    })
+}
+
+/// The result of an import.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub digest: Digest,
+    /// The reference it was tagged with, if any.
+    pub name: Option<String>,
+    /// Whether the store already had it (nothing was done).
+    pub cached: bool,
+}
+
+/// Identifies an unchanged source file: path, inode, size, mtime.
+fn file_key(path: &Path) -> Result<String> {
+    let canon = std::fs::canonicalize(path).map_err(|e| src_err(path, e))?;
+    let m = std::fs::metadata(&canon).map_err(|e| src_err(path, e))?;
+    Ok(format!(
+        "file:{}:{}:{}:{}:{}",
+        canon.display(),
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime_nsec() + m.mtime() * 1_000_000_000
+    ))
+}
+
+/// Imports `source`, tagging it `name` when given. Concurrent imports of
+/// the same source do the work once; all succeed.
+pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Imported> {
+    let kind = classify(source)?;
+    let canon = std::fs::canonicalize(source).map_err(|e| src_err(source, e))?;
+    // A directory can change below its top without a trace, so it is never
+    // taken from the source cache; its imports are serialized all the same.
+    let key = match kind {
+        SourceKind::RootfsDir => format!("dir:{}", canon.display()),
+        _ => file_key(&canon)?,
+    };
+    let _lock = store.lock(&format!("import-{key}"))?;
+    if kind != SourceKind::RootfsDir {
+        if let Some(d) = store.recall_source(&key) {
+            let name = name.map(|n| store.tag(n, &d)).transpose()?;
+            return Ok(Imported {
+                digest: d,
+                name,
+                cached: true,
+            });
+        }
+    }
+    let work = store.work_dir("import")?;
+    let digest = match kind {
+        SourceKind::Sif => {
+            // Checked first, then kept byte for byte: its digest is its own.
+            Sif::open(&canon).map_err(|e| src_err(source, e))?;
+            let copy = work.path().join("image.sif");
+            std::fs::copy(&canon, &copy).map_err(|e| src_err(source, e))?;
+            store.publish_sif(&copy)?
+        }
+        SourceKind::RootfsDir => {
+            let sif = work.path().join("image.sif");
+            build_sif(
+                &canon,
+                &ImageMeta::default(),
+                work.path(),
+                &sif,
+                clamp_time(&canon),
+            )?;
+            store.publish_sif(&sif)?
+        }
+        SourceKind::Layers => {
+            let tree = work.path().join("rootfs");
+            let opts = layer::ImportOptions {
+                tmp_dir: Some(work.path().to_path_buf()),
+                ..Default::default()
+            };
+            let unpacked =
+                layer::unpack_image(&canon, &tree, &opts).map_err(|e| src_err(source, e))?;
+            let c = unpacked.config;
+            let m = ImageMeta {
+                env: c.env,
+                workdir: c.workdir,
+                user: c.user,
+                entrypoint: c.entrypoint,
+                cmd: c.cmd,
+                labels: c.labels,
+            };
+            meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
+            let sif = work.path().join("image.sif");
+            build_sif(&tree, &m, work.path(), &sif, clamp_time(&canon))?;
+            let d = store.publish_sif(&sif)?;
+            // The tree is what the SIF holds: keep it as the unpacked copy.
+            let _rootfs_lock = store.lock(&format!("rootfs-{}", d.hex()))?;
+            store.publish_rootfs(&tree, &d)?;
+            d
+        }
+    };
+    if kind != SourceKind::RootfsDir {
+        store.remember_source(&key, &digest)?;
+    }
+    let name = name.map(|n| store.tag(n, &digest)).transpose()?;
+    Ok(Imported {
+        digest,
+        name,
+        cached: false,
+    })
+}
+
+/// The time every entry newer than the source is clamped to, so that the
+/// same source gives the same bytes whenever and wherever it is imported:
+/// `SOURCE_DATE_EPOCH` when set, else the source's own mtime.
+fn clamp_time(source: &Path) -> Option<u32> {
+    let from_env = squash::PackOptions::from_env().clamp_mtime;
+    from_env.or_else(|| {
+        let m = std::fs::metadata(source).ok()?;
+        u32::try_from(m.mtime().max(0)).ok()
+    })
+}
+
+/// Packs `tree` into a SIF at `out` (deterministic), with `m` as its
+/// metadata object; entries newer than `clamp` get `clamp` as mtime.
+fn build_sif(
+    tree: &Path,
+    m: &ImageMeta,
+    work: &Path,
+    out: &Path,
+    clamp: Option<u32>,
+) -> Result<()> {
+    let part = work.join("rootfs.sqfs");
+    let owner = rustix::process::geteuid().as_raw();
+    let opts = squash::PackOptions {
+        // Unpacked as an unprivileged caller, the tree's files are the
+        // caller's: the image says root, as a root-built one would.
+        force_owner: (owner != 0).then_some((0, 0)),
+        mkfs_time: clamp,
+        clamp_mtime: clamp,
+        ..squash::PackOptions::default()
+    };
+    squash::pack(tree, &part, &opts).map_err(|e| src_err(tree, e))?;
+    let json = serde_json::to_vec(m).map_err(|e| src_err(tree, e))?;
+    let mut w = SifWriter::deterministic(sif::DETERMINISTIC_TIME);
+    w.add_json(meta::SIF_OBJECT_NAME, json)
+        .map_err(|e| src_err(tree, e))?;
+    let part_file = File::open(&part).map_err(|e| src_err(&part, e))?;
+    w.add_partition(part_file, Partition::primary_squashfs(Arch::host()))
+        .map_err(|e| src_err(tree, e))?;
+    let f = File::create(out).map_err(|e| src_err(out, e))?;
+    w.write_to(std::io::BufWriter::new(f))
+        .map_err(|e| src_err(out, e))?;
+    Ok(())
+}
+
+/// The metadata of a stored image (defaults for a foreign SIF without it).
+pub fn image_meta(store: &Store, digest: &Digest) -> Result<ImageMeta> {
+    let path = store.sif_path(digest);
+    let sif = Sif::open(&path).map_err(|e| src_err(&path, e))?;
+    let Some(d) = sif
+        .descriptors()
+        .iter()
+        .find(|d| d.data_type == DataType::GenericJson && d.name == meta::SIF_OBJECT_NAME)
+    else {
+        return Ok(ImageMeta::default());
+    };
+    let bytes = sif
+        .read_object(d.id, 1 << 20)
+        .map_err(|e| src_err(&path, e))?;
+    serde_json::from_slice(&bytes).map_err(|e| src_err(&path, e))
+}
+
+/// The unpacked root file system of a stored image, made once.
+pub fn rootfs(store: &Store, digest: &Digest) -> Result<PathBuf> {
+    let sif_path = store.sif_path(digest);
+    store.rootfs(digest, |dest| -> Result<()> {
+        let sif = Sif::open(&sif_path).map_err(|e| src_err(&sif_path, e))?;
+        let part = sif
+            .primary_partition()
+            .ok_or_else(|| src_err(&sif_path, "the SIF has no primary system partition"))?;
+        if part.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
+            return Err(src_err(&sif_path, "its root file system is not squashfs"));
+        }
+        squash::unpack_at(
+            sif.file(),
+            part.offset,
+            part.size,
+            dest,
+            &squash::UnpackOptions::for_caller(),
+        )
+        .map_err(|e| src_err(&sif_path, e))?;
+        Ok(())
+    })
+}
+
+/// Writes a stored image as a SIF file (atomically).
+pub fn export(store: &Store, digest: &Digest, out: &Path) -> Result<()> {
+    let src = store.sif_path(digest);
+    let tmp = out.with_extension(format!("sif.tmp{}", std::process::id()));
+    std::fs::copy(&src, &tmp).map_err(|e| src_err(out, e))?;
+    std::fs::rename(&tmp, out).map_err(|e| src_err(out, e))
+}

@@ -1,0 +1,10 @@
+//! Images for sifbox: the SIF container format, squashfs file systems, OCI
+//! and Docker image layers, and the content-addressed store that holds them.
+//! Nothing here runs processes in sandboxes.
+
+pub mod import;
+pub mod layer;
+pub mod meta;
+pub mod sif;
+pub mod squash;
+pub mod store;

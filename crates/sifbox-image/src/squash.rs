@@ -1,0 +1,229 @@
+//! Squashfs (version 4.0, gzip) images: [`pack`] a directory tree into one,
+//! [`unpack`] one into a directory.
+//!
+//! The format is implemented here rather than through a squashfs crate so
+//! that sifbox controls what matters to it: hard links stay links, output
+//! is byte-for-byte deterministic, data blocks are compressed on all CPUs,
+//! and reading an untrusted image never panics, never allocates from an
+//! unchecked size and never writes outside the destination.
+//!
+//! What an image keeps: regular files (all-zero blocks stored as holes),
+//! directories (also empty ones), symlinks, hard links (one inode, several
+//! names), block and character devices, fifos and sockets; for each the
+//! permission bits including setuid, setgid and sticky, the owner uid and
+//! gid, and the modification time in whole seconds (0 to 2^32-1; times
+//! outside are clamped). Not kept: extended attributes (so file
+//! capabilities and ACLs are lost), access times, sub-second times.
+//!
+//! Images made by `mksquashfs -comp gzip` (or zstd) read back; xz, lzo,
+//! lz4 and lzma images are refused with [`SquashError::Unsupported`].
+
+mod codec;
+mod format;
+mod pack;
+mod unpack;
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Errors of packing and unpacking. Each names what failed and where.
+#[derive(Debug, thiserror::Error)]
+pub enum SquashError {
+    /// A system call on `path` failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The tree to pack holds something squashfs cannot record, changed
+    /// while being read, or an option is out of range.
+    #[error("cannot pack {}: {what}", path.display())]
+    Input { path: PathBuf, what: String },
+    /// The bytes do not start with a squashfs superblock.
+    #[error("not a squashfs image (bad magic)")]
+    NotSquashfs,
+    /// The image is a squashfs that sifbox does not read.
+    #[error("unsupported squashfs image: {what}")]
+    Unsupported { what: String },
+    /// The image is damaged or crafted: an offset, size or count is wrong.
+    #[error("corrupt squashfs image: {what}")]
+    Corrupt { what: String },
+    /// An entry's name would leave the destination or is not a plain name.
+    #[error("refusing squashfs entry {path:?}: {why}")]
+    UnsafeEntry { path: String, why: &'static str },
+    /// [`unpack`] extracts into a new or empty directory only.
+    #[error("destination {} is not empty", path.display())]
+    DestNotEmpty { path: PathBuf },
+}
+
+/// How [`pack`] records the tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackOptions {
+    /// The image's own time stamp; `None` takes the newest mtime in the tree,
+    /// so that packing the same tree twice gives the same bytes.
+    pub mkfs_time: Option<u32>,
+    /// Entries modified after this time are recorded with this time
+    /// (the `SOURCE_DATE_EPOCH` rule of reproducible builds).
+    pub clamp_mtime: Option<u32>,
+    /// Record every entry as owned by this (uid, gid) instead of its own,
+    /// e.g. `Some((0, 0))` for a rootfs unpacked by an unprivileged user.
+    pub force_owner: Option<(u32, u32)>,
+    /// gzip level, 1 to 9 (mksquashfs uses 9), or 0 to store every block
+    /// uncompressed (still a valid gzip image).
+    pub compression_level: u32,
+    /// Data block size: a power of two from 4 KiB to 1 MiB (default 128 KiB,
+    /// as mksquashfs).
+    pub block_size: u32,
+    /// Compressing threads; 0 means one per CPU.
+    pub threads: usize,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        Self {
+            mkfs_time: None,
+            clamp_mtime: None,
+            force_owner: None,
+            compression_level: 9,
+            block_size: 128 * 1024,
+            threads: 0,
+        }
+    }
+}
+
+impl PackOptions {
+    /// The defaults, with `SOURCE_DATE_EPOCH` (when set to a number) as the
+    /// image time and as the clamp for entry times.
+    pub fn from_env() -> Self {
+        let epoch = std::env::var("SOURCE_DATE_EPOCH")
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
+        Self {
+            mkfs_time: epoch,
+            clamp_mtime: epoch,
+            ..Self::default()
+        }
+    }
+}
+
+/// What [`pack`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackStats {
+    /// Inodes in the image (hard links count once).
+    pub inodes: u32,
+    /// Bytes of regular file data read.
+    pub data_bytes: u64,
+    /// Size of the image file, padded to 4 KiB.
+    pub image_bytes: u64,
+    /// Fragment blocks (where small files are packed together).
+    pub fragments: u32,
+}
+
+/// Who owns what [`unpack`] creates.
+///
+/// Only a privileged process can give files to other users, so an
+/// unprivileged caller must use [`Owners::Caller`] (everything then belongs
+/// to the caller, which is also what the store wants: ids every sandbox
+/// maps). The image's owners are still recorded in the image itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Owners {
+    /// Give each entry the uid and gid recorded in the image (needs
+    /// CAP_CHOWN; fails with EPERM otherwise).
+    #[default]
+    Preserve,
+    /// Leave everything owned by the calling process.
+    Caller,
+    /// Give everything this uid and gid.
+    Fixed { uid: u32, gid: u32 },
+}
+
+/// What [`unpack`] does with block and character devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceNodes {
+    /// Create them; fail when that is not permitted.
+    Create,
+    /// Create them; when not permitted (no CAP_MKNOD), leave them out and
+    /// count them in [`UnpackStats::skipped_devices`].
+    #[default]
+    SkipIfDenied,
+}
+
+/// How [`unpack`] extracts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnpackOptions {
+    pub owners: Owners,
+    pub devices: DeviceNodes,
+    /// Writing threads; 0 means one per CPU.
+    pub threads: usize,
+}
+
+impl UnpackOptions {
+    /// Options for an unprivileged caller: everything owned by the caller,
+    /// device nodes skipped when they cannot be made.
+    pub fn for_caller() -> Self {
+        Self {
+            owners: Owners::Caller,
+            ..Self::default()
+        }
+    }
+}
+
+/// What [`unpack`] created.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnpackStats {
+    pub files: u64,
+    /// Directories below the destination.
+    pub dirs: u64,
+    pub symlinks: u64,
+    /// Extra names of an inode already extracted.
+    pub hard_links: u64,
+    pub devices: u64,
+    /// Fifos and sockets.
+    pub specials: u64,
+    /// Device nodes left out (see [`DeviceNodes::SkipIfDenied`]).
+    pub skipped_devices: u64,
+    /// Bytes of regular file data.
+    pub bytes: u64,
+}
+
+/// Packs the tree under `dir` into a new squashfs image at `out`
+/// (gzip, 128 KiB blocks, no extended attributes). Symlinks are recorded,
+/// never followed. The same tree and options give the same bytes.
+pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackStats, SquashError> {
+    pack::pack(dir, out, opts)
+}
+
+/// Extracts the squashfs image file `image` into `dest` (created when
+/// missing; must be empty otherwise).
+pub fn unpack(image: &Path, dest: &Path, opts: &UnpackOptions) -> Result<UnpackStats, SquashError> {
+    let file = File::open(image).map_err(|source| SquashError::Io {
+        op: "open",
+        path: image.to_path_buf(),
+        source,
+    })?;
+    let len = file
+        .metadata()
+        .map_err(|source| SquashError::Io {
+            op: "stat",
+            path: image.to_path_buf(),
+            source,
+        })?
+        .len();
+    unpack::unpack(&file, 0, len, dest, opts)
+}
+
+/// Extracts the squashfs image stored at `offset..offset+len` of `file`
+/// (a SIF partition, say) into `dest`, like [`unpack`].
+pub fn unpack_at(
+    file: &File,
+    offset: u64,
+    len: u64,
+    dest: &Path,
+    opts: &UnpackOptions,
+) -> Result<UnpackStats, SquashError> {
+    unpack::unpack(file, offset, len, dest, opts)
+}

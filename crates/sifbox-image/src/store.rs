@@ -1,0 +1,691 @@
+//! The content-addressed image store.
+//!
+//! Layout under `$SIFBOX_CACHE` (default `$XDG_CACHE_HOME/sifbox`, else
+//! `~/.cache/sifbox`):
+//!
+//! ```text
+//! images/sha256-HEX.sif   images by the digest of their bytes
+//! refs/NAME               "name:tag" (escaped) -> digest
+//! rootfs/sha256-HEX/      the image's root file system, unpacked once, lazily
+//! sources/KEY             import source fingerprint -> digest (dedup of imports)
+//! locks/KEY.lock          cross-process locks (flock) on one piece of work
+//! tmp/                    work in progress; each dir locked by its maker
+//! ```
+//!
+//! Every result is made under `tmp/`, checked, and renamed into place, so a
+//! crash (SIGKILL included) at any moment leaves either no result or a whole
+//! one; `gc` removes the leftovers. Work on one key is done once: the first
+//! process takes the key's lock, the others wait for it and find the result.
+//! flock works across processes and, on NFS and Lustre, across nodes.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+/// Errors of the store; each names the path involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("image store {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no image {0:?} in the store; `sifbox image ls` lists them")]
+    NotFound(String),
+    #[error("image reference {reference:?} matches {count} images; give more of the digest")]
+    Ambiguous { reference: String, count: usize },
+    #[error("{0:?} is not a valid image name: use NAME[:TAG] with letters, digits, '.', '_', '-' and '/'")]
+    BadName(String),
+}
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A content digest, `sha256:HEX`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Digest(String);
+
+impl Digest {
+    /// The digest of `bytes`.
+    pub fn of_bytes(bytes: &[u8]) -> Digest {
+        Digest(format!("sha256:{}", hex::encode(Sha256::digest(bytes))))
+    }
+
+    /// The digest of a file's contents, streamed.
+    pub fn of_file(path: &Path) -> Result<Digest> {
+        let mut f = File::open(path).map_err(io(path))?;
+        let mut h = Sha256::new();
+        std::io::copy(&mut f, &mut h).map_err(io(path))?;
+        Ok(Digest(format!("sha256:{}", hex::encode(h.finalize()))))
+    }
+
+    /// Parses `sha256:HEX` (64 lowercase hex digits).
+    pub fn parse(s: &str) -> Option<Digest> {
+        let hex = s.strip_prefix("sha256:")?;
+        (hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| Digest(s.to_string()))
+    }
+
+    /// `sha256:HEX`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The hex part.
+    pub fn hex(&self) -> &str {
+        self.0.trim_start_matches("sha256:")
+    }
+
+    /// File-name form, `sha256-HEX`.
+    fn file_stem(&self) -> String {
+        format!("sha256-{}", self.hex())
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An exclusive lock on one key, held until dropped.
+#[derive(Debug)]
+pub struct KeyLock {
+    _file: File,
+}
+
+/// A directory under `tmp/` for work in progress, removed when dropped
+/// unless its contents were published; locked while alive so `gc` leaves it.
+#[derive(Debug)]
+pub struct WorkDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl WorkDir {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = remove_all(&self.path);
+        let _ = std::fs::remove_file(self.path.with_extension("lock"));
+    }
+}
+
+/// Removes a tree, making read-only dirs writable first.
+fn remove_all(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            for entry in walk_dirs(path) {
+                let _ = std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o700));
+            }
+            match std::fs::remove_dir_all(path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
+    }
+}
+
+fn walk_dirs(root: &Path) -> Vec<PathBuf> {
+    let mut out = vec![root.to_path_buf()];
+    let mut i = 0;
+    while i < out.len() {
+        let _ = std::fs::set_permissions(&out[i], {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::Permissions::from_mode(0o700)
+        });
+        if let Ok(rd) = std::fs::read_dir(&out[i]) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.push(e.path());
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// One image in the store.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImageEntry {
+    pub digest: String,
+    pub refs: Vec<String>,
+    pub size: u64,
+    pub sif: PathBuf,
+    pub unpacked: bool,
+    /// Unix seconds.
+    pub created: u64,
+}
+
+/// What `gc` removed.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct GcReport {
+    pub temp_dirs: Vec<PathBuf>,
+    pub unpacked_without_image: Vec<PathBuf>,
+    pub stale_sources: Vec<PathBuf>,
+}
+
+/// The store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+const SUBDIRS: [&str; 6] = ["images", "refs", "rootfs", "sources", "locks", "tmp"];
+
+impl Store {
+    /// The default location: `$SIFBOX_CACHE`, else `$XDG_CACHE_HOME/sifbox`,
+    /// else `~/.cache/sifbox`.
+    pub fn default_root() -> PathBuf {
+        if let Some(p) = std::env::var_os("SIFBOX_CACHE").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        if let Some(p) = std::env::var_os("XDG_CACHE_HOME").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p).join("sifbox");
+        }
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+        home.join(".cache").join("sifbox")
+    }
+
+    /// Opens (creating) the store at its default location.
+    pub fn open_default() -> Result<Store> {
+        Store::open(&Store::default_root())
+    }
+
+    /// Opens (creating) the store at `root`.
+    pub fn open(root: &Path) -> Result<Store> {
+        for d in SUBDIRS {
+            let p = root.join(d);
+            std::fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        Ok(Store {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Takes the exclusive lock on `key`, waiting for another holder.
+    pub fn lock(&self, key: &str) -> Result<KeyLock> {
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("{}.lock", escape(key)));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
+                Ok(()) => return Ok(KeyLock { _file: file }),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io(&path)(e.into())),
+            }
+        }
+    }
+
+    /// A fresh work dir under `tmp/`.
+    pub fn work_dir(&self, purpose: &str) -> Result<WorkDir> {
+        let mut rnd = [0u8; 8];
+        let _ = rustix::rand::getrandom(&mut rnd, rustix::rand::GetRandomFlags::empty());
+        let name = format!(
+            "{}-{}-{}",
+            escape(purpose),
+            std::process::id(),
+            hex::encode(rnd)
+        );
+        let path = self.root.join("tmp").join(&name);
+        let lock_path = path.with_extension("lock");
+        let lock = File::create(&lock_path).map_err(io(&lock_path))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io(&lock_path)(e.into()))?;
+        std::fs::create_dir(&path).map_err(io(&path))?;
+        Ok(WorkDir { path, _lock: lock })
+    }
+
+    /// Path of an image's SIF.
+    pub fn sif_path(&self, d: &Digest) -> PathBuf {
+        self.root
+            .join("images")
+            .join(format!("{}.sif", d.file_stem()))
+    }
+
+    /// Path of an image's unpacked root file system.
+    pub fn rootfs_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("rootfs").join(d.file_stem())
+    }
+
+    /// Publishes a finished SIF (a file in a work dir) under its digest;
+    /// returns the digest. Publishing the same content twice keeps one copy.
+    pub fn publish_sif(&self, file: &Path) -> Result<Digest> {
+        let digest = Digest::of_file(file)?;
+        let dst = self.sif_path(&digest);
+        if dst.exists() {
+            let _ = std::fs::remove_file(file);
+        } else {
+            File::open(file)
+                .and_then(|f| f.sync_all())
+                .map_err(io(file))?;
+            std::fs::rename(file, &dst).map_err(io(&dst))?;
+        }
+        Ok(digest)
+    }
+
+    /// Publishes an unpacked tree for `digest` (if none is there yet).
+    pub fn publish_rootfs(&self, tree: &Path, digest: &Digest) -> Result<PathBuf> {
+        let dst = self.rootfs_path(digest);
+        if !dst.exists() {
+            match std::fs::rename(tree, &dst) {
+                Ok(()) => {}
+                // Someone else published it first: keep theirs.
+                Err(_) if dst.exists() => {}
+                Err(e) => return Err(io(&dst)(e)),
+            }
+        }
+        Ok(dst)
+    }
+
+    /// Returns the unpacked root file system of `digest`, making it with
+    /// `unpack(dest)` once (across processes) if it is not there.
+    pub fn rootfs<E>(
+        &self,
+        digest: &Digest,
+        unpack: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<PathBuf, E>
+    where
+        E: From<StoreError>,
+    {
+        let dst = self.rootfs_path(digest);
+        if dst.is_dir() {
+            return Ok(dst);
+        }
+        let _lock = self.lock(&format!("rootfs-{}", digest.hex()))?;
+        if dst.is_dir() {
+            return Ok(dst);
+        }
+        let work = self.work_dir("unpack")?;
+        let tree = work.path().join("rootfs");
+        unpack(&tree)?;
+        Ok(self.publish_rootfs(&tree, digest)?)
+    }
+
+    /// Points `name` (NAME[:TAG], tag default `latest`) at `digest`.
+    pub fn tag(&self, name: &str, digest: &Digest) -> Result<String> {
+        let name = normalize_name(name)?;
+        let path = self.root.join("refs").join(escape(&name));
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(digest.as_str().as_bytes()).map_err(io(&tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        Ok(name)
+    }
+
+    /// Every reference name with its digest.
+    pub fn refs(&self) -> Result<Vec<(String, Digest)>> {
+        let dir = self.root.join("refs");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
+            let name = unescape(&e.file_name().to_string_lossy());
+            if name.contains(".tmp") {
+                continue;
+            }
+            if let Some(d) = std::fs::read_to_string(e.path())
+                .ok()
+                .as_deref()
+                .and_then(Digest::parse)
+            {
+                out.push((name, d));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Every image (by digest) in the store.
+    pub fn digests(&self) -> Result<Vec<Digest>> {
+        let dir = self.root.join("images");
+        let mut out: Vec<Digest> = std::fs::read_dir(&dir)
+            .map_err(io(&dir))?
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                let hex = n.strip_prefix("sha256-")?.strip_suffix(".sif")?;
+                Digest::parse(&format!("sha256:{hex}"))
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Resolves NAME[:TAG], a digest, or a unique digest prefix (at least 6
+    /// hex digits, with or without `sha256:`).
+    pub fn resolve(&self, reference: &str) -> Result<Digest> {
+        if let Some(d) = Digest::parse(reference) {
+            return if self.sif_path(&d).exists() {
+                Ok(d)
+            } else {
+                Err(StoreError::NotFound(reference.to_string()))
+            };
+        }
+        if let Ok(name) = normalize_name(reference) {
+            if let Some((_, d)) = self.refs()?.into_iter().find(|(n, _)| *n == name) {
+                return Ok(d);
+            }
+        }
+        let prefix = reference.trim_start_matches("sha256:");
+        if prefix.len() >= 6 && prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let hits: Vec<Digest> = self
+                .digests()?
+                .into_iter()
+                .filter(|d| d.hex().starts_with(&prefix.to_ascii_lowercase()))
+                .collect();
+            return match hits.len() {
+                1 => Ok(hits
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| StoreError::NotFound(reference.into()))?),
+                0 => Err(StoreError::NotFound(reference.to_string())),
+                n => Err(StoreError::Ambiguous {
+                    reference: reference.to_string(),
+                    count: n,
+                }),
+            };
+        }
+        Err(StoreError::NotFound(reference.to_string()))
+    }
+
+    /// The store's images with their references.
+    pub fn list(&self) -> Result<Vec<ImageEntry>> {
+        let refs = self.refs()?;
+        let mut out = Vec::new();
+        for d in self.digests()? {
+            let sif = self.sif_path(&d);
+            let meta = std::fs::metadata(&sif).map_err(io(&sif))?;
+            out.push(ImageEntry {
+                refs: refs
+                    .iter()
+                    .filter(|(_, rd)| *rd == d)
+                    .map(|(n, _)| n.clone())
+                    .collect(),
+                size: meta.len(),
+                created: meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default(),
+                unpacked: self.rootfs_path(&d).is_dir(),
+                digest: d.to_string(),
+                sif,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Removes a reference; when no reference is left to the image (or
+    /// `reference` was a digest), removes the image and its unpacked tree.
+    /// Returns the digest.
+    pub fn remove(&self, reference: &str) -> Result<Digest> {
+        let d = self.resolve(reference)?;
+        let _lock = self.lock(&format!("rootfs-{}", d.hex()))?;
+        if let Ok(name) = normalize_name(reference) {
+            let p = self.root.join("refs").join(escape(&name));
+            let _ = std::fs::remove_file(p);
+        }
+        let still_named = self.refs()?.iter().any(|(_, rd)| *rd == d);
+        if !still_named || Digest::parse(reference).is_some() {
+            for (n, rd) in self.refs()? {
+                if rd == d {
+                    let _ = std::fs::remove_file(self.root.join("refs").join(escape(&n)));
+                }
+            }
+            let sif = self.sif_path(&d);
+            std::fs::remove_file(&sif).map_err(io(&sif))?;
+            // Move the tree aside first so no reader sees half of it.
+            let tree = self.rootfs_path(&d);
+            if tree.exists() {
+                let work = self.work_dir("remove")?;
+                let aside = work.path().join("rootfs");
+                std::fs::rename(&tree, &aside).map_err(io(&tree))?;
+            }
+        }
+        Ok(d)
+    }
+
+    /// Records that an import source with `key` produced `digest`.
+    pub fn remember_source(&self, key: &str, digest: &Digest) -> Result<()> {
+        let path = self.root.join("sources").join(escape(key));
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, digest.as_str()).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))
+    }
+
+    /// The digest an import source with `key` produced, if still stored.
+    pub fn recall_source(&self, key: &str) -> Option<Digest> {
+        let path = self.root.join("sources").join(escape(key));
+        let d = Digest::parse(std::fs::read_to_string(path).ok()?.trim())?;
+        self.sif_path(&d).exists().then_some(d)
+    }
+
+    /// Removes leftovers: work dirs nobody holds, unpacked trees whose image
+    /// is gone, source records pointing at removed images.
+    pub fn gc(&self) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        let tmp = self.root.join("tmp");
+        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "lock") {
+                continue;
+            }
+            let lock_path = p.with_extension("lock");
+            let held = File::open(&lock_path).is_ok_and(|f| {
+                rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+            });
+            if !held {
+                remove_all(&p).map_err(io(&p))?;
+                let _ = std::fs::remove_file(&lock_path);
+                report.temp_dirs.push(p);
+            }
+        }
+        // Lock files of work dirs that are gone.
+        for e in std::fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "lock") && !p.with_extension("").exists() {
+                if let Ok(f) = File::open(&p) {
+                    if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                        .is_ok()
+                    {
+                        let _ = std::fs::remove_file(&p);
+                    }
+                }
+            }
+        }
+        let images: std::collections::HashSet<Digest> = self.digests()?.into_iter().collect();
+        let rootfs = self.root.join("rootfs");
+        for e in std::fs::read_dir(&rootfs).map_err(io(&rootfs))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let d = n
+                .strip_prefix("sha256-")
+                .and_then(|h| Digest::parse(&format!("sha256:{h}")));
+            if d.is_none_or(|d| !images.contains(&d)) {
+                let p = e.path();
+                remove_all(&p).map_err(io(&p))?;
+                report.unpacked_without_image.push(p);
+            }
+        }
+        let sources = self.root.join("sources");
+        for e in std::fs::read_dir(&sources).map_err(io(&sources))?.flatten() {
+            let keep = std::fs::read_to_string(e.path())
+                .ok()
+                .as_deref()
+                .map(str::trim)
+                .and_then(Digest::parse)
+                .is_some_and(|d| images.contains(&d));
+            if !keep {
+                let _ = std::fs::remove_file(e.path());
+                report.stale_sources.push(e.path());
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// NAME[:TAG] with the tag made explicit (`latest` by default).
+pub fn normalize_name(name: &str) -> Result<String> {
+    let (repo, tag) = match name.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, t),
+        _ => (name, "latest"),
+    };
+    let ok_repo = !repo.is_empty()
+        && repo.len() <= 255
+        && repo
+            .bytes()
+            // ':' only as a registry's port (`host:5000/repo`).
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/' | b':'))
+        && repo.split('/').skip(1).all(|part| !part.contains(':'))
+        && !repo.starts_with(['.', '-', '/', ':'])
+        && !repo.contains("..");
+    let ok_tag = !tag.is_empty()
+        && tag.len() <= 128
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok_repo && ok_tag && !name.starts_with("sha256:") {
+        Ok(format!("{repo}:{tag}"))
+    } else {
+        Err(StoreError::BadName(name.to_string()))
+    }
+}
+
+/// A key as one file name: `/` and `%` escaped.
+fn escape(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+fn unescape(name: &str) -> String {
+    name.replace("%2F", "/").replace("%25", "%")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let t = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(t.path()).expect("open");
+        (t, s)
+    }
+
+    fn make_sif(s: &Store, content: &[u8]) -> Digest {
+        let w = s.work_dir("test").expect("work");
+        let f = w.path().join("x.sif");
+        std::fs::write(&f, content).expect("write");
+        s.publish_sif(&f).expect("publish")
+    }
+
+    #[test]
+    fn names_normalize() {
+        assert_eq!(normalize_name("debian").expect("ok"), "debian:latest");
+        assert_eq!(normalize_name("a/b:1.0").expect("ok"), "a/b:1.0");
+        assert_eq!(
+            normalize_name("host:5000/x").expect("ok"),
+            "host:5000/x:latest"
+        );
+        for bad in ["", ":x", "a:", "../x", "a b", "sha256:abc", "-x"] {
+            assert!(normalize_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn publish_tag_resolve_remove() {
+        let (_t, s) = store();
+        let d = make_sif(&s, b"one");
+        assert_eq!(make_sif(&s, b"one"), d, "same content, same digest");
+        s.tag("demo/x:1", &d).expect("tag");
+        s.tag("other", &d).expect("tag");
+        assert_eq!(s.resolve("demo/x:1").expect("name"), d);
+        assert_eq!(s.resolve(d.as_str()).expect("digest"), d);
+        assert_eq!(s.resolve(&d.hex()[..8]).expect("prefix"), d);
+        assert!(matches!(s.resolve("nope"), Err(StoreError::NotFound(_))));
+        let l = s.list().expect("list");
+        assert_eq!(l.len(), 1);
+        assert_eq!(
+            l[0].refs,
+            vec!["demo/x:1".to_string(), "other:latest".to_string()]
+        );
+        // Removing one name keeps the image for the other.
+        s.remove("demo/x:1").expect("rm");
+        assert!(s.sif_path(&d).exists());
+        s.remove("other").expect("rm");
+        assert!(!s.sif_path(&d).exists());
+        assert!(s.list().expect("list").is_empty());
+    }
+
+    #[test]
+    fn rootfs_is_made_once_across_threads() {
+        let (_t, s) = store();
+        let d = make_sif(&s, b"tree");
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (s, d, made) = (s.clone(), d.clone(), made.clone());
+                std::thread::spawn(move || {
+                    s.rootfs(&d, |dest| -> Result<()> {
+                        made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        std::fs::create_dir_all(dest.join("etc")).map_err(io(dest))?;
+                        Ok(())
+                    })
+                    .expect("rootfs")
+                })
+            })
+            .collect();
+        for t in threads {
+            assert!(t.join().expect("join").join("etc").is_dir());
+        }
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn gc_removes_abandoned_work_only() {
+        let (_t, s) = store();
+        let live = s.work_dir("live").expect("work");
+        std::fs::write(live.path().join("f"), b"x").expect("write");
+        // An abandoned dir: no lock holder (as after a SIGKILL).
+        let dead = s.root().join("tmp").join("dead-1-00");
+        std::fs::create_dir_all(dead.join("sub")).expect("mkdir");
+        std::fs::write(dead.with_extension("lock"), b"").expect("lock");
+        // An unpacked tree whose image is gone.
+        let orphan = s.rootfs_path(&Digest::of_bytes(b"gone"));
+        std::fs::create_dir_all(&orphan).expect("mkdir");
+        let r = s.gc().expect("gc");
+        assert_eq!(r.temp_dirs, vec![dead.clone()]);
+        assert_eq!(r.unpacked_without_image, vec![orphan.clone()]);
+        assert!(!dead.exists() && !orphan.exists());
+        assert!(live.path().join("f").exists());
+    }
+}
