@@ -135,7 +135,9 @@ pub enum Owners {
     /// CAP_CHOWN; fails with EPERM otherwise).
     #[default]
     Preserve,
-    /// Leave everything owned by the calling process.
+    /// Leave everything owned by the calling process. Modes are still
+    /// applied in full, setuid and setgid bits included (on files that the
+    /// caller then owns).
     Caller,
     /// Give everything this uid and gid.
     Fixed { uid: u32, gid: u32 },

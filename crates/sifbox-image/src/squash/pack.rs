@@ -910,7 +910,7 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
         // senders: when the writer fails, the workers stop, and then so does
         // every send of the feeder (no thread waits forever).
         drop(done_tx);
-        // drop(job_rx);
+        drop(job_rx);
         let mut feeder = Feeder {
             jobs: job_tx,
             buffers: &buf_rx,

@@ -151,8 +151,12 @@ impl<'f> Image<'f> {
                 buf.len()
             )));
         }
+        let pos = self
+            .base
+            .checked_add(at)
+            .ok_or_else(|| corrupt("image offset overflows"))?;
         self.file
-            .read_exact_at(buf, self.base + at)
+            .read_exact_at(buf, pos)
             .map_err(|e| SquashError::Io {
                 op: "read",
                 path: "squashfs image".into(),
