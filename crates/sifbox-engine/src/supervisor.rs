@@ -264,6 +264,7 @@ fn outer(
         sifbox_sys::Forked::Parent(pid) => pid,
     };
     drop((nest_req_w, nest_ack_r, listener));
+    sifbox_sys::release_free_memory();
     wait_init(init, &launch.spec, nest_req_r, nest_ack_w)?;
     status.send("exited 0");
     crate::runtime::remove_dir(&launch.dir)?;
@@ -415,6 +416,9 @@ fn init_main(
         ));
     }
     drop(nest);
+    // Idle from here on: give back what setting up (and the CLI this
+    // process was forked from) allocated and freed.
+    sifbox_sys::release_free_memory();
     status.send(&format!("ready {}", exec::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();

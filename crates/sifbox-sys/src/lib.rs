@@ -175,6 +175,17 @@ pub fn cloexec_from(first: u32) -> Result<(), Error> {
     Ok(())
 }
 
+/// Returns free heap memory to the kernel (`malloc_trim(0)`): a supervisor
+/// forked from the CLI carries the CLI's freed allocations otherwise, and
+/// hundreds of idle sandboxes pay for them.
+pub fn release_free_memory() {
+    // SAFETY: malloc_trim only walks and trims glibc's own heap; it takes
+    // the allocator's locks like any allocation does.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// `unshare(2)` for namespace flags only.
 ///
 /// rustix marks `unshare` unsafe because `CLONE_FILES` (and `CLONE_FS`) would
