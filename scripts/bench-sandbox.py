@@ -39,22 +39,13 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from benchlib import percentile
+
 REPO = Path(__file__).resolve().parent.parent
 GOAL_EXEC_MS = 3.0
 GOAL_EXEC_HOST_RATIO = 3.0
 GOAL_START_MS = 20.0
 GOAL_RSS_MB = 4.0
-
-
-def percentile(samples: list[float], pct: float) -> float:
-    """The pct-th percentile, interpolated linearly between closest ranks."""
-    ordered = sorted(samples)
-    if len(ordered) == 1:
-        return ordered[0]
-    rank = (len(ordered) - 1) * pct / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def parse_args() -> argparse.Namespace:

@@ -18,20 +18,9 @@ if [[ ${1:-} =~ ^[0-9]+$ ]]; then
     shift
 fi
 
-# Puts cargo on PATH: the caller's, else the usual rustup location.
-find_cargo() {
-    command -v cargo >/dev/null 2>&1 && return 0
-    local home
-    for home in "${CARGO_HOME:-}" "$HOME/.cargo"; do
-        if [[ -n $home && -x $home/bin/cargo ]]; then
-            PATH="$home/bin:$PATH"
-            return 0
-        fi
-    done
-    echo "bench.sh: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
-    exit 1
-}
-find_cargo
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+find_cargo bench.sh
 
 rootfs=$REPO/target/test-rootfs
 

@@ -13,19 +13,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO
 cd "$REPO"
 
-# Puts cargo on PATH: the caller's, else the usual rustup location.
-find_cargo() {
-    command -v cargo >/dev/null 2>&1 && return 0
-    local home
-    for home in "${CARGO_HOME:-}" "$HOME/.cargo"; do
-        if [[ -n $home && -x $home/bin/cargo ]]; then
-            PATH="$home/bin:$PATH"
-            return 0
-        fi
-    done
-    echo "demo.sh: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
-    exit 1
-}
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 explain() { printf '\n# %s\n' "$*"; }
 
@@ -64,7 +53,7 @@ fingerprint() {
     (cd "$ROOTFS" && find . -printf '%p %y %m %U:%G %s %T@ %l\n' | LC_ALL=C sort | sha256sum)
 }
 
-find_cargo
+find_cargo demo.sh
 echo "==== setting up ===="
 bash "$REPO/scripts/install-deps.sh"
 cargo build --release -p sifbox

@@ -28,25 +28,9 @@ ROOTFS=${SIFBOX_TEST_ROOTFS:-$REPO/target/test-rootfs}
 export SIFBOX_TEST_ROOTFS=$ROOTFS
 cd "$REPO"
 
-# Puts cargo on PATH: the caller's, else the usual rustup location of root
-# or, under sudo, of the user who called sudo.
-find_cargo() {
-    command -v cargo >/dev/null 2>&1 && return 0
-    local home
-    for home in "${CARGO_HOME:-}" "$HOME/.cargo" \
-        "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)/.cargo}"; do
-        if [[ -n $home && -x $home/bin/cargo ]]; then
-            PATH="$home/bin:$PATH"
-            if [[ -z ${RUSTUP_HOME:-} && ! -d $HOME/.rustup && -d ${home%/.cargo}/.rustup ]]; then
-                export RUSTUP_HOME=${home%/.cargo}/.rustup
-            fi
-            return 0
-        fi
-    done
-    echo "test.sh: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
-    exit 1
-}
-find_cargo
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+find_cargo test.sh
 
 USER_DIR=""
 
