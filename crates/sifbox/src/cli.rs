@@ -46,7 +46,7 @@ enum Command {
     Image(cmd::image::ImageCommand),
     /// Check what this host allows (user namespaces, id ranges, overlayfs, cgroups...).
     Doctor(cmd::doctor::DoctorArgs),
-    /// Remove what dead sandboxes left behind (after a crash or kill -9).
+    /// Remove what dead sandboxes and interrupted imports left behind (after a crash or kill -9).
     Gc(cmd::gc::GcArgs),
 }
 
