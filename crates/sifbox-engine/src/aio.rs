@@ -74,7 +74,6 @@
 //!   the control socket (a private Unix socket in the private runtime dir),
 //!   never in an argv; the base environment is the sandbox's 0600 `env.json`.
 
-use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -92,7 +91,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 use crate::runtime;
-use crate::sandbox::{self, ExecOutput, ExecStatus, Sandbox, StartOptions};
+use crate::sandbox::{self, ExecOutput, ExecStatus, Sandbox, StartOptions, Tail};
 use crate::spec::{self, NetMode, SandboxSpec, UsernsMode, Writable};
 
 /// Captured output is limited to this much per stream unless asked otherwise
@@ -527,7 +526,7 @@ impl AsyncSandbox {
                     },
                     ev = events.next() => match ev {
                         Ok(Some(ev)) => {
-                            if let Some(st) = status_of(ev) {
+                            if let Some(st) = ExecStatus::from_event(ev) {
                                 break Ok(st);
                             }
                         }
@@ -548,20 +547,12 @@ impl AsyncSandbox {
             r = &mut collect => r?,
             () = &mut feed => unreachable!("feeding stdin never ends by itself"),
         };
-        let (stdout, out_cut) = out.finish();
-        let (stderr, err_cut) = err.finish();
-        Ok(ExecOutput {
-            stdout,
-            stderr,
-            exit_code: status.code(),
-            timed_out: status.timed_out(),
-            truncated: out_cut || err_cut,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            error: match status {
-                ExecStatus::Failed { message, .. } => Some(message),
-                ExecStatus::Exited { .. } => None,
-            },
-        })
+        Ok(ExecOutput::new(
+            status,
+            out.finish(),
+            err.finish(),
+            started.elapsed(),
+        ))
     }
 
     /// Starts `req` with its stdin, stdout and stderr piped to the returned
@@ -636,7 +627,7 @@ impl AsyncSandbox {
         };
         match p.events.next().await {
             Ok(Some(Event::Started { pid })) => p.pid = Some(pid),
-            Ok(Some(ev)) => p.status = status_of(ev),
+            Ok(Some(ev)) => p.status = ExecStatus::from_event(ev),
             Ok(None) => return Err(stopped_while_running(&p.name)),
             Err(e) => {
                 return Err(Error::Protocol {
@@ -1047,7 +1038,7 @@ impl Process {
         loop {
             match self.events.next().await {
                 Ok(Some(ev)) => {
-                    if let Some(st) = status_of(ev) {
+                    if let Some(st) = ExecStatus::from_event(ev) {
                         self.status = Some(st.clone());
                         return Ok(st);
                     }
@@ -1155,38 +1146,6 @@ impl Events {
     }
 }
 
-/// The last `max` bytes of a stream.
-struct Tail {
-    kept: VecDeque<u8>,
-    max: usize,
-    cut: bool,
-}
-
-impl Tail {
-    fn new(max: usize) -> Tail {
-        Tail {
-            kept: VecDeque::new(),
-            max,
-            cut: false,
-        }
-    }
-
-    fn push(&mut self, data: &[u8]) {
-        self.kept.extend(data);
-        if self.kept.len() > self.max {
-            let excess = self.kept.len() - self.max;
-            self.kept.drain(..excess);
-            self.cut = true;
-        }
-    }
-
-    /// The kept bytes (lossy UTF-8) and whether any were dropped.
-    fn finish(self) -> (String, bool) {
-        let bytes: Vec<u8> = self.kept.into_iter().collect();
-        (String::from_utf8_lossy(&bytes).into_owned(), self.cut)
-    }
-}
-
 /// Reads from `r`, or waits forever when there is none.
 async fn read_opt(r: Option<&mut pipe::Receiver>, buf: &mut [u8]) -> std::io::Result<usize> {
     match r {
@@ -1270,17 +1229,6 @@ async fn signal_exec(name: &str, dir: &Path, id: &str, signal: i32) -> Result<bo
         }
     })
     .await
-}
-
-/// The final status an event carries, if it is one.
-fn status_of(ev: Event) -> Option<ExecStatus> {
-    match ev {
-        Event::Exit {
-            code, timed_out, ..
-        } => Some(ExecStatus::Exited { code, timed_out }),
-        Event::Error { code, message } => Some(ExecStatus::Failed { code, message }),
-        Event::Started { .. } | Event::Ok { .. } => None,
-    }
 }
 
 /// Whether the sandbox whose runtime dir is `dir` runs.
@@ -1416,7 +1364,7 @@ mod tests {
         );
         let ev = events.next().await.expect("read").expect("event");
         assert_eq!(
-            status_of(ev),
+            ExecStatus::from_event(ev),
             Some(ExecStatus::Exited {
                 code: 3,
                 timed_out: false

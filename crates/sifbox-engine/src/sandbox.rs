@@ -111,7 +111,8 @@ impl ExecStatus {
         )
     }
 
-    fn from_event(ev: Event) -> Option<ExecStatus> {
+    /// The final status an event carries, if it is one.
+    pub(crate) fn from_event(ev: Event) -> Option<ExecStatus> {
         match ev {
             Event::Exit {
                 code, timed_out, ..
@@ -555,18 +556,12 @@ impl Sandbox {
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
         let (status, t) = ended?;
         self.note_last(last, t);
-        Ok(ExecOutput {
-            stdout,
-            stderr,
-            exit_code: status.code(),
-            timed_out: status.timed_out(),
-            truncated: out_cut || err_cut,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            error: match status {
-                ExecStatus::Failed { message, .. } => Some(message),
-                ExecStatus::Exited { .. } => None,
-            },
-        })
+        Ok(ExecOutput::new(
+            status,
+            (stdout, out_cut),
+            (stderr, err_cut),
+            started.elapsed(),
+        ))
     }
 
     /// Starts a command that runs on after this call; its output and exit
@@ -899,25 +894,59 @@ pub struct ExecOutput {
 }
 
 /// The last `max` bytes of a stream, and whether anything was dropped.
-#[derive(Debug, Default)]
-struct Tail {
+#[derive(Debug)]
+pub(crate) struct Tail {
     kept: std::collections::VecDeque<u8>,
+    max: usize,
     cut: bool,
 }
 
 impl Tail {
-    fn push(&mut self, data: &[u8], max: usize) {
+    pub(crate) fn new(max: usize) -> Tail {
+        Tail {
+            kept: std::collections::VecDeque::new(),
+            max,
+            cut: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, data: &[u8]) {
         self.kept.extend(data);
-        if self.kept.len() > max {
-            let excess = self.kept.len() - max;
+        if self.kept.len() > self.max {
+            let excess = self.kept.len() - self.max;
             self.kept.drain(..excess);
             self.cut = true;
         }
     }
 
-    fn finish(self) -> (String, bool) {
+    /// The kept bytes (lossy UTF-8) and whether any were dropped.
+    pub(crate) fn finish(self) -> (String, bool) {
         let bytes: Vec<u8> = self.kept.into_iter().collect();
         (String::from_utf8_lossy(&bytes).into_owned(), self.cut)
+    }
+}
+
+impl ExecOutput {
+    /// The output of an exec that ended with `status`: each stream's kept
+    /// tail and whether it was cut, and how long it took.
+    pub(crate) fn new(
+        status: ExecStatus,
+        (stdout, out_cut): (String, bool),
+        (stderr, err_cut): (String, bool),
+        took: std::time::Duration,
+    ) -> ExecOutput {
+        ExecOutput {
+            stdout,
+            stderr,
+            exit_code: status.code(),
+            timed_out: status.timed_out(),
+            truncated: out_cut || err_cut,
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            error: match status {
+                ExecStatus::Failed { message, .. } => Some(message),
+                ExecStatus::Exited { .. } => None,
+            },
+        }
     }
 }
 
@@ -931,7 +960,7 @@ fn read_until_exit(
     max: usize,
 ) -> ((String, bool), (String, bool)) {
     use rustix::event::{poll, PollFd, PollFlags};
-    let mut tails = [Tail::default(), Tail::default()];
+    let mut tails = [Tail::new(max), Tail::new(max)];
     let mut open = [Some(out), Some(err)];
     let mut buf = vec![0u8; 65536];
     let mut draining = false;
@@ -965,7 +994,7 @@ fn read_until_exit(
             }
             match rustix::io::read(&*fd, &mut buf) {
                 Ok(0) => *slot = None,
-                Ok(n) => tail.push(&buf[..n], max),
+                Ok(n) => tail.push(&buf[..n]),
                 Err(rustix::io::Errno::INTR) => {}
                 // Drained (EAGAIN) or broken: done with this stream.
                 Err(_) => *slot = None,
