@@ -136,6 +136,7 @@ pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec>
     Ok(SandboxSpec {
         name: name.to_string(),
         rootfs,
+        layers: Vec::new(),
         // Names are ASCII, so any byte is a char boundary.
         hostname: name[..name.len().min(64)].to_string(),
         net: NetMode::Host,
@@ -145,6 +146,7 @@ pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec>
         },
         binds: Vec::new(),
         host_dns: true,
+        image_tmp: false,
     })
 }
 

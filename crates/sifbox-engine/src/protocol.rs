@@ -45,6 +45,19 @@ pub enum Request {
         name: String,
         owner: Option<String>,
     },
+    /// Read a tar stream of relative entry names from the fd that comes with
+    /// the frame and unpack it into the directory `dst` (made with its
+    /// parents when missing), confined to it. With `owner` (numeric ids as
+    /// seen inside) everything written belongs to it; else to root. Build
+    /// steps (`COPY`, `ADD`) use it.
+    Extract {
+        dst: String,
+        owner: Option<(u32, u32)>,
+    },
+    /// Write a tar stream of the whole root file system as the sandbox sees
+    /// it (owners as seen inside; other mounts left out, their mount points
+    /// kept as empty directories) to the fd that comes with the frame.
+    Snapshot,
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },

@@ -234,9 +234,14 @@ pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
         std::fs::create_dir_all(d)
             .map_err(|e| Error::Setup(format!("creating {}: {e}", d.display())))?;
     }
+    let mut lower = String::new();
+    for l in &spec.layers {
+        lower.push_str(&overlay_escape(l));
+        lower.push(':');
+    }
+    lower.push_str(&overlay_escape(&spec.rootfs));
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        overlay_escape(&spec.rootfs),
+        "lowerdir={lower},upperdir={},workdir={}",
         overlay_escape(&upper),
         overlay_escape(&work)
     );
@@ -271,15 +276,17 @@ pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
 
     mount_proc(&root)?;
     mount_dev(&root)?;
-    let tmp = root.ensure(Path::new("/tmp"), Kind::Dir)?;
-    mount_fs(
-        "tmpfs",
-        &fd_path(tmp.as_fd()),
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=1777",
-    )
-    .map_err(sys_err("mounting /tmp".into()))?;
+    if !spec.image_tmp {
+        let tmp = root.ensure(Path::new("/tmp"), Kind::Dir)?;
+        mount_fs(
+            "tmpfs",
+            &fd_path(tmp.as_fd()),
+            "tmpfs",
+            MountFlags::NOSUID | MountFlags::NODEV,
+            "mode=1777",
+        )
+        .map_err(sys_err("mounting /tmp".into()))?;
+    }
     mount_sys(&root, spec.net);
     if spec.host_dns && spec.net == NetMode::Host {
         for f in ["/etc/resolv.conf", "/etc/hosts"] {

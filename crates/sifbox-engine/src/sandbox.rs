@@ -728,6 +728,56 @@ impl Sandbox {
         unpacked.ctx(|| format!("writing {}", dst.display()))
     }
 
+    /// Unpacks a tar stream of relative names into the directory `dst` in
+    /// the sandbox (made with its parents when missing), confined to it:
+    /// `write` gets the pipe to write the stream to. Entries belong to
+    /// `owner` (numeric ids inside) when given, else to root.
+    pub fn extract<F>(&self, dst: &str, owner: Option<(u32, u32)>, write: F) -> Result<()>
+    where
+        F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Extract {
+                dst: dst.to_string(),
+                owner,
+            },
+            &[r.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(r);
+        let writer = std::thread::spawn(move || write(File::from(w)));
+        let reply = self.reply(&conn);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        reply?;
+        written.ctx(|| format!("writing the archive for {dst}"))
+    }
+
+    /// Streams a tar of the sandbox's whole root file system (owners as seen
+    /// inside, other mounts left out) to `read`, which gets the pipe's
+    /// reading end, and returns what it returns.
+    pub fn snapshot<T, F>(&self, read: F) -> Result<T>
+    where
+        F: FnOnce(File) -> std::io::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::Snapshot, &[w.as_fd()]).map_err(|e| self.proto(e))?;
+        drop(w);
+        let reader = std::thread::spawn(move || read(File::from(r)));
+        let reply = self.reply(&conn);
+        let got = reader
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        reply?;
+        got.ctx(|| "reading the sandbox's root file system".to_string())
+    }
+
     /// Sends one request and waits for its `ok` (or error).
     fn request(&self, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<u64> {
         let conn = self.connect()?;

@@ -141,6 +141,10 @@ pub struct SandboxSpec {
     pub name: String,
     /// The read-only lower layer: an unpacked root file system.
     pub rootfs: PathBuf,
+    /// More read-only layers stacked above `rootfs`, topmost first: overlay
+    /// upper dirs of earlier build steps (whiteouts and opaque dirs honoured).
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
     pub hostname: String,
     pub net: NetMode,
     pub ids: IdMapping,
@@ -148,6 +152,10 @@ pub struct SandboxSpec {
     pub binds: Vec<Bind>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
+    /// Keep the image's /tmp (writes go to the overlay, as in a Docker build
+    /// step) instead of mounting a fresh tmpfs there.
+    #[serde(default)]
+    pub image_tmp: bool,
 }
 
 /// Checks a sandbox name against Apptainer's rule.

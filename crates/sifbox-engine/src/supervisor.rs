@@ -571,6 +571,20 @@ fn serve_in_child(conn: &UnixStream, req: Request, mut fds: Vec<OwnedFd>) -> i32
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
             i32::from(failed)
         }
+        Request::Extract { dst, owner } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let r = transfer::extract_tar(File::from(fd), Path::new(&dst), owner);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Snapshot => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let r = transfer::write_root_tar(File::from(fd));
+            let failed = r.is_err();
+            reply(r);
+            i32::from(failed)
+        }
         _ => 125,
     }
 }

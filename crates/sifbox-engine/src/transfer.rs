@@ -10,6 +10,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::fs::Dir;
@@ -76,12 +77,51 @@ pub fn unpack_tar(
     let (base, rename) = placement(dst, name)?;
     let root = Dir::open_ambient_dir(&base, cap_std::ambient_authority())
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", base.display())))?;
+    unpack_with(input, &root, |raw| entry_path(raw, name, &rename), owner)
+}
+
+/// Unpacks a tar stream whose entries are relative names into the directory
+/// `dst`, made with its parents when missing, confined to it. Entries belong
+/// to `owner` when given, else to the caller (root inside a sandbox).
+pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    let root = Dir::open_ambient_dir(dst, cap_std::ambient_authority())?;
+    let relative = |raw: &Path| -> std::io::Result<PathBuf> {
+        let mut out = PathBuf::new();
+        for c in raw.components() {
+            match c {
+                Component::Normal(n) => out.push(n),
+                Component::CurDir => {}
+                _ => {
+                    return Err(std::io::Error::other(format!(
+                        "refusing archive entry {}",
+                        raw.display()
+                    )))
+                }
+            }
+        }
+        if out.as_os_str().is_empty() {
+            return Err(std::io::Error::other(
+                "refusing an archive entry naming the destination itself",
+            ));
+        }
+        Ok(out)
+    };
+    unpack_with(input, &root, relative, owner)
+}
+
+fn unpack_with(
+    input: impl Read,
+    root: &Dir,
+    map: impl Fn(&Path) -> std::io::Result<PathBuf>,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     let mut archive = tar::Archive::new(input);
     let mut dirs: Vec<(PathBuf, u32, u64)> = Vec::new();
     for entry in archive.entries()? {
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
-        let rel = entry_path(&raw, name, &rename)?;
+        let rel = map(&raw)?;
         let header = entry.header();
         let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let mtime = header.mtime().unwrap_or(0);
@@ -92,12 +132,12 @@ pub fn unpack_tar(
             dirs.push((rel.clone(), mode, mtime));
             if let Some((uid, gid)) = owner {
                 let (p, f) = split(&rel)?;
-                let pd = open_parent(&root, &p)?;
+                let pd = open_parent(root, &p)?;
                 chown(&pd, &f, uid, gid)?;
             }
             continue;
         }
-        let dir = open_parent(&root, &parent)?;
+        let dir = open_parent(root, &parent)?;
         // Whatever is there (a symlink above all) is replaced, not followed.
         if dir.symlink_metadata(&file).is_ok_and(|m| !m.is_dir()) {
             dir.remove_file(&file)?;
@@ -111,7 +151,7 @@ pub fn unpack_tar(
             let target = entry.link_name()?.ok_or_else(|| {
                 std::io::Error::other(format!("hard link {} has no target", raw.display()))
             })?;
-            let target = entry_path(&target, name, &rename)?;
+            let target = map(&target)?;
             root.hard_link(&target, &dir, &file)?;
             continue;
         } else if kind.is_file() || kind == tar::EntryType::Continuous {
@@ -131,7 +171,7 @@ pub fn unpack_tar(
     // writing into them moves their mtimes.
     for (rel, mode, mtime) in dirs.iter().rev() {
         let (parent, file) = split(rel)?;
-        let dir = open_parent(&root, &parent)?;
+        let dir = open_parent(root, &parent)?;
         rustix::fs::chmodat(
             &dir,
             &file,
@@ -141,6 +181,71 @@ pub fn unpack_tar(
         set_mtime(&dir, &file, *mtime)?;
     }
     Ok(())
+}
+
+/// Writes a tar stream of `/` as this process sees it: owners numeric,
+/// symlinks as links, the contents of every other mount left out (a mount
+/// point that is a directory stays as an empty one; one that is a file is
+/// left out), sockets skipped.
+pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
+    let mounts = mount_points()?;
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Complete);
+    let mut stack = vec![PathBuf::from("/")];
+    while let Some(dir) = stack.pop() {
+        let mut names: Vec<_> = std::fs::read_dir(&dir)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()?;
+        names.sort();
+        for n in names {
+            let path = dir.join(&n);
+            let meta = std::fs::symlink_metadata(&path)?;
+            let ft = meta.file_type();
+            let mounted = mounts.contains(&path);
+            if ft.is_socket() || (mounted && !ft.is_dir()) {
+                continue;
+            }
+            let name = path.strip_prefix("/").unwrap_or(&path);
+            b.append_path_with_name(&path, name)?;
+            if ft.is_dir() && !mounted {
+                stack.push(path);
+            }
+        }
+    }
+    b.into_inner()?.flush()
+}
+
+/// Every mount point but `/`, from /proc/self/mountinfo.
+fn mount_points() -> std::io::Result<std::collections::HashSet<PathBuf>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|p| p != Path::new("/"))
+        .collect())
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space and so on).
+fn unescape_mountinfo(s: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b.get(i + 1..i + 4).filter(|d| {
+            (b'0'..=b'3').contains(&d[0]) && d.iter().all(|c| (b'0'..=b'7').contains(c))
+        });
+        if let (b'\\', Some(d)) = (b[i], octal) {
+            out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 fn split(rel: &Path) -> std::io::Result<(PathBuf, PathBuf)> {

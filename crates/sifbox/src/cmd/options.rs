@@ -233,6 +233,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
     let spec = SandboxSpec {
         name,
         rootfs,
+        layers: Vec::new(),
         hostname,
         net: match a.net {
             NetArg::Host => NetMode::Host,
@@ -242,6 +243,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         writable,
         binds,
         host_dns: true,
+        image_tmp: false,
     };
     let defaults = ExecDefaults {
         cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),
