@@ -187,7 +187,7 @@ fn clamp_time(source: &Path) -> Option<u32> {
 
 /// Packs `tree` into a SIF at `out` (deterministic), with `m` as its
 /// metadata object; entries newer than `clamp` get `clamp` as mtime.
-fn build_sif(
+pub fn build_sif(
     tree: &Path,
     m: &ImageMeta,
     work: &Path,
