@@ -152,6 +152,7 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
                 entrypoint: c.entrypoint,
                 cmd: c.cmd,
                 labels: c.labels,
+                ..ImageMeta::default()
             };
             meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
             let sif = work.path().join("image.sif");

@@ -33,6 +33,24 @@ pub struct ImageMeta {
     pub cmd: Option<Vec<String>>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// `EXPOSE`d ports (`80/tcp`), recorded only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
+    /// `VOLUME`s, recorded only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    /// `STOPSIGNAL`, recorded only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// `HEALTHCHECK`, as Docker's config has it (`Test`, `Interval`...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthcheck: Option<serde_json::Value>,
+    /// `ONBUILD` triggers, run when a build starts `FROM` this image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub onbuild: Vec<String>,
+    /// `SHELL`, the shell of shell-form commands in builds from this image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<Vec<String>>,
 }
 
 impl ImageMeta {
@@ -214,6 +232,7 @@ mod tests {
             entrypoint: Some(vec!["/bin/echo".into(), "it's".into()]),
             cmd: Some(vec!["default".into()]),
             labels: BTreeMap::from([("org.example".into(), "v1".into())]),
+            ..ImageMeta::default()
         }
     }
 
