@@ -105,6 +105,11 @@ pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         return fail(125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
     }
+    if req.fake_ids {
+        if let Err(e) = crate::fakeroot::install() {
+            return fail(125, e.to_string());
+        }
+    }
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());
     };

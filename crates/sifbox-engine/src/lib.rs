@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod error;
 pub mod evidence;
 pub mod exec;
+pub mod fakeroot;
 pub mod idmap;
 pub mod protocol;
 pub mod rootfs;

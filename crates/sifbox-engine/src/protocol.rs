@@ -99,6 +99,10 @@ pub struct ExecRequest {
     /// `run` is start + this exec.
     #[serde(default)]
     pub stop_after: bool,
+    /// Make the `chown` and `set*id` system calls succeed without effect
+    /// (root emulation where only one id is mapped; see `fakeroot`).
+    #[serde(default)]
+    pub fake_ids: bool,
 }
 
 /// What the exec server answers.
