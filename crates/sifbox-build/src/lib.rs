@@ -1,0 +1,9 @@
+//! Dockerfile builds for sifbox. The front end: [`dockerfile`] parses a
+//! Dockerfile into a typed model, [`lex`] does Docker's variable
+//! substitution, [`ignore`] applies `.dockerignore`, [`plan`] resolves
+//! args, stages and the target into what the executor walks.
+
+pub mod dockerfile;
+pub mod ignore;
+pub mod lex;
+pub mod plan;
