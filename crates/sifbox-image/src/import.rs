@@ -17,7 +17,7 @@ use crate::layer;
 use crate::meta::{self, ImageMeta};
 use crate::sif::{self, Arch, DataType, Partition, Sif, SifWriter};
 use crate::squash;
-use crate::store::{Digest, Store, StoreError};
+use crate::store::{Digest, Store, StoreError, WorkDir};
 
 /// Errors of importing and unpacking, each naming the source.
 #[derive(Debug, thiserror::Error)]
@@ -136,33 +136,7 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
             )?;
             store.publish_sif(&sif)?
         }
-        SourceKind::Layers => {
-            let tree = work.path().join("rootfs");
-            let opts = layer::ImportOptions {
-                tmp_dir: Some(work.path().to_path_buf()),
-                ..Default::default()
-            };
-            let unpacked =
-                layer::unpack_image(&canon, &tree, &opts).map_err(|e| src_err(source, e))?;
-            let c = unpacked.config;
-            let m = ImageMeta {
-                env: c.env,
-                workdir: c.workdir,
-                user: c.user,
-                entrypoint: c.entrypoint,
-                cmd: c.cmd,
-                labels: c.labels,
-                ..ImageMeta::default()
-            };
-            meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
-            let sif = work.path().join("image.sif");
-            build_sif(&tree, &m, work.path(), &sif, clamp_time(&canon))?;
-            let d = store.publish_sif(&sif)?;
-            // The tree is what the SIF holds: keep it as the unpacked copy.
-            let _rootfs_lock = store.lock(&format!("rootfs-{}", d.hex()))?;
-            store.publish_rootfs(&tree, &d)?;
-            d
-        }
+        SourceKind::Layers => import_layers(store, &canon, &work, clamp_time(&canon))?,
     };
     if kind != SourceKind::RootfsDir {
         store.remember_source(&key, &digest)?;
@@ -173,6 +147,44 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
         name,
         cached: false,
     })
+}
+
+/// Turns a layered source (a rootfs tarball, an OCI layout or archive, a
+/// docker-archive) into a stored image, working in `work`: verifies and
+/// applies the layers, writes Apptainer's layout from the image config,
+/// packs the SIF (entries newer than `clamp` get `clamp` as mtime) and keeps
+/// the tree as the image's unpacked copy. Imports and registry pulls (which
+/// assemble an OCI layout from the blob cache) both come through here.
+pub fn import_layers(
+    store: &Store,
+    source: &Path,
+    work: &WorkDir,
+    clamp: Option<u32>,
+) -> Result<Digest> {
+    let tree = work.path().join("rootfs");
+    let opts = layer::ImportOptions {
+        tmp_dir: Some(work.path().to_path_buf()),
+        ..Default::default()
+    };
+    let unpacked = layer::unpack_image(source, &tree, &opts).map_err(|e| src_err(source, e))?;
+    let c = unpacked.config;
+    let m = ImageMeta {
+        env: c.env,
+        workdir: c.workdir,
+        user: c.user,
+        entrypoint: c.entrypoint,
+        cmd: c.cmd,
+        labels: c.labels,
+        ..ImageMeta::default()
+    };
+    meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
+    let sif = work.path().join("image.sif");
+    build_sif(&tree, &m, work.path(), &sif, clamp)?;
+    let d = store.publish_sif(&sif)?;
+    // The tree is what the SIF holds: keep it as the unpacked copy.
+    let _rootfs_lock = store.lock(&format!("rootfs-{}", d.hex()))?;
+    store.publish_rootfs(&tree, &d)?;
+    Ok(d)
 }
 
 /// The time every entry newer than the source is clamped to, so that the

@@ -70,7 +70,8 @@ use serde::{Deserialize, Serialize};
 pub use compress::Compression;
 pub use digest::{Algorithm, Digest};
 pub use oci::{
-    unpack_image, Image, ImageConfig, ImportOptions, LayerBlob, Platform, SourceKind, Unpacked,
+    unpack_image, BlobDescriptor, Image, ImageConfig, ImportOptions, LayerBlob, Manifest, Platform,
+    SourceKind, Unpacked, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES,
 };
 
 /// Who owns the extracted entries.

@@ -8,6 +8,11 @@
 //! refs/NAME               "name:tag" (escaped) -> digest
 //! rootfs/sha256-HEX/      the image's root file system, unpacked once, lazily
 //! sources/KEY             import source fingerprint -> digest (dedup of imports)
+//! blobs/sha256/HEX        registry blobs (manifests, configs, layers), verified,
+//!                         shared by every image pulled from them
+//! blobs/partial/sha256-HEX  a download in progress or interrupted: its bytes
+//!                         are kept so that the next pull continues it
+//! blobs/images/sha256-HEX the blobs an image was made from (for `gc_blobs`)
 //! locks/KEY.lock          cross-process locks (flock) on one piece of work
 //! tmp/                    work in progress; each dir locked by its maker
 //! ```
@@ -19,7 +24,7 @@
 //! flock works across processes and, on NFS and Lustre, across nodes.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
@@ -38,6 +43,12 @@ pub enum StoreError {
     Ambiguous { reference: String, count: usize },
     #[error("{0:?} is not a valid image name: use NAME[:TAG] with letters, digits, '.', '_', '-' and '/'")]
     BadName(String),
+    #[error("blob {expected}: the bytes received ({size} bytes) have digest {actual}; nothing was stored")]
+    BlobMismatch {
+        expected: String,
+        actual: String,
+        size: u64,
+    },
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -176,6 +187,92 @@ pub struct ImageEntry {
     pub created: u64,
 }
 
+/// A blob being written into the store's blob cache: bytes go to its
+/// partial file (kept when the writer is dropped, so that a later download
+/// continues it), are hashed as they come, and [`BlobWriter::finish`] moves
+/// the file into place only when the digest matches. Hold
+/// [`Store::lock_blob`] while writing.
+pub struct BlobWriter {
+    digest: Digest,
+    partial: PathBuf,
+    dst: PathBuf,
+    file: File,
+    hasher: Sha256,
+    len: u64,
+}
+
+impl std::fmt::Debug for BlobWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobWriter")
+            .field("digest", &self.digest)
+            .field("partial", &self.partial)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlobWriter {
+    /// Bytes already written (kept from an earlier, interrupted download
+    /// included): where the download continues.
+    pub fn offset(&self) -> u64 {
+        self.len
+    }
+
+    /// The blob this writer makes.
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    /// Appends `data`.
+    pub fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.file.write_all(data).map_err(io(&self.partial))?;
+        self.hasher.update(data);
+        self.len += data.len() as u64;
+        Ok(())
+    }
+
+    /// Forgets what was written (the server sent the whole blob again).
+    pub fn restart(&mut self) -> Result<()> {
+        self.file.set_len(0).map_err(io(&self.partial))?;
+        std::io::Seek::seek(&mut self.file, std::io::SeekFrom::Start(0))
+            .map_err(io(&self.partial))?;
+        self.hasher = Sha256::new();
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Checks the digest and publishes the blob; on a mismatch the partial
+    /// file is removed and nothing is stored.
+    pub fn finish(self) -> Result<PathBuf> {
+        let actual = Digest(format!("sha256:{}", hex::encode(self.hasher.finalize())));
+        if actual != self.digest {
+            let _ = std::fs::remove_file(&self.partial);
+            return Err(StoreError::BlobMismatch {
+                expected: self.digest.to_string(),
+                actual: actual.to_string(),
+                size: self.len,
+            });
+        }
+        self.file.sync_all().map_err(io(&self.partial))?;
+        std::fs::rename(&self.partial, &self.dst).map_err(io(&self.dst))?;
+        Ok(self.dst)
+    }
+
+    /// Removes the partial file (its bytes cannot be continued).
+    pub fn discard(self) {
+        let _ = std::fs::remove_file(&self.partial);
+    }
+}
+
+/// What [`Store::gc_blobs`] removed.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct BlobGcReport {
+    /// Blobs no stored image was made from, and abandoned partial downloads.
+    pub removed: Vec<PathBuf>,
+    /// Their size in bytes.
+    pub bytes: u64,
+}
+
 /// What `gc` removed.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct GcReport {
@@ -190,7 +287,17 @@ pub struct Store {
     root: PathBuf,
 }
 
-const SUBDIRS: [&str; 6] = ["images", "refs", "rootfs", "sources", "locks", "tmp"];
+const SUBDIRS: [&str; 9] = [
+    "images",
+    "refs",
+    "rootfs",
+    "sources",
+    "locks",
+    "tmp",
+    "blobs/sha256",
+    "blobs/partial",
+    "blobs/images",
+];
 
 impl Store {
     /// The default location: `$SIFBOX_CACHE`, else `$XDG_CACHE_HOME/sifbox`,
@@ -330,6 +437,147 @@ impl Store {
         let tree = work.path().join("rootfs");
         unpack(&tree)?;
         Ok(self.publish_rootfs(&tree, digest)?)
+    }
+
+    /// Path of a cached registry blob (`blobs/sha256/HEX`).
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("blobs").join("sha256").join(d.hex())
+    }
+
+    /// Whether the blob cache holds `d` (verified when it was stored).
+    pub fn has_blob(&self, d: &Digest) -> bool {
+        self.blob_path(d).is_file()
+    }
+
+    /// The lock serializing the download of one blob across processes.
+    pub fn lock_blob(&self, d: &Digest) -> Result<KeyLock> {
+        self.lock(&format!("blob-{}", d.hex()))
+    }
+
+    /// A writer for blob `d` that continues its partial file, if any (the
+    /// bytes there are hashed first). A partial file longer than
+    /// `expected_size` is started over. Hold [`Store::lock_blob`].
+    pub fn blob_writer(&self, d: &Digest, expected_size: Option<u64>) -> Result<BlobWriter> {
+        let partial = self.root.join("blobs").join("partial").join(d.file_stem());
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&partial)
+            .map_err(io(&partial))?;
+        let mut hasher = Sha256::new();
+        let have = file.metadata().map_err(io(&partial))?.len();
+        let len = if expected_size.is_some_and(|s| have > s) {
+            file.set_len(0).map_err(io(&partial))?;
+            0
+        } else {
+            std::io::copy(&mut (&file).take(have), &mut hasher).map_err(io(&partial))?
+        };
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(len)).map_err(io(&partial))?;
+        file.set_len(len).map_err(io(&partial))?;
+        Ok(BlobWriter {
+            dst: self.blob_path(d),
+            digest: d.clone(),
+            partial,
+            file,
+            hasher,
+            len,
+        })
+    }
+
+    /// Records that image `image` was made from `blobs`, so that
+    /// [`Store::gc_blobs`] keeps them while the image is stored.
+    pub fn record_image_blobs(&self, image: &Digest, blobs: &[Digest]) -> Result<()> {
+        let path = self
+            .root
+            .join("blobs")
+            .join("images")
+            .join(image.file_stem());
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let text: String = blobs.iter().map(|b| format!("{b}\n")).collect();
+        std::fs::write(&tmp, text).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))
+    }
+
+    /// Removes cached blobs that no stored image was made from, and partial
+    /// downloads nobody is continuing right now. (`gc` leaves the blob
+    /// cache alone: it is what makes the next pull of a related image fast,
+    /// and what an interrupted pull continues from.)
+    pub fn gc_blobs(&self) -> Result<BlobGcReport> {
+        let mut report = BlobGcReport::default();
+        let images: std::collections::HashSet<Digest> = self.digests()?.into_iter().collect();
+        let records = self.root.join("blobs").join("images");
+        let mut keep = std::collections::HashSet::new();
+        for e in std::fs::read_dir(&records).map_err(io(&records))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let image = n
+                .strip_prefix("sha256-")
+                .and_then(|h| Digest::parse(&format!("sha256:{h}")));
+            match image {
+                Some(d) if images.contains(&d) => {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    keep.extend(text.lines().filter_map(Digest::parse));
+                }
+                _ => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let remove = |p: PathBuf, report: &mut BlobGcReport| {
+            let size = std::fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0);
+            if std::fs::remove_file(&p).is_ok() {
+                report.bytes += size;
+                report.removed.push(p);
+            }
+        };
+        let blobs = self.root.join("blobs").join("sha256");
+        for e in std::fs::read_dir(&blobs).map_err(io(&blobs))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let Some(d) = Digest::parse(&format!("sha256:{n}")) else {
+                continue;
+            };
+            if keep.contains(&d) {
+                continue;
+            }
+            // Not while a pull is using it.
+            let Ok(lock) = self.try_lock(&format!("blob-{}", d.hex())) else {
+                continue;
+            };
+            if let Some(_held) = lock {
+                remove(e.path(), &mut report);
+            }
+        }
+        let partial = self.root.join("blobs").join("partial");
+        for e in std::fs::read_dir(&partial).map_err(io(&partial))?.flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let Some(hex) = n.strip_prefix("sha256-") else {
+                continue;
+            };
+            if let Ok(Some(_held)) = self.try_lock(&format!("blob-{hex}")) {
+                remove(e.path(), &mut report);
+            }
+        }
+        report.removed.sort();
+        Ok(report)
+    }
+
+    /// Takes the lock on `key` if nobody holds it.
+    fn try_lock(&self, key: &str) -> Result<Option<KeyLock>> {
+        let path = self
+            .root
+            .join("locks")
+            .join(format!("{}.lock", escape(key)));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Some(KeyLock { _file: file })),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Points `name` (NAME[:TAG], tag default `latest`) at `digest`.
@@ -668,6 +916,64 @@ mod tests {
             assert!(t.join().expect("join").join("etc").is_dir());
         }
         assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn blobs_resume_verify_and_gc() {
+        let (_t, s) = store();
+        let data = b"layer bytes, twice as long as half".repeat(100);
+        let d = Digest::of_bytes(&data);
+        {
+            let _l = s.lock_blob(&d).expect("lock");
+            let mut w = s.blob_writer(&d, Some(data.len() as u64)).expect("writer");
+            assert_eq!(w.offset(), 0);
+            w.write(&data[..1000]).expect("write");
+            // Interrupted: dropped without finishing.
+        }
+        assert!(!s.has_blob(&d));
+        let mut w = s.blob_writer(&d, Some(data.len() as u64)).expect("writer");
+        assert_eq!(w.offset(), 1000, "continues where it stopped");
+        w.write(&data[1000..]).expect("write");
+        let p = w.finish().expect("matches");
+        assert_eq!(std::fs::read(&p).expect("read"), data);
+        assert!(s.has_blob(&d));
+
+        // Wrong bytes: an error, nothing stored, no partial left.
+        let other = Digest::of_bytes(b"expected");
+        let mut w = s.blob_writer(&other, None).expect("writer");
+        w.write(b"something else").expect("write");
+        let e = w.finish().expect_err("mismatch");
+        assert!(matches!(e, StoreError::BlobMismatch { .. }), "{e}");
+        assert!(!s.has_blob(&other));
+        assert_eq!(
+            std::fs::read_dir(s.root().join("blobs/partial"))
+                .expect("dir")
+                .count(),
+            0
+        );
+
+        // A partial longer than the blob is started over.
+        let mut w = s.blob_writer(&other, None).expect("writer");
+        w.write(b"0123456789").expect("write");
+        drop(w);
+        assert_eq!(s.blob_writer(&other, Some(4)).expect("w").offset(), 0);
+
+        // gc_blobs keeps what a stored image was made from.
+        let image = make_sif(&s, b"image");
+        s.record_image_blobs(&image, std::slice::from_ref(&d))
+            .expect("record");
+        let unused = Digest::of_bytes(b"unused");
+        let mut w = s.blob_writer(&unused, None).expect("writer");
+        w.write(b"unused").expect("write");
+        w.finish().expect("finish");
+        let r = s.gc_blobs().expect("gc");
+        assert!(s.has_blob(&d) && !s.has_blob(&unused), "{r:?}");
+        // The unused blob and the abandoned partial download of `other`.
+        assert_eq!(r.removed.len(), 2, "{r:?}");
+        // Once the image is gone, its blobs go too.
+        s.remove(image.as_str()).expect("rm");
+        s.gc_blobs().expect("gc");
+        assert!(!s.has_blob(&d));
     }
 
     #[test]

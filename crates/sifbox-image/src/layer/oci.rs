@@ -581,18 +581,7 @@ impl Image {
             what: what(&node_name),
             reason: "no `config` descriptor (not an image manifest)".into(),
         })?;
-        if !config_desc.media_type.is_empty()
-            && config_desc.media_type != "application/vnd.oci.image.config.v1+json"
-            && config_desc.media_type != "application/vnd.docker.container.image.v1+json"
-        {
-            return Err(Error::Image {
-                what: what(&node_name),
-                reason: format!(
-                    "not a container image (config media type {})",
-                    config_desc.media_type
-                ),
-            });
-        }
+        check_config_desc(config_desc, &what(&node_name))?;
         let config_bytes = read_blob(&root, config_desc, MAX_CONFIG, &what)?;
         let config_name = format!("config {}", config_desc.digest);
         let config: ConfigJson = parse_json(&config_bytes, &what(&config_name))?;
@@ -600,18 +589,7 @@ impl Image {
         let diff_ids = config.diff_ids(descs.len(), &what(&config_name))?;
         let mut layers = Vec::with_capacity(descs.len());
         for (i, d) in descs.iter().enumerate() {
-            if !d.media_type.is_empty() && !d.media_type.contains("tar") {
-                return Err(Error::Image {
-                    what: what(&format!("layer {}", d.digest)),
-                    reason: format!("unsupported layer media type {}", d.media_type),
-                });
-            }
-            if d.media_type.contains("encrypted") {
-                return Err(Error::Image {
-                    what: what(&format!("layer {}", d.digest)),
-                    reason: "encrypted layers are not supported".into(),
-                });
-            }
+            check_layer_desc(d, &what(&format!("layer {}", d.digest)))?;
             let digest = parse_digest(&d.digest, &what(&node_name))?;
             let size = u64::try_from(d.size).map_err(|_| Error::Image {
                 what: what(&format!("layer {}", d.digest)),
@@ -718,6 +696,147 @@ impl Image {
             config_digest: digest_in_path(&entry.config),
             root: Some(root),
             _scratch: Some(scratch),
+        })
+    }
+}
+
+fn check_config_desc(d: &Descriptor, what: &str) -> Result<()> {
+    if !d.media_type.is_empty()
+        && d.media_type != "application/vnd.oci.image.config.v1+json"
+        && d.media_type != "application/vnd.docker.container.image.v1+json"
+    {
+        return Err(Error::Image {
+            what: what.to_string(),
+            reason: format!("not a container image (config media type {})", d.media_type),
+        });
+    }
+    Ok(())
+}
+
+fn check_layer_desc(d: &Descriptor, what: &str) -> Result<()> {
+    if !d.media_type.is_empty() && !d.media_type.contains("tar") {
+        return Err(Error::Image {
+            what: what.to_string(),
+            reason: format!("unsupported layer media type {}", d.media_type),
+        });
+    }
+    if d.media_type.contains("encrypted") {
+        return Err(Error::Image {
+            what: what.to_string(),
+            reason: "encrypted layers are not supported".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Largest manifest or index accepted (from a layout or a registry).
+pub const MAX_MANIFEST_BYTES: u64 = MAX_MANIFEST;
+/// Largest image config accepted.
+pub const MAX_CONFIG_BYTES: u64 = MAX_CONFIG;
+
+/// A blob as a manifest or an index names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobDescriptor {
+    /// `mediaType` (may be empty).
+    pub media_type: String,
+    /// Its digest.
+    pub digest: Digest,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The platform an index entry is for.
+    pub platform: Option<Platform>,
+}
+
+/// A manifest or an index (OCI, or Docker's v2 schema 2 and manifest list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Manifest {
+    /// An image index or manifest list: manifests to choose from.
+    Index(Vec<BlobDescriptor>),
+    /// An image manifest: the config and the layers, bottom first.
+    Image {
+        /// The image config blob.
+        config: BlobDescriptor,
+        /// The layer blobs, bottom first.
+        layers: Vec<BlobDescriptor>,
+    },
+}
+
+impl Manifest {
+    /// Parses the bytes of a manifest or index, with the same checks as an
+    /// OCI layout import: schema version 2, a container image config, tar
+    /// layers that are not encrypted, valid digests and sizes. `what` names
+    /// it in errors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Image`] saying what is wrong.
+    pub fn parse(bytes: &[u8], what: &str) -> Result<Manifest> {
+        if bytes.len() as u64 > MAX_MANIFEST {
+            return Err(Error::Image {
+                what: what.to_string(),
+                reason: format!("larger than {MAX_MANIFEST} bytes"),
+            });
+        }
+        let node: IndexOrManifest = parse_json(bytes, what)?;
+        node.check_schema(what)?;
+        if let Some(list) = &node.manifests {
+            return list
+                .iter()
+                .map(|d| BlobDescriptor::from_json(d, what))
+                .collect::<Result<Vec<_>>>()
+                .map(Manifest::Index);
+        }
+        let Some(config) = &node.config else {
+            return Err(Error::Image {
+                what: what.to_string(),
+                reason: "neither `manifests` nor `config`: not an image manifest or index".into(),
+            });
+        };
+        check_config_desc(config, what)?;
+        let mut layers = Vec::new();
+        for d in node.layers.iter().flatten() {
+            check_layer_desc(d, &format!("{what}: layer {}", d.digest))?;
+            layers.push(BlobDescriptor::from_json(d, what)?);
+        }
+        Ok(Manifest::Image {
+            config: BlobDescriptor::from_json(config, what)?,
+            layers,
+        })
+    }
+
+    /// Picks the manifest for `platform` (the host's when `None`) from the
+    /// bytes of an index, as an OCI layout import does (attestations are
+    /// skipped; arm64 without a variant is v8).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Image`] listing the platforms available when none suits.
+    pub fn select(index: &[u8], platform: Option<&Platform>, what: &str) -> Result<BlobDescriptor> {
+        let node: IndexOrManifest = parse_json(index, what)?;
+        node.check_schema(what)?;
+        let list = node.manifests.as_deref().ok_or_else(|| Error::Image {
+            what: what.to_string(),
+            reason: "not an index (no `manifests` list)".into(),
+        })?;
+        let opts = ImportOptions {
+            platform: Some(platform.cloned().unwrap_or_else(Platform::host)),
+            ..ImportOptions::default()
+        };
+        let chosen = choose(list, &opts, false, what)?;
+        BlobDescriptor::from_json(chosen, what)
+    }
+}
+
+impl BlobDescriptor {
+    fn from_json(d: &Descriptor, what: &str) -> Result<BlobDescriptor> {
+        Ok(BlobDescriptor {
+            media_type: d.media_type.clone(),
+            digest: parse_digest(&d.digest, what)?,
+            size: u64::try_from(d.size).map_err(|_| Error::Image {
+                what: format!("{what}: blob {}", d.digest),
+                reason: "negative size".into(),
+            })?,
+            platform: d.platform.as_ref().map(Platform::from_json),
         })
     }
 }
@@ -1318,6 +1437,69 @@ mod tests {
         assert!(digest_in_path(&format!("{hex}.json")).is_some());
         assert!(digest_in_path(&format!("{hex}/layer.tar")).is_none());
         assert!(digest_in_path("x.json").is_none());
+    }
+
+    #[test]
+    fn registry_manifests() {
+        let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+        let index = format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.docker.distribution.manifest.list.v2+json",
+              "manifests":[
+                {{"mediaType":"application/vnd.docker.distribution.manifest.v2+json","digest":"{}","size":10,
+                  "platform":{{"architecture":"arm64","os":"linux","variant":"v8"}}}},
+                {{"mediaType":"application/vnd.docker.distribution.manifest.v2+json","digest":"{}","size":11,
+                  "platform":{{"architecture":"amd64","os":"linux"}}}},
+                {{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{}","size":12,
+                  "platform":{{"architecture":"unknown","os":"unknown"}}}}]}}"#,
+            d('a'),
+            d('b'),
+            d('c')
+        );
+        match Manifest::parse(index.as_bytes(), "index").expect("parses") {
+            Manifest::Index(list) => assert_eq!(list.len(), 3),
+            other => panic!("not an index: {other:?}"),
+        }
+        let arm: Platform = "linux/arm64".parse().expect("platform");
+        let amd: Platform = "linux/amd64".parse().expect("platform");
+        let pick = |p: &Platform| {
+            Manifest::select(index.as_bytes(), Some(p), "index")
+                .expect("selects")
+                .digest
+                .to_string()
+        };
+        assert_eq!(pick(&arm), d('a'));
+        assert_eq!(pick(&amd), d('b'));
+        let e = Manifest::select(
+            index.as_bytes(),
+            Some(&"linux/s390x".parse().expect("p")),
+            "index",
+        )
+        .expect_err("no s390x");
+        assert!(e.to_string().contains("linux/arm64/v8"), "{e}");
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"config":{{"mediaType":"application/vnd.docker.container.image.v1+json","digest":"{}","size":5}},
+               "layers":[{{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":"{}","size":7}}]}}"#,
+            d('e'),
+            d('f')
+        );
+        match Manifest::parse(manifest.as_bytes(), "m").expect("parses") {
+            Manifest::Image { config, layers } => {
+                assert_eq!(config.size, 5);
+                assert_eq!(layers.len(), 1);
+                assert_eq!(layers[0].digest.to_string(), d('f'));
+            }
+            other => panic!("not a manifest: {other:?}"),
+        }
+        for bad in [
+            r#"{"schemaVersion":1,"fsLayers":[]}"#.to_string(),
+            r#"{"schemaVersion":2}"#.to_string(),
+            r#"[1,2]"#.to_string(),
+            manifest.replace("tar+zstd", "tar+encrypted"),
+            manifest.replace("container.image.v1+json", "helm.chart.content.v1.tar+gzip"),
+            manifest.replace("\"size\":7", "\"size\":-7"),
+        ] {
+            assert!(Manifest::parse(bad.as_bytes(), "m").is_err(), "{bad}");
+        }
     }
 
     #[test]
