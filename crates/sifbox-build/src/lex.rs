@@ -221,7 +221,13 @@ struct Lexer<'a> {
     env: &'a dyn Lookup,
     escape: char,
     heredoc: bool,
+    /// `${...}` nesting depth (bounded, so deep input cannot exhaust the
+    /// stack).
+    depth: usize,
 }
+
+/// The deepest `${a:-${b:-...}}` nesting accepted.
+const MAX_DEPTH: usize = 64;
 
 impl<'a> Lexer<'a> {
     fn new(s: &str, env: &'a dyn Lookup, escape: char, heredoc: bool) -> Self {
@@ -231,6 +237,7 @@ impl<'a> Lexer<'a> {
             env,
             escape,
             heredoc,
+            depth: 0,
         }
     }
 
@@ -388,6 +395,18 @@ impl<'a> Lexer<'a> {
     }
 
     fn braced(&mut self) -> Result<String, LexError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(LexError::BadSubstitution(format!(
+                "'${{' nested more than {MAX_DEPTH} deep"
+            )));
+        }
+        self.depth += 1;
+        let r = self.braced_inner();
+        self.depth -= 1;
+        r
+    }
+
+    fn braced_inner(&mut self) -> Result<String, LexError> {
         let name = self.name();
         if name.is_empty() {
             return match self.peek() {
