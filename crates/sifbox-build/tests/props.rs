@@ -63,9 +63,7 @@ fn check_dockerfile(src: &str) {
                     }
                 }
             }
-            for escape in [df.directives.escape] {
-                assert!(escape == '\\' || escape == '`');
-            }
+            assert!(matches!(df.directives.escape, '\\' | '`'));
             // Planning either works or says why; never panics.
             let opts = PlanOptions {
                 build_args: [("X".to_owned(), "v".to_owned())].into_iter().collect(),
