@@ -7,3 +7,11 @@ pub mod dockerfile;
 pub mod ignore;
 pub mod lex;
 pub mod plan;
+
+// The executor.
+pub mod build;
+pub mod context;
+pub mod error;
+pub mod layers;
+pub mod progress;
+pub mod steps;

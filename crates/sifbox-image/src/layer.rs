@@ -277,3 +277,8 @@ pub fn apply_layer_file(layer: &Path, dest: &Path, opts: &ApplyOptions) -> Resul
     })?;
     apply_layer(file, &dir, opts)
 }
+
+/// `input` decompressed: plain, gzip or zstd, told from its first bytes.
+pub fn decompressed<R: Read>(input: R) -> Result<impl Read> {
+    compress::Decoder::new(input)
+}

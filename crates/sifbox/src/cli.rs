@@ -41,6 +41,8 @@ enum Command {
     Kill(cmd::detached::KillArgs),
     /// Print the output of a detached exec.
     Logs(cmd::detached::LogsArgs),
+    /// Build a Dockerfile context into an image, rootless and daemonless; prints the digest.
+    Build(Box<cmd::build::BuildArgs>),
     /// Manage the image store: ls, inspect, rm, tag, import, export.
     #[command(subcommand)]
     Image(cmd::image::ImageCommand),
@@ -77,6 +79,7 @@ pub fn run() -> ExitCode {
         Command::Logs(a) => cmd::detached::logs(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Image(c) => cmd::image::run(c),
+        Command::Build(a) => cmd::build::run(*a),
         Command::Gc(a) => cmd::gc::run(a),
     };
     match result {

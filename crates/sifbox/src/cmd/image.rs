@@ -47,7 +47,7 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
-fn open_store() -> sifbox_engine::Result<Store> {
+pub fn open_store() -> sifbox_engine::Result<Store> {
     Store::open_default().map_err(|e| Error::BadInput {
         what: format!("image store {}", Store::default_root().display()),
         why: e.to_string(),

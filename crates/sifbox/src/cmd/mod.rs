@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use sifbox_engine::ExecStatus;
 
+pub mod build;
 pub mod cp;
 pub mod detached;
 pub mod doctor;

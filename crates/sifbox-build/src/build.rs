@@ -1,0 +1,1155 @@
+//! The build executor: walks a [`Plan`] stage by stage, running each step
+//! in a sandbox over the layers of the steps before it, with a cache key per
+//! step, and turns the target stage into a store image.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use sha2::{Digest as _, Sha256};
+use sifbox_engine::protocol::ExecRequest;
+use sifbox_engine::spec::{Bind, NetMode, UsernsMode};
+use sifbox_engine::ExecStatus;
+use sifbox_image::import;
+use sifbox_image::meta::ImageMeta;
+use sifbox_image::store::{Digest, Store};
+
+use crate::context::{clean_abs, Context, CopyPlan, Entry, Kind};
+use crate::dockerfile::{
+    self, Command, Copy, Healthcheck, Instr, Instruction, MountType, Network, Source,
+};
+use crate::error::{BuildError, Result};
+use crate::layers::{chain_key, FsState, Layers, StepOptions};
+use crate::plan::{self, Base, Plan, PlanOptions, PlannedStage, StageEnv};
+use crate::progress::Progress;
+use crate::steps::{self, OutputSink};
+
+/// The default shell of shell-form commands.
+const DEFAULT_SHELL: [&str; 2] = ["/bin/sh", "-c"];
+/// Where `--host-ca` puts the host's CA bundle in build steps.
+pub const HOST_CA_PATH: &str = "/run/sifbox/host-ca.crt";
+/// Where build steps with faked ids find apt's configuration.
+const APT_CONF_PATH: &str = "/run/sifbox/apt.conf";
+/// Environment variables that point common tools at the host CA bundle.
+const CA_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+/// What to build and how.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    /// The build context directory.
+    pub context: PathBuf,
+    /// The Dockerfile (default: `CONTEXT/Dockerfile`).
+    pub dockerfile: Option<PathBuf>,
+    /// `--build-arg K=V`.
+    pub build_args: BTreeMap<String, String>,
+    /// `--secret id=ID,src=PATH`.
+    pub secrets: BTreeMap<String, PathBuf>,
+    /// `--target`.
+    pub target: Option<String>,
+    /// `--no-cache`.
+    pub no_cache: bool,
+    /// The host's CA bundle, made visible to build steps (`--host-ca`).
+    pub host_ca: Option<PathBuf>,
+    /// The sifbox binary that serves build sandboxes.
+    pub exe: PathBuf,
+    /// How ids are mapped in build steps: `full` (the caller's subordinate
+    /// range: real ownership), `single` (one id; `chown` and `set*id` made
+    /// to succeed without effect), `auto` (full when possible).
+    pub userns: UsernsMode,
+}
+
+/// What a build made.
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub digest: Digest,
+    /// Steps run and steps taken from the cache.
+    pub steps_run: usize,
+    pub steps_cached: usize,
+    /// The image itself came from the cache (nothing changed).
+    pub image_cached: bool,
+}
+
+/// Turns an image reference (`FROM`, `COPY --from`) into a store image,
+/// pulling it when needed.
+pub type ImageResolver<'a> = dyn Fn(&str) -> Result<Digest> + 'a;
+
+/// The result of a stage: its file system and its config.
+#[derive(Debug, Clone)]
+struct StageResult {
+    state: FsState,
+    meta: ImageMeta,
+}
+
+struct Builder<'a> {
+    store: &'a Store,
+    layers: Layers<'a>,
+    opts: &'a BuildOptions,
+    ctx: Context,
+    file: String,
+    resolve: &'a ImageResolver<'a>,
+    progress: Arc<Progress>,
+    fake_ids: bool,
+    steps_run: usize,
+    steps_cached: usize,
+    total: usize,
+    done: usize,
+    /// Images named by `COPY --from` and `RUN --mount=from=`, by reference.
+    images: HashMap<String, StageResult>,
+    /// Stage names (lower case) to their indexes.
+    stage_names: HashMap<String, usize>,
+    /// Whether the stage being built set CMD itself.
+    cmd_in_stage: bool,
+}
+
+/// Builds the Dockerfile of `opts` into a store image.
+pub fn build(
+    store: &Store,
+    opts: &BuildOptions,
+    resolve: &ImageResolver<'_>,
+    progress: Arc<Progress>,
+) -> Result<Built> {
+    let ctx = Context::open(&opts.context)?;
+    let df_path = opts
+        .dockerfile
+        .clone()
+        .unwrap_or_else(|| ctx.root().join("Dockerfile"));
+    let file = df_path.display().to_string();
+    let bytes = std::fs::read(&df_path).map_err(|e| {
+        BuildError::bad(
+            format!("Dockerfile {file}"),
+            e.to_string(),
+            "pass the Dockerfile with -f FILE, or put one named Dockerfile in the context",
+        )
+    })?;
+    let df = dockerfile::parse(&bytes).map_err(|e| instruction_error(e.in_file(&file)))?;
+    let plan = plan::plan(
+        &df,
+        &PlanOptions {
+            build_args: opts.build_args.clone(),
+            target: opts.target.clone(),
+            ..PlanOptions::default()
+        },
+    )
+    .map_err(|e| instruction_error(e.in_file(&file)))?;
+    for w in plan.warnings() {
+        progress.warn(&w);
+    }
+    let layers = Layers::new(store, opts.exe.clone(), opts.userns)?;
+    let fake_ids = layers.ids().mode == UsernsMode::Single;
+    let total = plan.stages.iter().map(|s| s.instructions.len() + 1).sum();
+    let mut b = Builder {
+        store,
+        layers,
+        opts,
+        ctx,
+        file,
+        resolve,
+        progress,
+        fake_ids,
+        steps_run: 0,
+        steps_cached: 0,
+        total,
+        done: 0,
+        images: HashMap::new(),
+        stage_names: df
+            .stages
+            .iter()
+            .filter_map(|s| s.name.as_ref().map(|n| (n.to_lowercase(), s.index)))
+            .collect(),
+        cmd_in_stage: false,
+    };
+    let mut results: HashMap<usize, StageResult> = HashMap::new();
+    for stage in &plan.stages {
+        let r = b.stage(&plan, stage, &results)?;
+        results.insert(stage.index, r);
+    }
+    let target = results.remove(&plan.target).ok_or_else(|| {
+        BuildError::bad(
+            "--target",
+            "the target stage was not built",
+            "report this as a bug",
+        )
+    })?;
+    let (digest, image_cached) = b.export(&target)?;
+    Ok(Built {
+        digest,
+        steps_run: b.steps_run,
+        steps_cached: b.steps_cached,
+        image_cached,
+    })
+}
+
+fn instruction_error(e: dockerfile::DockerfileError) -> BuildError {
+    let mut message = e.message.clone();
+    if let Some(h) = &e.hint {
+        let _ = write!(message, "; {h}");
+    }
+    BuildError::Instruction {
+        file: e.file,
+        line: e.line,
+        instruction: e.instruction,
+        message,
+    }
+}
+
+fn hash_json(v: &impl serde::Serialize) -> String {
+    let mut h = Sha256::new();
+    h.update(serde_json::to_vec(v).unwrap_or_default());
+    hex::encode(h.finalize())
+}
+
+impl Builder<'_> {
+    fn err(&self, inst: &Instruction, message: impl Into<String>) -> BuildError {
+        BuildError::Instruction {
+            file: self.file.clone(),
+            line: inst.line,
+            instruction: inst.original.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// A store image as a stage base: its rootfs and its config.
+    fn image_base(&mut self, reference: &str) -> Result<StageResult> {
+        if let Some(r) = self.images.get(reference) {
+            return Ok(r.clone());
+        }
+        let digest = (self.resolve)(reference)?;
+        let rootfs = import::rootfs(self.store, &digest)?;
+        let meta = import::image_meta(self.store, &digest)?;
+        let r = StageResult {
+            state: FsState {
+                base: rootfs,
+                layers: Vec::new(),
+                key: chain_key("image", digest.as_str()),
+            },
+            meta,
+        };
+        self.images.insert(reference.to_string(), r.clone());
+        Ok(r)
+    }
+
+    fn stage(
+        &mut self,
+        plan: &Plan,
+        stage: &PlannedStage,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<StageResult> {
+        let started = Instant::now();
+        self.cmd_in_stage = false;
+        self.done += 1;
+        self.progress
+            .step(&stage.label(), self.done, self.total, &stage.original);
+        let base = match &stage.base {
+            Base::Scratch => StageResult {
+                state: FsState {
+                    base: self.layers.empty_base()?,
+                    layers: Vec::new(),
+                    key: chain_key("scratch", ""),
+                },
+                meta: ImageMeta::default(),
+            },
+            Base::Stage(i) => results.get(i).cloned().ok_or_else(|| {
+                BuildError::bad(
+                    format!("stage {i}"),
+                    "not built before its use",
+                    "report this as a bug",
+                )
+            })?,
+            Base::Image(r) => {
+                let mut base = self.image_base(r)?;
+                // Triggers run in the stage that builds FROM the image and
+                // are not inherited further.
+                base.meta.onbuild.clear();
+                base
+            }
+        };
+        self.progress.done(false, started.elapsed());
+        let mut cur = base.clone();
+        let mut env = plan.stage_env(base.meta.env_pairs());
+        let mut insts: Vec<Instruction> = Vec::new();
+        if let Base::Image(r) = &stage.base {
+            let triggers = self.image_base(r)?.meta.onbuild;
+            for t in triggers {
+                let df = dockerfile::parse_str(&format!("FROM scratch\n{t}\n"))
+                    .map_err(|e| instruction_error(e.in_file(format!("ONBUILD of {r}"))))?;
+                if let Some(s) = df.stages.into_iter().next() {
+                    self.total += s.instructions.len();
+                    insts.extend(s.instructions);
+                }
+            }
+        }
+        insts.extend(stage.instructions.iter().cloned());
+        for raw in &insts {
+            let inst = env
+                .apply(raw)
+                .map_err(|e| instruction_error(e.in_file(&self.file)))?;
+            self.done += 1;
+            self.progress
+                .step(&stage.label(), self.done, self.total, &raw.original);
+            let t = Instant::now();
+            let cached = self.instruction(&inst, &mut env, &mut cur, results)?;
+            if let Some(c) = cached {
+                if c {
+                    self.steps_cached += 1;
+                } else {
+                    self.steps_run += 1;
+                }
+            }
+            if let Some(c) = cached {
+                self.progress.done(c, t.elapsed());
+            }
+        }
+        cur.meta.env = env.env().iter().map(|(k, v)| format!("{k}={v}")).collect();
+        Ok(cur)
+    }
+
+    fn workdir(cur: &StageResult) -> String {
+        cur.meta
+            .workdir
+            .clone()
+            .filter(|w| !w.is_empty())
+            .unwrap_or_else(|| "/".into())
+    }
+
+    fn shell(cur: &StageResult) -> Vec<String> {
+        cur.meta
+            .shell
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SHELL.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn command_argv(cur: &StageResult, c: &Command) -> Vec<String> {
+        match c {
+            Command::Exec(v) => v.clone(),
+            Command::Shell(s) => {
+                let mut v = Self::shell(cur);
+                v.push(s.clone());
+                v
+            }
+        }
+    }
+
+    /// Runs one instruction; returns `Some(cached)` for steps that make a
+    /// layer, `None` for config-only instructions.
+    fn instruction(
+        &mut self,
+        inst: &Instruction,
+        env: &mut StageEnv,
+        cur: &mut StageResult,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<Option<bool>> {
+        match &inst.kind {
+            Instr::Arg(_) => Ok(None),
+            Instr::Env(_) => {
+                cur.meta.env = env.env().iter().map(|(k, v)| format!("{k}={v}")).collect();
+                Ok(None)
+            }
+            Instr::Label(kvs) => {
+                for kv in kvs {
+                    cur.meta.labels.insert(kv.key.clone(), kv.value.clone());
+                }
+                Ok(None)
+            }
+            Instr::Maintainer(m) => {
+                cur.meta.labels.insert("maintainer".into(), m.clone());
+                Ok(None)
+            }
+            Instr::Workdir(w) => {
+                let dir = if w.starts_with('/') {
+                    clean_abs(w)
+                } else {
+                    clean_abs(&format!("{}/{w}", Self::workdir(cur)))
+                };
+                cur.meta.workdir = Some(dir.clone());
+                if cur.state.lookup(&dir).is_some() {
+                    return Ok(None);
+                }
+                let key = chain_key(&cur.state.key, &format!("WORKDIR\n{dir}"));
+                let (state, cached) = self.layers.step(
+                    &cur.state,
+                    &key,
+                    self.opts.no_cache,
+                    &StepOptions::default(),
+                    |sb| {
+                        sb.extract(&dir, None, |w| tar::Builder::new(w).finish())?;
+                        Ok(())
+                    },
+                    &[],
+                )?;
+                cur.state = state;
+                Ok(Some(cached))
+            }
+            Instr::User(u) => {
+                cur.meta.user = Some(u.clone());
+                Ok(None)
+            }
+            Instr::Cmd(c) => {
+                self.cmd_in_stage = true;
+                cur.meta.cmd = Some(Self::command_argv(cur, c));
+                Ok(None)
+            }
+            Instr::Entrypoint(c) => {
+                cur.meta.entrypoint = Some(Self::command_argv(cur, c));
+                // As Docker: a new ENTRYPOINT drops the CMD it inherited.
+                if !self.cmd_in_stage {
+                    cur.meta.cmd = None;
+                }
+                Ok(None)
+            }
+            Instr::Shell(s) => {
+                if s.is_empty() {
+                    return Err(self.err(inst, "SHELL needs at least one element"));
+                }
+                cur.meta.shell = Some(s.clone());
+                Ok(None)
+            }
+            Instr::Expose(ports) => {
+                for p in ports {
+                    let p = if p.contains('/') {
+                        p.to_lowercase()
+                    } else {
+                        format!("{p}/tcp")
+                    };
+                    if !cur.meta.exposed_ports.contains(&p) {
+                        cur.meta.exposed_ports.push(p);
+                    }
+                }
+                Ok(None)
+            }
+            Instr::Volume(vs) => {
+                for v in vs {
+                    if !cur.meta.volumes.contains(v) {
+                        cur.meta.volumes.push(v.clone());
+                    }
+                }
+                Ok(None)
+            }
+            Instr::StopSignal(s) => {
+                cur.meta.stop_signal = Some(s.clone());
+                Ok(None)
+            }
+            Instr::Healthcheck(h) => {
+                cur.meta.healthcheck = Some(healthcheck_json(h));
+                Ok(None)
+            }
+            Instr::Onbuild(o) => {
+                cur.meta.onbuild.push(o.expression.clone());
+                Ok(None)
+            }
+            Instr::Run(r) => self.run(inst, r, env, cur, results).map(Some),
+            Instr::Copy(c) => self.copy(inst, c, false, cur, results).map(Some),
+            Instr::Add(c) => self.copy(inst, c, true, cur, results).map(Some),
+        }
+    }
+
+    /// A state of another stage or an image, for `--from`.
+    fn state_of(
+        &mut self,
+        inst: &Instruction,
+        from: &str,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<StageResult> {
+        if let Ok(i) = from.parse::<usize>() {
+            return results
+                .get(&i)
+                .cloned()
+                .ok_or_else(|| self.err(inst, format!("stage {i} is not an earlier stage")));
+        }
+        if let Some(i) = self.stage_names.get(&from.to_lowercase()) {
+            return results.get(i).cloned().ok_or_else(|| {
+                self.err(inst, format!("stage {from} is not built before this step"))
+            });
+        }
+        self.image_base(from)
+    }
+
+    fn run(
+        &mut self,
+        inst: &Instruction,
+        r: &dockerfile::Run,
+        env: &StageEnv,
+        cur: &mut StageResult,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<bool> {
+        let mut argv = match &r.command {
+            Command::Exec(v) => v.clone(),
+            Command::Shell(s) => {
+                let mut script = s.clone();
+                for h in &r.heredocs {
+                    script.push('\n');
+                    script.push_str(&h.content);
+                    script.push_str(&h.name);
+                }
+                let mut v = Self::shell(cur);
+                v.push(script);
+                v
+            }
+        };
+        // `RUN <<EOF` alone: the body is the script.
+        if let (Command::Shell(s), [h]) = (&r.command, &r.heredocs[..]) {
+            if s.trim() == format!("<<{}", h.name)
+                || s.trim() == format!("<<-{}", h.name)
+                || s.trim().starts_with("<<") && s.split_whitespace().count() == 1
+            {
+                let mut v = Self::shell(cur);
+                v.push(h.content.clone());
+                argv = v;
+            }
+        }
+        let mut run_env = env.run_env();
+        if !run_env.iter().any(|(k, _)| k == "PATH") {
+            run_env.push(("PATH".into(), sifbox_engine::spec::DEFAULT_PATH.into()));
+        }
+        if cur.meta.user.is_none() && !run_env.iter().any(|(k, _)| k == "HOME") {
+            run_env.push(("HOME".into(), "/root".into()));
+        }
+        let workdir = Self::workdir(cur);
+        let net = match r.network {
+            Some(Network::None) => NetMode::None,
+            _ => NetMode::Host,
+        };
+        let mut binds = Vec::new();
+        let mut mount_keys = Vec::new();
+        let mut scratch: Vec<tempfile::TempDir> = Vec::new();
+        for m in &r.mounts {
+            let (bind, key) = self.mount(inst, m, cur, results, &mut scratch)?;
+            binds.push(bind);
+            mount_keys.push(key);
+        }
+        if self.fake_ids {
+            // apt drops privileges to _apt and checks that it did, which
+            // faked set*id calls cannot pass: tell it to stay root (as
+            // Charliecloud's builder does), without touching the image.
+            let t = tempfile::Builder::new()
+                .prefix("sifbox-apt.")
+                .tempdir()
+                .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+            let conf = t.path().join("apt.conf");
+            std::fs::write(&conf, "APT::Sandbox::User \"root\";\n")
+                .map_err(|e| BuildError::io(&conf, e))?;
+            binds.push(Bind {
+                src: conf,
+                dst: PathBuf::from(APT_CONF_PATH),
+                readonly: true,
+            });
+            scratch.push(t);
+            if !run_env.iter().any(|(e, _)| e == "APT_CONFIG") {
+                run_env.push(("APT_CONFIG".into(), APT_CONF_PATH.into()));
+            }
+        }
+        if let Some(ca) = &self.opts.host_ca {
+            binds.push(Bind {
+                src: ca.clone(),
+                dst: PathBuf::from(HOST_CA_PATH),
+                readonly: true,
+            });
+            for k in CA_ENV {
+                if !run_env.iter().any(|(e, _)| e == k) {
+                    run_env.push(((*k).into(), HOST_CA_PATH.into()));
+                }
+            }
+        }
+        let key = chain_key(
+            &cur.state.key,
+            &format!(
+                "RUN\n{}\n{}\n{}\n{}\n{:?}\n{}\n{}",
+                hash_json(&argv),
+                hash_json(&env.env()),
+                hash_json(&env.cache_args()),
+                hash_json(&mount_keys),
+                net,
+                cur.meta.user.clone().unwrap_or_default(),
+                workdir,
+            ),
+        );
+        let req = ExecRequest {
+            argv,
+            env: run_env,
+            cwd: workdir,
+            user: cur.meta.user.clone(),
+            default_home: true,
+            fake_ids: self.fake_ids,
+            ..ExecRequest::default()
+        };
+        let stubs = mount_stubs(&cur.state, &binds);
+        let progress = Arc::clone(&self.progress);
+        let mut outcome: Option<(ExecStatus, steps::Output)> = None;
+        let result = self.layers.step(
+            &cur.state,
+            &key,
+            self.opts.no_cache,
+            &StepOptions { net, binds },
+            |sb| {
+                let sink = Sink(progress);
+                let (status, out) = steps::run_command(sb, req, sink)?;
+                let failed = status.code() != 0;
+                outcome = Some((status, out));
+                if failed {
+                    // Filled in below, once the sandbox is gone.
+                    return Err(BuildError::RunFailed {
+                        file: String::new(),
+                        line: 0,
+                        instruction: String::new(),
+                        code: 0,
+                        tail: String::new(),
+                    });
+                }
+                Ok(())
+            },
+            &stubs,
+        );
+        drop(scratch);
+        let tail = outcome.map(|(st, out)| (st, out.finish()));
+        match result {
+            Ok((state, cached)) => {
+                cur.state = state;
+                Ok(cached)
+            }
+            Err(BuildError::RunFailed { .. }) => {
+                let (status, lines) = tail.unwrap_or((
+                    ExecStatus::Failed {
+                        code: 125,
+                        message: "no status".into(),
+                    },
+                    Vec::new(),
+                ));
+                let mut t = String::new();
+                if let ExecStatus::Failed { message, .. } = &status {
+                    let _ = write!(t, ": {message}");
+                }
+                if !lines.is_empty() {
+                    t.push_str("; its last lines of output:");
+                    for l in &lines {
+                        let _ = write!(t, "\n  | {l}");
+                    }
+                }
+                Err(BuildError::RunFailed {
+                    file: self.file.clone(),
+                    line: inst.line,
+                    instruction: inst.original.clone(),
+                    code: status.code(),
+                    tail: t,
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A `RUN --mount`: the bind it makes and what of it goes in the cache
+    /// key.
+    fn mount(
+        &mut self,
+        inst: &Instruction,
+        m: &dockerfile::Mount,
+        cur: &StageResult,
+        results: &HashMap<usize, StageResult>,
+        scratch: &mut Vec<tempfile::TempDir>,
+    ) -> Result<(Bind, String)> {
+        let target = |default: Option<String>| -> Result<String> {
+            let t = m
+                .target
+                .clone()
+                .or(default)
+                .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
+            Ok(if t.starts_with('/') {
+                clean_abs(&t)
+            } else {
+                clean_abs(&format!("{}/{t}", Self::workdir(cur)))
+            })
+        };
+        match m.kind {
+            MountType::Cache => {
+                let dst = target(None)?;
+                let id = m.id.clone().unwrap_or_else(|| dst.clone());
+                let dir = self
+                    .store
+                    .root()
+                    .join("build-cache")
+                    .join(&chain_key("cache", &id)[..24]);
+                std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
+                Ok((
+                    Bind {
+                        src: dir,
+                        dst: dst.into(),
+                        readonly: m.readonly,
+                    },
+                    format!("cache:{id}:{}", m.readonly),
+                ))
+            }
+            MountType::Tmpfs => {
+                let dst = target(None)?;
+                let t = tempfile::Builder::new()
+                    .prefix("sifbox-tmpfs.")
+                    .tempdir()
+                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let src = t.path().to_path_buf();
+                scratch.push(t);
+                Ok((
+                    Bind {
+                        src,
+                        dst: dst.into(),
+                        readonly: false,
+                    },
+                    "tmpfs".into(),
+                ))
+            }
+            MountType::Secret => {
+                let id =
+                    m.id.clone()
+                        .or_else(|| {
+                            m.target
+                                .as_deref()
+                                .and_then(|t| Path::new(t).file_name())
+                                .map(|n| n.to_string_lossy().into_owned())
+                        })
+                        .ok_or_else(|| self.err(inst, "a secret mount needs id= or target="))?;
+                let dst = target(Some(format!("/run/secrets/{id}")))?;
+                let Some(src) = self.opts.secrets.get(&id) else {
+                    return Err(self.err(
+                        inst,
+                        format!("secret {id:?} was not given; pass --secret id={id},src=FILE"),
+                    ));
+                };
+                Ok((
+                    Bind {
+                        src: src.clone(),
+                        dst: dst.into(),
+                        readonly: true,
+                    },
+                    format!("secret:{id}"),
+                ))
+            }
+            MountType::Bind => {
+                let dst = target(None)?;
+                let source = m.source.clone().unwrap_or_default();
+                let (src, key) = match &m.from {
+                    None => {
+                        let rel = crate::context::clean_rel(&source);
+                        let p = self.ctx.root().join(&rel);
+                        if !p.exists() {
+                            return Err(self.err(
+                                inst,
+                                format!("--mount source {source:?} is not in the build context"),
+                            ));
+                        }
+                        let plan = self.ctx.plan_copy(std::slice::from_ref(&rel), "/", true, None)?;
+                        (p, format!("bind:ctx:{rel}:{}", plan.content_hash()?))
+                    }
+                    Some(from) => {
+                        let st = self.state_of(inst, from, results)?;
+                        let t = tempfile::Builder::new()
+                            .prefix("sifbox-bind.")
+                            .tempdir()
+                            .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                        let dest = t.path().join("src");
+                        let path = clean_abs(&source);
+                        let sb = self.layers.reader(&st.state)?;
+                        sb.download(&path, &dest)?;
+                        sb.stop(std::time::Duration::ZERO)?;
+                        scratch.push(t);
+                        (dest, format!("bind:{}:{path}", st.state.key))
+                    }
+                };
+                let readonly = !m.readonly_is_rw();
+                let src = if readonly {
+                    src
+                } else {
+                    // Writes to a rw bind are thrown away: give it a copy.
+                    let t = tempfile::Builder::new()
+                        .prefix("sifbox-bind.")
+                        .tempdir()
+                        .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                    let copy = t.path().join("src");
+                    copy_tree(&src, &copy)?;
+                    scratch.push(t);
+                    copy
+                };
+                Ok((
+                    Bind {
+                        src,
+                        dst: dst.into(),
+                        readonly,
+                    },
+                    key,
+                ))
+            }
+            other => Err(self.err(
+                inst,
+                format!("--mount type {other:?} is not supported by sifbox"),
+            )),
+        }
+    }
+
+    fn copy(
+        &mut self,
+        inst: &Instruction,
+        c: &Copy,
+        is_add: bool,
+        cur: &mut StageResult,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<bool> {
+        if c.parents {
+            return Err(self.err(inst, "--parents is not supported by sifbox yet"));
+        }
+        let dest = if c.dest.starts_with('/') {
+            c.dest.clone()
+        } else {
+            format!("{}/{}", Self::workdir(cur), c.dest)
+        };
+        let dest = if c.dest.ends_with('/') && !dest.ends_with('/') {
+            format!("{dest}/")
+        } else {
+            dest
+        };
+        let dest_is_dir = cur
+            .state
+            .lookup(&clean_abs(&dest))
+            .and_then(|p| std::fs::symlink_metadata(p).ok())
+            .is_some_and(|m| m.is_dir());
+        let chmod = match &c.chmod {
+            None => None,
+            Some(m) => Some(
+                u32::from_str_radix(m, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| {
+                        self.err(
+                            inst,
+                            format!("--chmod={m}: give an octal mode such as 0755"),
+                        )
+                    })?,
+            ),
+        };
+        let owner = match &c.chown {
+            None => None,
+            Some(spec) => Some(self.resolve_owner(inst, &cur.state, spec)?),
+        };
+        let mut scratch: Vec<tempfile::TempDir> = Vec::new();
+        let mut paths = Vec::new();
+        let mut heredocs = Vec::new();
+        for s in &c.sources {
+            match s {
+                Source::Path(p) => paths.push(p.clone()),
+                Source::Heredoc(h) => heredocs.push(h.clone()),
+            }
+        }
+        if is_add && paths.iter().any(|p| is_url(p)) {
+            return Err(self.err(
+                inst,
+                "ADD of a URL is not supported by sifbox yet; download it in a RUN step",
+            ));
+        }
+        let (plan, from_key) = match &c.from {
+            None if heredocs.is_empty() => {
+                let ctx = self.ctx.with_excludes(&c.exclude)?;
+                (
+                    ctx.plan_copy(&paths, &dest, dest_is_dir, chmod)?,
+                    String::new(),
+                )
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("sifbox-heredoc.")
+                    .tempdir()
+                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let mut names = Vec::new();
+                for h in &heredocs {
+                    let p = t.path().join(&h.name);
+                    std::fs::write(&p, &h.content).map_err(|e| BuildError::io(&p, e))?;
+                    names.push(h.name.clone());
+                }
+                let hctx = Context::open(t.path())?;
+                let mut plan = hctx.plan_copy(&names, &dest, dest_is_dir, chmod.or(Some(0o644)))?;
+                if !paths.is_empty() {
+                    let ctx = self.ctx.with_excludes(&c.exclude)?;
+                    let more = ctx.plan_copy(&paths, &dest, true, chmod)?;
+                    plan.entries.extend(more.entries);
+                }
+                scratch.push(t);
+                (plan, String::new())
+            }
+            Some(from) => {
+                let st = self.state_of(inst, from, results)?;
+                let t = tempfile::Builder::new()
+                    .prefix("sifbox-from.")
+                    .tempdir()
+                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let sb = self.layers.reader(&st.state)?;
+                let mut names = Vec::new();
+                for (i, p) in paths.iter().enumerate() {
+                    let abs = clean_abs(p);
+                    let slot = t.path().join(i.to_string());
+                    std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
+                    sb.download(&abs, &slot)
+                        .map_err(|e| self.err(inst, format!("{abs} in {from}: {e}")))?;
+                    let name = Path::new(&abs)
+                        .file_name()
+                        .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+                    names.push(format!("{i}/{name}"));
+                }
+                sb.stop(std::time::Duration::ZERO)?;
+                let fctx = Context::open(t.path())?.with_excludes(&c.exclude)?;
+                let plan = fctx.plan_copy(&names, &dest, dest_is_dir, chmod)?;
+                scratch.push(t);
+                (plan, st.state.key.clone())
+            }
+        };
+        let mut plan = plan;
+        if is_add && c.from.is_none() {
+            plan = self.expand_archives(plan)?;
+        }
+        let key = chain_key(
+            &cur.state.key,
+            &format!(
+                "{}\n{}\n{}\n{:?}\n{from_key}",
+                if is_add { "ADD" } else { "COPY" },
+                plan.content_hash()?,
+                plan.dest_dir,
+                owner,
+            ),
+        );
+        let dest_dir = plan.dest_dir.clone();
+        let (state, cached) = self.layers.step(
+            &cur.state,
+            &key,
+            self.opts.no_cache,
+            &StepOptions::default(),
+            |sb| {
+                let archives: Vec<Entry> = plan
+                    .entries
+                    .iter()
+                    .filter(|e| {
+                        matches!(e.kind, Kind::File { .. }) && e.name.as_os_str().is_empty()
+                    })
+                    .cloned()
+                    .collect();
+                let files = CopyPlan {
+                    dest_dir: plan.dest_dir.clone(),
+                    entries: plan
+                        .entries
+                        .iter()
+                        .filter(|e| !e.name.as_os_str().is_empty())
+                        .cloned()
+                        .collect(),
+                };
+                if !files.entries.is_empty() || archives.is_empty() {
+                    sb.extract(&dest_dir, owner, move |w| files.write_tar(w))?;
+                }
+                for a in archives {
+                    sb.extract(&dest_dir, owner, move |w| {
+                        let f = std::fs::File::open(&a.src)?;
+                        let mut d =
+                            sifbox_image::layer::decompressed(f).map_err(std::io::Error::other)?;
+                        let mut w = w;
+                        std::io::copy(&mut d, &mut w)?;
+                        Ok(())
+                    })?;
+                }
+                Ok(())
+            },
+            &[],
+        )?;
+        drop(scratch);
+        cur.state = state;
+        Ok(cached)
+    }
+
+    /// ADD: local tar archives (plain, gzip, zstd) among the entries are
+    /// unpacked into the destination instead of copied; they are marked by
+    /// an empty name.
+    fn expand_archives(&self, mut plan: CopyPlan) -> Result<CopyPlan> {
+        for e in &mut plan.entries {
+            if matches!(e.kind, Kind::File { .. }) && is_tar_archive(&e.src) {
+                e.name = PathBuf::new();
+            }
+        }
+        Ok(plan)
+    }
+
+    /// `--chown=USER[:GROUP]` as numeric ids, from the image's
+    /// /etc/passwd and /etc/group (Docker: a user alone gives its uid as
+    /// the gid too).
+    fn resolve_owner(&self, inst: &Instruction, state: &FsState, spec: &str) -> Result<(u32, u32)> {
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (spec, None),
+        };
+        let read = |p: &str| {
+            state
+                .lookup(p)
+                .and_then(|h| std::fs::read_to_string(h).ok())
+                .unwrap_or_default()
+        };
+        let field = |text: &str, name: &str| -> Option<u32> {
+            text.lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 3 && f[0] == name)
+                .and_then(|f| f[2].parse().ok())
+        };
+        let uid = match user.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => field(&read("/etc/passwd"), user).ok_or_else(|| {
+                self.err(
+                    inst,
+                    format!("--chown: user {user:?} is not in the image's /etc/passwd"),
+                )
+            })?,
+        };
+        let gid = match group {
+            None => uid,
+            Some(g) => match g.parse::<u32>() {
+                Ok(n) => n,
+                Err(_) => field(&read("/etc/group"), g).ok_or_else(|| {
+                    self.err(
+                        inst,
+                        format!("--chown: group {g:?} is not in the image's /etc/group"),
+                    )
+                })?,
+            },
+        };
+        Ok((uid, gid))
+    }
+
+    /// Turns the target stage into a store image (cached by its state and
+    /// config).
+    fn export(&mut self, target: &StageResult) -> Result<(Digest, bool)> {
+        let meta = target.meta.clone();
+        let key = chain_key(&target.state.key, &format!("IMAGE\n{}", hash_json(&meta)));
+        let source_key = format!("build:{key}");
+        let _lock = self.store.lock(&format!("build-image-{key}"))?;
+        if !self.opts.no_cache {
+            if let Some(d) = self.store.recall_source(&source_key) {
+                if self.store.sif_path(&d).is_file() {
+                    return Ok((d, true));
+                }
+            }
+        }
+        let started = Instant::now();
+        self.progress.note("exporting the image");
+        let clamp = sifbox_image::squash::PackOptions::from_env().clamp_mtime;
+        let d = steps::export(&self.layers, &target.state, &meta, clamp)?;
+        self.store.remember_source(&source_key, &d)?;
+        self.progress.done(false, started.elapsed());
+        Ok((d, false))
+    }
+}
+
+impl dockerfile::Mount {
+    fn readonly_is_rw(&self) -> bool {
+        !self.readonly
+    }
+}
+
+struct Sink(Arc<Progress>);
+
+impl OutputSink for Sink {
+    fn line(&mut self, line: &str) {
+        self.0.output(line);
+    }
+}
+
+fn is_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://") || s.starts_with("git@")
+}
+
+fn is_tar_archive(path: &Path) -> bool {
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok(mut d) = sifbox_image::layer::decompressed(f) else {
+        return false;
+    };
+    let mut head = [0u8; 512];
+    let mut got = 0;
+    while got < head.len() {
+        match std::io::Read::read(&mut d, &mut head[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    got == 512 && &head[257..262] == b"ustar"
+}
+
+/// Copies a tree (for a rw bind mount), symlinks as links.
+fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+    let m = std::fs::symlink_metadata(src).map_err(|e| BuildError::io(src, e))?;
+    if m.is_dir() {
+        std::fs::create_dir_all(dst).map_err(|e| BuildError::io(dst, e))?;
+        for e in std::fs::read_dir(src).map_err(|e| BuildError::io(src, e))? {
+            let e = e.map_err(|e| BuildError::io(src, e))?;
+            copy_tree(&e.path(), &dst.join(e.file_name()))?;
+        }
+    } else if m.file_type().is_symlink() {
+        let t = std::fs::read_link(src).map_err(|e| BuildError::io(src, e))?;
+        std::os::unix::fs::symlink(t, dst).map_err(|e| BuildError::io(dst, e))?;
+    } else {
+        std::fs::copy(src, dst).map_err(|e| BuildError::io(dst, e))?;
+    }
+    Ok(())
+}
+
+/// The mount points a step's sandbox will create that the state does not
+/// have: removed from its layer afterwards, so that they do not end up in
+/// the image.
+fn mount_stubs(state: &FsState, binds: &[Bind]) -> Vec<String> {
+    let mut out = Vec::new();
+    let fixed = ["/proc", "/dev", "/sys", "/etc/resolv.conf", "/etc/hosts"];
+    let all = fixed
+        .iter()
+        .map(|s| (*s).to_string())
+        .chain(binds.iter().map(|b| b.dst.display().to_string()));
+    for p in all {
+        // The path and every missing parent.
+        let mut cur = PathBuf::from(&p);
+        loop {
+            let s = cur.display().to_string();
+            if s == "/" || state.lookup(&s).is_some() {
+                break;
+            }
+            out.push(s);
+            if !cur.pop() {
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn healthcheck_json(h: &Healthcheck) -> serde_json::Value {
+    match h {
+        Healthcheck::None => serde_json::json!({ "Test": ["NONE"] }),
+        Healthcheck::Cmd {
+            command,
+            interval,
+            timeout,
+            start_period,
+            start_interval,
+            retries,
+        } => {
+            let test: Vec<String> = match command {
+                Command::Exec(v) => std::iter::once("CMD".to_string())
+                    .chain(v.iter().cloned())
+                    .collect(),
+                Command::Shell(s) => vec!["CMD-SHELL".into(), s.clone()],
+            };
+            let ns = |d: &Option<std::time::Duration>| d.map(|d| d.as_nanos());
+            serde_json::json!({
+                "Test": test,
+                "Interval": ns(interval),
+                "Timeout": ns(timeout),
+                "StartPeriod": ns(start_period),
+                "StartInterval": ns(start_interval),
+                "Retries": retries,
+            })
+        }
+    }
+}

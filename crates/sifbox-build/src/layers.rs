@@ -1,0 +1,282 @@
+//! File system states of a build and the cache of their layers.
+//!
+//! A stage's file system is a base root file system (an unpacked store
+//! image, or an empty directory for `scratch`) with layers stacked on it:
+//! the overlay upper dirs that earlier steps wrote. A step runs in a sandbox
+//! whose overlay has the state's layers below and a fresh upper dir above;
+//! when it succeeds, the upper dir is published in the store under the
+//! step's cache key (`layers/KEY`), and the next state is the old one plus
+//! that layer. Keys chain: a step's key hashes its parent's key and what the
+//! step does, so a key names one file system state.
+//!
+//! Publication is by rename under a per-key lock held across processes, so
+//! concurrent builds of one context run each step once and all succeed; a
+//! failed or interrupted step leaves only a work dir that `sifbox gc`
+//! reclaims.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sha2::{Digest as _, Sha256};
+use sifbox_engine::idmap;
+use sifbox_engine::spec::{Bind, IdMapping, NetMode, SandboxSpec, UsernsMode, Writable};
+use sifbox_engine::{Sandbox, StartOptions};
+use sifbox_image::store::Store;
+
+use crate::error::{BuildError, Result};
+
+/// Length of the key prefix that names a layer dir: short names keep the
+/// overlay's mount options (one page at most) under the limit for about 90
+/// layers.
+const LAYER_NAME_LEN: usize = 24;
+
+/// A file system state: a base and the layers on it (bottom first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsState {
+    pub base: PathBuf,
+    pub layers: Vec<PathBuf>,
+    /// The cache key naming this state.
+    pub key: String,
+}
+
+/// How a step's sandbox is set up.
+#[derive(Debug, Clone, Default)]
+pub struct StepOptions {
+    pub net: NetMode,
+    pub binds: Vec<Bind>,
+}
+
+/// Runs build steps in sandboxes and keeps their layers.
+#[derive(Debug)]
+pub struct Layers<'s> {
+    store: &'s Store,
+    dir: PathBuf,
+    exe: PathBuf,
+    ids: IdMapping,
+    seq: AtomicU32,
+}
+
+/// Hex SHA-256 of `parts` joined with newlines.
+pub fn chain_key(parent: &str, step: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(parent.as_bytes());
+    h.update(b"\n");
+    h.update(step.as_bytes());
+    hex::encode(h.finalize())
+}
+
+impl<'s> Layers<'s> {
+    /// Opens the layer cache of `store`; sandboxes are served by the sifbox
+    /// binary at `exe`.
+    pub fn new(store: &'s Store, exe: PathBuf, userns: UsernsMode) -> Result<Layers<'s>> {
+        let dir = store.root().join("layers");
+        std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
+        let ids = idmap::resolve(userns, &idmap::Caller::current())?;
+        Ok(Layers {
+            store,
+            dir,
+            exe,
+            ids,
+            seq: AtomicU32::new(0),
+        })
+    }
+
+    /// The id mapping build sandboxes get.
+    pub fn ids(&self) -> &IdMapping {
+        &self.ids
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        self.store
+    }
+
+    /// An empty root file system (for `FROM scratch`).
+    pub fn empty_base(&self) -> Result<PathBuf> {
+        let p = self.store.root().join("layers").join("empty");
+        std::fs::create_dir_all(&p).map_err(|e| BuildError::io(&p, e))?;
+        Ok(p)
+    }
+
+    fn layer_path(&self, key: &str) -> PathBuf {
+        self.dir.join(&key[..LAYER_NAME_LEN.min(key.len())])
+    }
+
+    /// The state after a step with cache key `key` if its layer is cached.
+    pub fn cached(&self, state: &FsState, key: &str) -> Option<FsState> {
+        let p = self.layer_path(key);
+        p.is_dir().then(|| state.with_layer(p, key))
+    }
+
+    /// Runs a step on `state`: looks up `key`, else runs `f` in a sandbox
+    /// writing to a fresh upper dir and publishes it. Returns the new state
+    /// and whether it came from the cache. With `no_cache`, the step runs
+    /// even when cached, and its layer replaces the cached one.
+    pub fn step(
+        &self,
+        state: &FsState,
+        key: &str,
+        no_cache: bool,
+        opts: &StepOptions,
+        f: impl FnOnce(&Sandbox) -> Result<()>,
+        stubs: &[String],
+    ) -> Result<(FsState, bool)> {
+        if !no_cache {
+            if let Some(s) = self.cached(state, key) {
+                return Ok((s, true));
+            }
+        }
+        let _lock = self.store.lock(&format!("layer-{key}"))?;
+        if !no_cache {
+            if let Some(s) = self.cached(state, key) {
+                return Ok((s, true));
+            }
+        }
+        let work = self.store.work_dir("build-step")?;
+        {
+            let sb = self.sandbox(
+                state,
+                opts,
+                Writable::Overlay {
+                    dir: work.path().to_path_buf(),
+                },
+            )?;
+            f(&sb)?;
+            sb.stop(std::time::Duration::ZERO)?;
+        }
+        let upper = work.path().join("upper");
+        remove_stubs(&upper, stubs);
+        let dst = self.layer_path(key);
+        if dst.exists() {
+            // --no-cache: the new layer replaces the old one. Layers are
+            // never changed in place: move the old one aside for gc.
+            let old = work.path().join("replaced");
+            std::fs::rename(&dst, &old).map_err(|e| BuildError::io(&dst, e))?;
+        }
+        std::fs::rename(&upper, &dst).map_err(|e| BuildError::io(&dst, e))?;
+        Ok((state.with_layer(dst, key), false))
+    }
+
+    /// Starts a sandbox on `state` whose writes go nowhere (a tmpfs), for
+    /// reading a state: `COPY --from`, the final snapshot.
+    pub fn reader(&self, state: &FsState) -> Result<Sandbox> {
+        self.sandbox(
+            state,
+            &StepOptions {
+                net: NetMode::None,
+                binds: Vec::new(),
+            },
+            Writable::Tmpfs { size_mib: 64 },
+        )
+    }
+
+    fn sandbox(&self, state: &FsState, opts: &StepOptions, writable: Writable) -> Result<Sandbox> {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let name = format!("build-{}-{n}", std::process::id());
+        let spec = SandboxSpec {
+            name: name.clone(),
+            rootfs: state.base.clone(),
+            layers: state.layers.iter().rev().cloned().collect(),
+            hostname: "buildkitsandbox".into(),
+            net: opts.net,
+            ids: self.ids.clone(),
+            writable,
+            binds: opts.binds.clone(),
+            host_dns: true,
+            image_tmp: true,
+        };
+        let mut so = StartOptions::new(self.exe.clone());
+        // A build sandbox dies with the build.
+        so.oneshot = true;
+        let sb = Sandbox::start(spec, &so)?;
+        Ok(sb)
+    }
+}
+
+impl FsState {
+    /// This state with one more layer on top.
+    pub fn with_layer(&self, layer: PathBuf, key: &str) -> FsState {
+        let mut layers = self.layers.clone();
+        layers.push(layer);
+        FsState {
+            base: self.base.clone(),
+            layers,
+            key: key.to_string(),
+        }
+    }
+
+    /// Finds `path` (absolute, inside the image) in this state as overlayfs
+    /// would, without a sandbox: the topmost layer that has it wins; a
+    /// whiteout or an opaque directory above hides what is below. Returns
+    /// the host path of what is seen there (symlinks not followed).
+    pub fn lookup(&self, path: &str) -> Option<PathBuf> {
+        let rel = path.trim_start_matches('/');
+        let all: Vec<&Path> = std::iter::once(self.base.as_path())
+            .chain(self.layers.iter().map(PathBuf::as_path))
+            .collect();
+        for (i, dir) in all.iter().enumerate().rev() {
+            let candidate = if rel.is_empty() {
+                dir.to_path_buf()
+            } else {
+                dir.join(rel)
+            };
+            match std::fs::symlink_metadata(&candidate) {
+                Ok(m) if is_whiteout(&m) => return None,
+                Ok(_) => return Some(candidate),
+                Err(_) => {
+                    // An opaque parent dir in this layer hides lower ones.
+                    if i > 0 && has_opaque_ancestor(dir, rel) {
+                        return None;
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+fn is_whiteout(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    m.file_type().is_char_device() && m.rdev() == 0
+}
+
+fn has_opaque_ancestor(layer: &Path, rel: &str) -> bool {
+    let mut p = Path::new(rel);
+    while let Some(parent) = p.parent() {
+        if parent.as_os_str().is_empty() {
+            break;
+        }
+        let dir = layer.join(parent);
+        if let Ok(f) = std::fs::File::open(&dir) {
+            let mut buf = [0u8; 4];
+            let opaque = rustix::fs::fgetxattr(f.as_fd(), "user.overlay.opaque", &mut buf)
+                .ok()
+                .is_some_and(|n| buf.get(..n) == Some(b"y".as_slice()));
+            if opaque {
+                return true;
+            }
+        }
+        p = parent;
+    }
+    false
+}
+
+/// Removes mount points the sandbox made in `upper` (deepest first) when
+/// they are still empty directories or empty files.
+fn remove_stubs(upper: &Path, stubs: &[String]) {
+    let mut sorted: Vec<&String> = stubs.iter().collect();
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.matches('/').count()));
+    for s in sorted {
+        let p = upper.join(s.trim_start_matches('/'));
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                let _ = std::fs::remove_dir(&p);
+            }
+            Ok(m) if m.is_file() && m.len() == 0 => {
+                let _ = std::fs::remove_file(&p);
+            }
+            _ => {}
+        }
+    }
+}

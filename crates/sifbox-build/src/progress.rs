@@ -1,0 +1,189 @@
+//! Build output in the style of BuildKit's plain progress:
+//!
+//! ```text
+//! #3 [app 2/5] RUN make
+//! #3 0.412 cc -o app app.c
+//! #3 DONE 1.3s
+//! #4 [app 3/5] COPY . /src
+//! #4 CACHED
+//! ```
+//!
+//! `plain` prints every line of RUN output; `auto` does the same when
+//! stderr is not a terminal and, on a terminal, keeps each running step on
+//! one line that shows its latest output (condensed); `quiet` prints
+//! nothing but errors.
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How much to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    #[default]
+    Auto,
+    Plain,
+    Quiet,
+}
+
+impl Mode {
+    /// Parses `auto`, `plain`, `tty` (as auto) or `quiet`.
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "auto" | "tty" => Some(Mode::Auto),
+            "plain" => Some(Mode::Plain),
+            "quiet" => Some(Mode::Quiet),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    n: usize,
+    header: String,
+    started: Instant,
+    last: String,
+}
+
+/// The build's progress display (shared with the threads that read step
+/// output).
+#[derive(Debug)]
+pub struct Progress {
+    mode: Mode,
+    condensed: bool,
+    state: Mutex<State>,
+}
+
+impl Progress {
+    /// A display writing to stderr.
+    pub fn new(mode: Mode) -> Progress {
+        let tty = rustix::termios::isatty(std::io::stderr());
+        Progress {
+            mode,
+            condensed: mode == Mode::Auto && tty,
+            state: Mutex::new(State {
+                n: 0,
+                header: String::new(),
+                started: Instant::now(),
+                last: String::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn print(&self, line: &str) {
+        let mut e = std::io::stderr().lock();
+        if self.condensed {
+            let _ = write!(e, "\r\x1b[2K{line}");
+        } else {
+            let _ = writeln!(e, "{line}");
+        }
+    }
+
+    /// A step starts: `[label i/total] text`.
+    pub fn step(&self, label: &str, i: usize, total: usize, text: &str) {
+        if self.mode == Mode::Quiet {
+            return;
+        }
+        let mut s = self.lock();
+        s.n += 1;
+        s.header = format!("#{} [{label} {i}/{total}] {}", s.n, one_line(text));
+        s.started = Instant::now();
+        s.last.clear();
+        let h = s.header.clone();
+        drop(s);
+        self.print(&h);
+    }
+
+    /// A line the step's command printed.
+    pub fn output(&self, line: &str) {
+        if self.mode == Mode::Quiet {
+            return;
+        }
+        let mut s = self.lock();
+        let t = s.started.elapsed().as_secs_f64();
+        if self.condensed {
+            s.last = line.to_string();
+            let shown = format!("{} | {}", s.header, one_line(line));
+            drop(s);
+            self.print(&truncate(&shown, terminal_width()));
+        } else {
+            let n = s.n;
+            drop(s);
+            self.print(&format!("#{n} {t:.3} {line}"));
+        }
+    }
+
+    /// The step ended (from the cache or after running for `took`).
+    pub fn done(&self, cached: bool, took: Duration) {
+        if self.mode == Mode::Quiet {
+            return;
+        }
+        let s = self.lock();
+        let end = if cached {
+            "CACHED".to_string()
+        } else {
+            format!("DONE {:.1}s", took.as_secs_f64())
+        };
+        let line = if self.condensed {
+            format!("{} {end}", s.header)
+        } else {
+            format!("#{} {end}", s.n)
+        };
+        drop(s);
+        self.print(&line);
+        if self.condensed {
+            let _ = writeln!(std::io::stderr());
+        }
+    }
+
+    /// A step of the build's own (exporting the image).
+    pub fn note(&self, what: &str) {
+        if self.mode == Mode::Quiet {
+            return;
+        }
+        let mut s = self.lock();
+        s.n += 1;
+        s.header = format!("#{} {what}", s.n);
+        s.started = Instant::now();
+        let h = s.header.clone();
+        drop(s);
+        self.print(&h);
+    }
+
+    /// A warning (always printed, also in quiet mode).
+    pub fn warn(&self, msg: &str) {
+        let mut e = std::io::stderr().lock();
+        if self.condensed {
+            let _ = write!(e, "\r\x1b[2K");
+        }
+        let _ = writeln!(e, "{msg}");
+    }
+}
+
+fn one_line(s: &str) -> String {
+    let first = s.lines().next().unwrap_or_default();
+    if s.lines().nth(1).is_some() {
+        format!("{first} ...")
+    } else {
+        first.to_string()
+    }
+}
+
+fn terminal_width() -> usize {
+    rustix::termios::tcgetwinsize(std::io::stderr())
+        .map(|w| usize::from(w.ws_col))
+        .ok()
+        .filter(|w| *w > 10)
+        .unwrap_or(100)
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    s.chars().take(width.saturating_sub(1)).collect()
+}

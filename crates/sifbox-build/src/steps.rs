@@ -1,0 +1,118 @@
+//! What a build step does inside its sandbox: run a command with its output
+//! streamed, unpack files, and turn a final state into a store image.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::thread::JoinHandle;
+
+use cap_std::fs::Dir;
+use rustix::pipe::{pipe_with, PipeFlags};
+use sifbox_engine::protocol::ExecRequest;
+use sifbox_engine::{ExecStatus, Sandbox};
+use sifbox_image::layer::{self, ApplyOptions, Devices, Owners};
+use sifbox_image::meta::{self, ImageMeta};
+use sifbox_image::store::Digest;
+
+use crate::error::{BuildError, Result};
+use crate::layers::{FsState, Layers};
+
+/// Lines of output kept to explain a failed step.
+pub const TAIL_LINES: usize = 12;
+
+/// Where a step's output goes.
+pub trait OutputSink: Send + 'static {
+    /// One line of a command's output (without its newline).
+    fn line(&mut self, line: &str);
+}
+
+/// The output of a running command: read by a thread until every writer
+/// is gone (the sandbox stopped), keeping the last lines.
+#[derive(Debug)]
+pub struct Output {
+    reader: JoinHandle<Vec<String>>,
+}
+
+impl Output {
+    /// The last lines, once the sandbox that wrote them is gone.
+    pub fn finish(self) -> Vec<String> {
+        self.reader.join().unwrap_or_default()
+    }
+}
+
+/// Runs `argv` in `sb` with stdout and stderr going to `sink`; returns the
+/// exit status and the output reader (finish it after the sandbox stopped,
+/// so that processes left in the background cannot hold it open).
+pub fn run_command(
+    sb: &Sandbox,
+    req: ExecRequest,
+    mut sink: impl OutputSink,
+) -> Result<(ExecStatus, Output)> {
+    let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| BuildError::io(Path::new("pipe"), e))?;
+    let null = File::open("/dev/null").map_err(|e| BuildError::io(Path::new("/dev/null"), e))?;
+    let reader = std::thread::spawn(move || {
+        let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+        let mut lines = BufReader::new(File::from(r));
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match lines.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if buf.last() == Some(&b'\n') {
+                        buf.pop();
+                    }
+                    let line = String::from_utf8_lossy(&buf).into_owned();
+                    sink.line(&line);
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+            }
+        }
+        tail.into_iter().collect()
+    });
+    let status = sb.exec(req, [null.as_fd(), w.as_fd(), w.as_fd()]);
+    drop(w);
+    Ok((status?, Output { reader }))
+}
+
+/// Turns `state` into a store image with `m` as its metadata: the state's
+/// root file system as the sandbox sees it, Apptainer's layout added,
+/// packed into a SIF. `clamp` bounds mtimes (SOURCE_DATE_EPOCH).
+pub fn export(
+    layers: &Layers,
+    state: &FsState,
+    m: &ImageMeta,
+    clamp: Option<u32>,
+) -> Result<Digest> {
+    let store = layers.store();
+    let work = store.work_dir("build-image")?;
+    let tree = work.path().join("rootfs");
+    std::fs::create_dir(&tree).map_err(|e| BuildError::io(&tree, e))?;
+    let root = rustix::process::geteuid().is_root();
+    let opts = ApplyOptions {
+        // Root's build sandboxes map ids one to one: keep them. Others get
+        // the tree as theirs, as an import does (the SIF says root).
+        owners: if root { Owners::Keep } else { Owners::Caller },
+        devices: Devices::Placeholder,
+        xattrs: false,
+    };
+    let sb = layers.reader(state)?;
+    let dest = tree.clone();
+    sb.snapshot(move |r| {
+        let dir = Dir::open_ambient_dir(&dest, cap_std::ambient_authority())?;
+        layer::apply_layer(r, &dir, &opts).map_err(std::io::Error::other)?;
+        Ok(())
+    })?;
+    sb.stop(std::time::Duration::ZERO)?;
+    meta::write_layout(&tree, m).map_err(|e| BuildError::io(&tree, e))?;
+    let sif = work.path().join("image.sif");
+    sifbox_image::import::build_sif(&tree, m, work.path(), &sif, clamp)?;
+    let digest = store.publish_sif(&sif)?;
+    let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
+    store.publish_rootfs(&tree, &digest)?;
+    Ok(digest)
+}
