@@ -307,6 +307,46 @@ pub struct Run {
     pub heredocs: Vec<Heredoc>,
 }
 
+impl Run {
+    /// The heredoc that is the whole script, when the shell-form command is
+    /// just `<<NAME` (or `<<-NAME`, quoted or not): BuildKit then runs its
+    /// body as the script (with the shell, or directly when it starts with
+    /// `#!`). `None` when the shell must see the heredocs itself
+    /// (`cat <<EOF > f`, `python3 <<EOF`), which it does when the body and
+    /// the terminator are appended to the command.
+    pub fn script_heredoc(&self) -> Option<&Heredoc> {
+        let Command::Shell(cmd) = &self.command else {
+            return None;
+        };
+        let words = split_words(cmd, '\\');
+        match (words.as_slice(), self.heredocs.as_slice()) {
+            ([w], [h]) if heredoc_mark(w).is_some_and(|m| m.name == h.name && m.fd.is_none()) => {
+                Some(h)
+            }
+            _ => None,
+        }
+    }
+
+    /// The shell-form command with its heredocs written out after it, as a
+    /// shell reads them (`CMD <<EOF\nbody\nEOF\n`); the command as is when
+    /// there are none or it is in exec form.
+    pub fn shell_script_with_heredocs(&self) -> Option<String> {
+        let Command::Shell(cmd) = &self.command else {
+            return None;
+        };
+        let mut s = cmd.clone();
+        for h in &self.heredocs {
+            s.push('\n');
+            s.push_str(&h.content);
+            s.push_str(&h.name);
+        }
+        if !self.heredocs.is_empty() {
+            s.push('\n');
+        }
+        Some(s)
+    }
+}
+
 /// `RUN --network`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Network {
@@ -389,6 +429,46 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// The mount point, with Docker's defaults: `/run/secrets/ID` for a
+    /// secret, `/run/buildkit/ssh_agent.0` for ssh.
+    pub fn effective_target(&self) -> Option<String> {
+        match (&self.target, self.kind) {
+            (Some(t), _) => Some(t.clone()),
+            (None, MountType::Secret) => self.id.as_ref().map(|id| format!("/run/secrets/{id}")),
+            (None, MountType::Ssh) => Some("/run/buildkit/ssh_agent.0".to_owned()),
+            (None, _) => None,
+        }
+    }
+
+    /// The cache or secret id, with Docker's defaults: a cache's id is its
+    /// target; a secret's id is the base name of its target.
+    pub fn effective_id(&self) -> Option<String> {
+        if let Some(id) = &self.id {
+            return Some(id.clone());
+        }
+        match self.kind {
+            MountType::Cache => self.target.clone(),
+            MountType::Secret => self
+                .target
+                .as_deref()
+                .and_then(|t| t.rsplit('/').find(|p| !p.is_empty()))
+                .map(str::to_owned),
+            MountType::Ssh => Some("default".to_owned()),
+            _ => None,
+        }
+    }
+
+    /// The mode, with Docker's defaults: 0755 for a cache directory, 0400
+    /// for a secret file, 0600 for an ssh socket.
+    pub fn effective_mode(&self) -> Option<u32> {
+        self.mode.or(match self.kind {
+            MountType::Cache => Some(0o755),
+            MountType::Secret => Some(0o400),
+            MountType::Ssh => Some(0o600),
+            _ => None,
+        })
+    }
+
     /// Parses a `--mount` value, expanding each value with `expand`
     /// (pass `&|s| Ok(s.to_owned())` for none).
     pub fn parse(
@@ -659,6 +739,44 @@ const KEYWORDS: &[&str] = &[
     "volume",
     "workdir",
 ];
+
+/// Parses an ONBUILD trigger found in a base image's config (the text
+/// after `ONBUILD`), to run it right after the FROM that uses that image.
+/// Errors cite `line` (the FROM's).
+pub fn parse_trigger(expression: &str, escape: char, line: usize) -> Result<Instruction> {
+    let directive = if escape == '`' { "# escape=`\n" } else { "" };
+    let src = format!("{directive}FROM scratch\n{expression}\n");
+    let at = |mut e: DockerfileError| {
+        e.line = line;
+        e.message = format!("ONBUILD trigger {expression:?}: {}", e.message);
+        e
+    };
+    let df = parse_str(&src).map_err(at)?;
+    let mut stages = df.stages;
+    let inst = match stages.pop() {
+        Some(st) if stages.is_empty() && st.instructions.len() == 1 => {
+            st.instructions.into_iter().next()
+        }
+        _ => None,
+    };
+    let Some(mut inst) = inst else {
+        return Err(DockerfileError::new(
+            line,
+            "ONBUILD",
+            format!("trigger {expression:?} is not one instruction"),
+        ));
+    };
+    if matches!(inst.kind, Instr::Onbuild(_) | Instr::Maintainer(_)) {
+        return Err(DockerfileError::new(
+            line,
+            "ONBUILD",
+            format!("{} isn't allowed as an ONBUILD trigger", inst.keyword()),
+        ));
+    }
+    inst.line = line;
+    inst.end_line = line;
+    Ok(inst)
+}
 
 /// Parses a Dockerfile (bytes that are not UTF-8 are replaced).
 pub fn parse(src: &[u8]) -> Result<Dockerfile> {
@@ -2208,6 +2326,83 @@ mod tests {
         ] {
             let e = err(&format!("FROM x\n{bad}\n"));
             assert_eq!(e.line, 2, "{bad}");
+        }
+    }
+
+    #[test]
+    fn run_heredoc_helpers() {
+        let df = parse_str(
+            "FROM x\nRUN <<EOF\necho a\nEOF\nRUN python3 <<EOF\nprint(1)\nEOF\nRUN <<A <<B\na\nA\nb\nB\nRUN 3<<X cat\nx\nX\nRUN echo\n",
+        )
+        .expect("ok");
+        let runs: Vec<&Run> = df.stages[0]
+            .instructions
+            .iter()
+            .filter_map(|i| match &i.kind {
+                Instr::Run(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            runs[0].script_heredoc().map(|h| h.content.as_str()),
+            Some("echo a\n")
+        );
+        assert!(runs[1].script_heredoc().is_none());
+        assert!(runs[2].script_heredoc().is_none());
+        assert!(runs[3].script_heredoc().is_none());
+        assert!(runs[4].script_heredoc().is_none());
+        assert_eq!(
+            runs[1].shell_script_with_heredocs().as_deref(),
+            Some("python3 <<EOF\nprint(1)\nEOF\n")
+        );
+        assert_eq!(
+            runs[4].shell_script_with_heredocs().as_deref(),
+            Some("echo")
+        );
+    }
+
+    #[test]
+    fn mount_defaults() {
+        let m = |spec: &str| Mount::parse(spec, &|s| Ok(s.to_owned())).expect(spec);
+        let s = m("type=secret,id=tok");
+        assert_eq!(s.effective_target().as_deref(), Some("/run/secrets/tok"));
+        assert_eq!(s.effective_mode(), Some(0o400));
+        let s = m("type=secret,target=/etc/creds/aws");
+        assert_eq!(s.effective_id().as_deref(), Some("aws"));
+        let c = m("type=cache,target=/var/cache/apt");
+        assert_eq!(c.effective_id().as_deref(), Some("/var/cache/apt"));
+        assert_eq!(c.effective_mode(), Some(0o755));
+        let c = m("type=cache,target=/c,mode=0777,id=x");
+        assert_eq!(
+            (c.effective_id().as_deref(), c.effective_mode()),
+            (Some("x"), Some(0o777))
+        );
+        let h = m("type=ssh");
+        assert_eq!(
+            h.effective_target().as_deref(),
+            Some("/run/buildkit/ssh_agent.0")
+        );
+        let b = m("target=/src");
+        assert_eq!((b.kind, b.effective_mode()), (MountType::Bind, None));
+    }
+
+    #[test]
+    fn onbuild_triggers() {
+        let i = parse_trigger("COPY . /app", '\\', 1).expect("ok");
+        assert_eq!(i.keyword(), "COPY");
+        assert_eq!(i.line, 1);
+        let i = parse_trigger("RUN echo a `\n b", '`', 4).expect("ok");
+        assert_eq!(i.kind, Instr::Run(run_shell("echo a  b")));
+        for bad in [
+            "",
+            "FROM x",
+            "RUN a\nRUN b",
+            "MAINTAINER x",
+            "ONBUILD RUN x",
+            "BOGUS x",
+        ] {
+            let e = parse_trigger(bad, '\\', 7).expect_err(bad);
+            assert_eq!(e.line, 7, "{bad}");
         }
     }
 
