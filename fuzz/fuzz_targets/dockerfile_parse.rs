@@ -40,10 +40,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let text = String::from_utf8_lossy(data);
-    let env: Vec<(String, String)> = vec![
-        ("a".into(), "x y".into()),
-        ("b".into(), String::new()),
-    ];
+    let env: Vec<(String, String)> = vec![("a".into(), "x y".into()), ("b".into(), String::new())];
     for escape in ['\\', '`'] {
         let _ = expand_word(&text, &env, escape);
         let _ = expand_words(&text, &env, escape);
