@@ -217,6 +217,25 @@ impl Builder<'_> {
         }
     }
 
+    /// `e` with the Dockerfile line of `inst`, unless it already has one.
+    fn cite(&self, inst: &Instruction, e: BuildError) -> BuildError {
+        match e {
+            e @ (BuildError::Instruction { .. } | BuildError::RunFailed { .. }) => e,
+            BuildError::BadInput { what, why, fix } => {
+                self.err(inst, format!("{what}: {why}; {fix}"))
+            }
+            other => {
+                let bad = other.is_bad_input();
+                let e = self.err(inst, other.to_string());
+                if bad {
+                    e
+                } else {
+                    BuildError::StepFailed(Box::new(e))
+                }
+            }
+        }
+    }
+
     /// A store image as a stage base: its rootfs and its config.
     fn image_base(&mut self, reference: &str) -> Result<StageResult> {
         if let Some(r) = self.images.get(reference) {
@@ -265,7 +284,13 @@ impl Builder<'_> {
                 )
             })?,
             Base::Image(r) => {
-                let mut base = self.image_base(r)?;
+                let from = Instruction {
+                    line: stage.line,
+                    end_line: stage.line,
+                    original: stage.original.clone(),
+                    kind: Instr::Maintainer(String::new()),
+                };
+                let mut base = self.image_base(r).map_err(|e| self.cite(&from, e))?;
                 // Triggers run in the stage that builds FROM the image and
                 // are not inherited further.
                 base.meta.onbuild.clear();
@@ -278,13 +303,11 @@ impl Builder<'_> {
         let mut insts: Vec<Instruction> = Vec::new();
         if let Base::Image(r) = &stage.base {
             let triggers = self.image_base(r)?.meta.onbuild;
-            for t in triggers {
-                let df = dockerfile::parse_str(&format!("FROM scratch\n{t}\n"))
+            for (i, t) in triggers.iter().enumerate() {
+                let inst = dockerfile::parse_trigger(t, plan.escape, i + 1)
                     .map_err(|e| instruction_error(e.in_file(format!("ONBUILD of {r}"))))?;
-                if let Some(s) = df.stages.into_iter().next() {
-                    self.total += s.instructions.len();
-                    insts.extend(s.instructions);
-                }
+                self.total += 1;
+                insts.push(inst);
             }
         }
         insts.extend(stage.instructions.iter().cloned());
@@ -296,7 +319,9 @@ impl Builder<'_> {
             self.progress
                 .step(&stage.label(), self.done, self.total, &raw.original);
             let t = Instant::now();
-            let cached = self.instruction(&inst, &mut env, &mut cur, results)?;
+            let cached = self
+                .instruction(&inst, &mut env, &mut cur, results)
+                .map_err(|e| self.cite(&inst, e))?;
             if let Some(c) = cached {
                 if c {
                     self.steps_cached += 1;
@@ -480,31 +505,24 @@ impl Builder<'_> {
         cur: &mut StageResult,
         results: &HashMap<usize, StageResult>,
     ) -> Result<bool> {
-        let mut argv = match &r.command {
-            Command::Exec(v) => v.clone(),
-            Command::Shell(s) => {
-                let mut script = s.clone();
-                for h in &r.heredocs {
-                    script.push('\n');
-                    script.push_str(&h.content);
-                    script.push_str(&h.name);
-                }
+        let argv = match (
+            &r.command,
+            r.script_heredoc(),
+            r.shell_script_with_heredocs(),
+        ) {
+            (Command::Exec(v), _, _) => v.clone(),
+            // `RUN <<EOF` alone: the body is the script.
+            (_, Some(h), _) => {
                 let mut v = Self::shell(cur);
-                v.push(script);
+                v.push(h.content.clone());
+                v
+            }
+            (Command::Shell(s), None, script) => {
+                let mut v = Self::shell(cur);
+                v.push(script.unwrap_or_else(|| s.clone()));
                 v
             }
         };
-        // `RUN <<EOF` alone: the body is the script.
-        if let (Command::Shell(s), [h]) = (&r.command, &r.heredocs[..]) {
-            if s.trim() == format!("<<{}", h.name)
-                || s.trim() == format!("<<-{}", h.name)
-                || s.trim().starts_with("<<") && s.split_whitespace().count() == 1
-            {
-                let mut v = Self::shell(cur);
-                v.push(h.content.clone());
-                argv = v;
-            }
-        }
         let mut run_env = env.run_env();
         if !run_env.iter().any(|(k, _)| k == "PATH") {
             run_env.push(("PATH".into(), sifbox_engine::spec::DEFAULT_PATH.into()));
@@ -521,9 +539,10 @@ impl Builder<'_> {
         let mut mount_keys = Vec::new();
         let mut scratch: Vec<tempfile::TempDir> = Vec::new();
         for m in &r.mounts {
-            let (bind, key) = self.mount(inst, m, cur, results, &mut scratch)?;
-            binds.push(bind);
-            mount_keys.push(key);
+            if let Some((bind, key)) = self.mount(inst, m, cur, results, &mut scratch)? {
+                binds.push(bind);
+                mount_keys.push(key);
+            }
         }
         if self.fake_ids {
             // apt drops privileges to _apt and checks that it did, which
@@ -653,12 +672,10 @@ impl Builder<'_> {
         cur: &StageResult,
         results: &HashMap<usize, StageResult>,
         scratch: &mut Vec<tempfile::TempDir>,
-    ) -> Result<(Bind, String)> {
-        let target = |default: Option<String>| -> Result<String> {
+    ) -> Result<Option<(Bind, String)>> {
+        let target = |_: Option<String>| -> Result<String> {
             let t = m
-                .target
-                .clone()
-                .or(default)
+                .effective_target()
                 .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
             Ok(if t.starts_with('/') {
                 clean_abs(&t)
@@ -669,21 +686,21 @@ impl Builder<'_> {
         match m.kind {
             MountType::Cache => {
                 let dst = target(None)?;
-                let id = m.id.clone().unwrap_or_else(|| dst.clone());
+                let id = m.effective_id().unwrap_or_else(|| dst.clone());
                 let dir = self
                     .store
                     .root()
                     .join("build-cache")
                     .join(&chain_key("cache", &id)[..24]);
                 std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
-                Ok((
+                Ok(Some((
                     Bind {
                         src: dir,
                         dst: dst.into(),
                         readonly: m.readonly,
                     },
                     format!("cache:{id}:{}", m.readonly),
-                ))
+                )))
             }
             MountType::Tmpfs => {
                 let dst = target(None)?;
@@ -693,40 +710,38 @@ impl Builder<'_> {
                     .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
                 let src = t.path().to_path_buf();
                 scratch.push(t);
-                Ok((
+                Ok(Some((
                     Bind {
                         src,
                         dst: dst.into(),
                         readonly: false,
                     },
                     "tmpfs".into(),
-                ))
+                )))
             }
             MountType::Secret => {
-                let id =
-                    m.id.clone()
-                        .or_else(|| {
-                            m.target
-                                .as_deref()
-                                .and_then(|t| Path::new(t).file_name())
-                                .map(|n| n.to_string_lossy().into_owned())
-                        })
-                        .ok_or_else(|| self.err(inst, "a secret mount needs id= or target="))?;
-                let dst = target(Some(format!("/run/secrets/{id}")))?;
+                let id = m
+                    .effective_id()
+                    .ok_or_else(|| self.err(inst, "a secret mount needs id= or target="))?;
+                let dst = target(None)?;
                 let Some(src) = self.opts.secrets.get(&id) else {
+                    if !m.required {
+                        // As Docker: a secret that was not given is left out.
+                        return Ok(None);
+                    }
                     return Err(self.err(
                         inst,
                         format!("secret {id:?} was not given; pass --secret id={id},src=FILE"),
                     ));
                 };
-                Ok((
+                Ok(Some((
                     Bind {
                         src: src.clone(),
                         dst: dst.into(),
                         readonly: true,
                     },
                     format!("secret:{id}"),
-                ))
+                )))
             }
             MountType::Bind => {
                 let dst = target(None)?;
@@ -741,7 +756,9 @@ impl Builder<'_> {
                                 format!("--mount source {source:?} is not in the build context"),
                             ));
                         }
-                        let plan = self.ctx.plan_copy(std::slice::from_ref(&rel), "/", true, None)?;
+                        let plan =
+                            self.ctx
+                                .plan_copy(std::slice::from_ref(&rel), "/", true, None)?;
                         (p, format!("bind:ctx:{rel}:{}", plan.content_hash()?))
                     }
                     Some(from) => {
@@ -773,14 +790,14 @@ impl Builder<'_> {
                     scratch.push(t);
                     copy
                 };
-                Ok((
+                Ok(Some((
                     Bind {
                         src,
                         dst: dst.into(),
                         readonly,
                     },
                     key,
-                ))
+                )))
             }
             other => Err(self.err(
                 inst,

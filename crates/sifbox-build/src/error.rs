@@ -31,6 +31,10 @@ pub enum BuildError {
         /// The last lines of output, already formatted (empty when none).
         tail: String,
     },
+    /// Something failed while a step ran (not the caller's input): the
+    /// error, citing the step.
+    #[error("{0}")]
+    StepFailed(Box<BuildError>),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -100,11 +100,6 @@ pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> s
                 }
             }
         }
-        if out.as_os_str().is_empty() {
-            return Err(std::io::Error::other(
-                "refusing an archive entry naming the destination itself",
-            ));
-        }
         Ok(out)
     };
     unpack_with(input, &root, relative, owner)
@@ -122,6 +117,10 @@ fn unpack_with(
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
         let rel = map(&raw)?;
+        if rel.as_os_str().is_empty() {
+            // `./`: the destination itself, which exists.
+            continue;
+        }
         let header = entry.header();
         let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let mtime = header.mtime().unwrap_or(0);

@@ -280,6 +280,13 @@ impl<'a> Invocation<'a> {
         self
     }
 
+    /// Gives the command `t` instead of [`TIMEOUT`] to finish.
+    #[allow(dead_code)]
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
     /// Skips the "runtime dir is clean" check after the command (for
     /// commands that deliberately leave something, or never make a dir).
     pub fn no_clean_check(mut self) -> Self {
