@@ -25,6 +25,8 @@ readonly PACKAGES=(
     umoci          # OCI image layouts for import tests
     skopeo         # OCI archives for import tests
     mmdebstrap     # Debian base trees for benchmarks and base images
+    docker-registry # a local OCI registry for the pull tests and benchmark
+    apache2-utils  # htpasswd, for the registry behind basic auth
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

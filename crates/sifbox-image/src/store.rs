@@ -243,24 +243,36 @@ impl BlobWriter {
 
     /// Checks the digest and publishes the blob; on a mismatch the partial
     /// file is removed and nothing is stored.
-    pub fn finish(self) -> Result<PathBuf> {
-        let actual = Digest(format!("sha256:{}", hex::encode(self.hasher.finalize())));
+    pub fn finish(mut self) -> Result<PathBuf> {
+        let hasher = std::mem::take(&mut self.hasher);
+        let actual = Digest(format!("sha256:{}", hex::encode(hasher.finalize())));
+        let partial = std::mem::take(&mut self.partial);
         if actual != self.digest {
-            let _ = std::fs::remove_file(&self.partial);
+            let _ = std::fs::remove_file(&partial);
             return Err(StoreError::BlobMismatch {
                 expected: self.digest.to_string(),
                 actual: actual.to_string(),
                 size: self.len,
             });
         }
-        self.file.sync_all().map_err(io(&self.partial))?;
-        std::fs::rename(&self.partial, &self.dst).map_err(io(&self.dst))?;
-        Ok(self.dst)
+        self.file.sync_all().map_err(io(&partial))?;
+        std::fs::rename(&partial, &self.dst).map_err(io(&self.dst))?;
+        Ok(std::mem::take(&mut self.dst))
     }
 
     /// Removes the partial file (its bytes cannot be continued).
-    pub fn discard(self) {
-        let _ = std::fs::remove_file(&self.partial);
+    pub fn discard(mut self) {
+        let _ = std::fs::remove_file(std::mem::take(&mut self.partial));
+    }
+}
+
+impl Drop for BlobWriter {
+    /// An interrupted download keeps its bytes for the next one; an empty
+    /// partial file is not worth keeping.
+    fn drop(&mut self) {
+        if self.len == 0 && !self.partial.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.partial);
+        }
     }
 }
 
@@ -957,6 +969,15 @@ mod tests {
         w.write(b"0123456789").expect("write");
         drop(w);
         assert_eq!(s.blob_writer(&other, Some(4)).expect("w").offset(), 0);
+        // An interrupted download keeps its bytes (an empty one leaves nothing).
+        let mut w = s.blob_writer(&other, None).expect("writer");
+        w.write(b"ab").expect("write");
+        drop(w);
+        assert!(s
+            .root()
+            .join("blobs/partial")
+            .join(other.file_stem())
+            .exists());
 
         // gc_blobs keeps what a stored image was made from.
         let image = make_sif(&s, b"image");

@@ -41,6 +41,8 @@ enum Command {
     Kill(cmd::detached::KillArgs),
     /// Print the output of a detached exec.
     Logs(cmd::detached::LogsArgs),
+    /// Pull an image from a registry into the store: [docker://]REF.
+    Pull(cmd::pull::PullArgs),
     /// Build a Dockerfile context into an image, rootless and daemonless; prints the digest.
     Build(Box<cmd::build::BuildArgs>),
     /// Manage the image store: ls, inspect, rm, tag, import, export.
@@ -78,6 +80,7 @@ pub fn run() -> ExitCode {
         Command::Kill(a) => cmd::detached::kill(a),
         Command::Logs(a) => cmd::detached::logs(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
         Command::Image(c) => cmd::image::run(c),
         Command::Build(a) => cmd::build::run(*a),
         Command::Gc(a) => cmd::gc::run(a),

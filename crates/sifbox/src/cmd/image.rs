@@ -131,9 +131,10 @@ pub struct Resolved {
     pub env_scripts: bool,
 }
 
-/// Resolves IMAGE: a rootfs directory as it is; a file (a `.sif`, a tarball,
-/// an OCI or docker archive) imported into the store (once); else a store
-/// reference (NAME[:TAG], digest, digest prefix).
+/// Resolves IMAGE: `docker://REF` from the store, pulled the first time; a
+/// rootfs directory as it is; a file (a `.sif`, a tarball, an OCI or docker
+/// archive) imported into the store (once); else a store reference
+/// (NAME[:TAG], digest, digest prefix).
 pub fn resolve(arg: &str) -> sifbox_engine::Result<Resolved> {
     let bad = |why: String| Error::BadInput {
         what: format!("image {arg}"),
@@ -142,7 +143,20 @@ pub fn resolve(arg: &str) -> sifbox_engine::Result<Resolved> {
             .into(),
     };
     if arg.starts_with("docker://") {
-        return Err(bad("registry images cannot be pulled yet".into()));
+        let reference = sifbox_registry::Reference::parse(arg).map_err(|e| Error::BadInput {
+            what: format!("image {arg}"),
+            why: e.reason,
+            fix: "write it as docker://[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST]".into(),
+        })?;
+        let store = open_store()?;
+        let d = match sifbox_registry::find_pulled(&store, &reference, None) {
+            Some(d) => d,
+            None => {
+                let opts = sifbox_registry::PullOptions::default();
+                crate::cmd::pull::pull(&store, &reference, &opts, false)?.digest
+            }
+        };
+        return from_store(&store, d, arg);
     }
     let path = Path::new(arg);
     if path.exists() {
