@@ -851,7 +851,7 @@ impl Builder<'_> {
             Some(spec) => Some(self.resolve_owner(inst, &cur.state, spec)?),
         };
         let mut scratch: Vec<tempfile::TempDir> = Vec::new();
-        let mut paths = Vec::new();
+        let mut paths: Vec<String> = Vec::new();
         let mut heredocs = Vec::new();
         for s in &c.sources {
             match s {
@@ -859,13 +859,66 @@ impl Builder<'_> {
                 Source::Heredoc(h) => heredocs.push(h.clone()),
             }
         }
-        if is_add && paths.iter().any(|p| is_url(p)) {
-            return Err(self.err(
-                inst,
-                "ADD of a URL is not supported by sifbox yet; download it in a RUN step",
-            ));
+        let urls: Vec<String> = paths.iter().filter(|p| is_url(p)).cloned().collect();
+        if !urls.is_empty() && !is_add {
+            return Err(self.err(inst, "COPY takes no URLs; use ADD"));
+        }
+        if !urls.is_empty() && c.from.is_some() {
+            return Err(self.err(inst, "ADD --from takes no URLs"));
+        }
+        paths.retain(|p| !is_url(p));
+        let mut fetched = Vec::new();
+        if !urls.is_empty() {
+            let t = tempfile::Builder::new()
+                .prefix("sifbox-add.")
+                .tempdir()
+                .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+            for (i, u) in urls.iter().enumerate() {
+                let slot = t.path().join(i.to_string());
+                std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
+                self.progress.output(&format!("downloading {u}"));
+                fetched.push(crate::remote::fetch(u, &slot, c.checksum.as_deref())?);
+            }
+            scratch.push(t);
+        }
+        if paths.is_empty() && heredocs.is_empty() && !fetched.is_empty() {
+            // Only URLs: where they go follows the rules for local files.
+            if fetched.len() > 1 && !dest.ends_with('/') && !dest_is_dir {
+                return Err(self.err(
+                    inst,
+                    format!("destination {dest:?}: several sources are copied, so it must end with a slash"),
+                ));
+            }
         }
         let (plan, from_key) = match &c.from {
+            None if heredocs.is_empty() && paths.is_empty() => {
+                let clean = clean_abs(&dest);
+                let into_dir = dest.ends_with('/') || dest_is_dir || fetched.len() > 1;
+                let dest_dir = if into_dir {
+                    clean.clone()
+                } else {
+                    Path::new(&clean)
+                        .parent()
+                        .map_or("/".into(), |p| p.display().to_string())
+                };
+                let entries = fetched
+                    .iter()
+                    .map(|f| Entry {
+                        name: if into_dir {
+                            PathBuf::from(&f.name)
+                        } else {
+                            PathBuf::from(Path::new(&clean).file_name().unwrap_or_default())
+                        },
+                        src: f.path.clone(),
+                        kind: Kind::File {
+                            size: std::fs::metadata(&f.path).map_or(0, |m| m.len()),
+                        },
+                        mode: chmod.unwrap_or(0o600),
+                        mtime: f.mtime,
+                    })
+                    .collect();
+                (CopyPlan { dest_dir, entries }, String::new())
+            }
             None if heredocs.is_empty() => {
                 let ctx = self.ctx.with_excludes(&c.exclude)?;
                 (
@@ -923,6 +976,20 @@ impl Builder<'_> {
         let mut plan = plan;
         if is_add && c.from.is_none() {
             plan = self.expand_archives(plan)?;
+        }
+        if !paths.is_empty() || !heredocs.is_empty() {
+            // URLs beside local sources: into the destination directory.
+            for f in &fetched {
+                plan.entries.push(Entry {
+                    name: PathBuf::from(&f.name),
+                    src: f.path.clone(),
+                    kind: Kind::File {
+                        size: std::fs::metadata(&f.path).map_or(0, |m| m.len()),
+                    },
+                    mode: chmod.unwrap_or(0o600),
+                    mtime: f.mtime,
+                });
+            }
         }
         let key = chain_key(
             &cur.state.key,

@@ -14,4 +14,5 @@ pub mod context;
 pub mod error;
 pub mod layers;
 pub mod progress;
+pub mod remote;
 pub mod steps;

@@ -166,6 +166,9 @@ fn unpack_with(
         }
         set_mtime(&dir, &file, mtime)?;
     }
+    // Read what follows the end-of-archive marker (tar pads its output to
+    // whole records), so that the writer never sees a closed pipe.
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())?;
     // Directories last, deepest first: their modes may forbid writing and
     // writing into them moves their mtimes.
     for (rel, mode, mtime) in dirs.iter().rev() {

@@ -669,3 +669,128 @@ fn apt_get_install_in_debian_bookworm() {
         }
     }
 }
+
+/// A static HTTP server on 127.0.0.1 (python3's), stopped when dropped.
+struct HttpServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpServer {
+    fn serve(dir: &Path) -> HttpServer {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 (apt install python3)");
+        let up = harness::eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "the test HTTP server did not start");
+        HttpServer { child, port }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn add_downloads_urls() {
+    let env = Env::new();
+    let www = tempdir("sifbox-build-www.");
+    std::fs::write(www.path().join("file.txt"), "remote\n").expect("write");
+    let srv = HttpServer::serve(www.path());
+    let url = format!("http://127.0.0.1:{}/file.txt", srv.port);
+    let df = format!(
+        "FROM busybox\nADD {url} /dl/\nADD --chmod=644 {url} /named.txt\n\
+ADD --checksum=sha256:8b1a4b2b4a2d9e2a7cb4b1cbbbd5c8ba5e83b4a05e0c0c4b8a8d6b1b0b7e1c3f {url} /never\n"
+    );
+    env.file("Dockerfile", &df);
+    // A wrong --checksum is refused, citing the line.
+    input_error(&env.build(&[]))
+        .stderr_has("Dockerfile:4")
+        .stderr_has("checksum");
+    let ok = df.lines().take(3).collect::<Vec<_>>().join("\n") + "\n";
+    env.build_ok(&ok, &["-t", "dl"]);
+    let out = env.sh(
+        "dl",
+        "stat -c '%n %a %u' /dl/file.txt /named.txt; cat /dl/file.txt",
+    );
+    assert_eq!(out, "/dl/file.txt 600 0\n/named.txt 644 0\nremote\n");
+}
+
+#[test]
+fn platform_args_user_names_link_and_host_ca() {
+    let env = Env::new();
+    env.file("a.txt", "A\n");
+    let ca = tempdir("sifbox-build-ca.");
+    let bundle = ca.path().join("ca.crt");
+    std::fs::write(&bundle, "-----BEGIN CERTIFICATE-----\nfake\n").expect("ca");
+    let df = "FROM busybox\nARG TARGETARCH\nARG TARGETPLATFORM\n\
+RUN echo $TARGETARCH $TARGETPLATFORM > /platform\n\
+COPY --link a.txt /linked.txt\n\
+RUN cat \"$SSL_CERT_FILE\" | head -n1 > /ca-seen\n\
+USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    env.build_ok(
+        df,
+        &["-t", "plat", "--host-ca", &bundle.display().to_string()],
+    );
+    let out = env.sh(
+        "plat",
+        "cat /platform /linked.txt /ca-seen /who; test -e /run/sifbox && echo leaked || echo clean",
+    );
+    assert_eq!(
+        out,
+        format!("{arch} linux/{arch}\nA\n-----BEGIN CERTIFICATE-----\nuser\nclean\n")
+    );
+}
+
+#[test]
+fn interrupted_build_leaves_nothing_after_gc() {
+    let env = Env::new();
+    let marker = harness::unique_number();
+    env.file("Dockerfile", &format!("FROM busybox\nRUN sleep {marker}\n"));
+    let ctx = env.ctx.path().display().to_string();
+    let mut running = env
+        .sb
+        .cmd(["build", "--progress", "plain", &ctx])
+        .env("SIFBOX_CACHE", env.cache.path())
+        .no_clean_check()
+        .spawn();
+    let started = harness::eventually(Duration::from_secs(20), || {
+        !harness::processes_with_arg(&marker.to_string()).is_empty()
+    });
+    assert!(started, "the RUN step never started");
+    running.signal(rustix::process::Signal::KILL);
+    let _ = running.wait();
+    let gone = harness::eventually(Duration::from_secs(10), || {
+        harness::processes_with_arg(&marker.to_string()).is_empty()
+    });
+    assert!(gone, "the build's sandbox outlived it");
+    env.sifbox(&["gc"]).success();
+    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    env.sb.assert_clean();
+    let ls = env.sifbox(&["image", "ls", "--json"]).json();
+    assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
+}
