@@ -54,7 +54,6 @@ pub struct Layers<'s> {
     dir: PathBuf,
     exe: PathBuf,
     ids: IdMapping,
-    seq: AtomicU32,
 }
 
 /// Hex SHA-256 of `parts` joined with newlines.
@@ -78,7 +77,6 @@ impl<'s> Layers<'s> {
             dir,
             exe,
             ids,
-            seq: AtomicU32::new(0),
         })
     }
 
@@ -134,16 +132,28 @@ impl<'s> Layers<'s> {
             }
         }
         let work = self.store.work_dir("build-step")?;
-        {
-            let sb = self.sandbox(
+        let ran = self
+            .sandbox(
                 state,
                 opts,
                 Writable::Overlay {
                     dir: work.path().to_path_buf(),
                 },
-            )?;
-            f(&sb)?;
-            sb.stop(std::time::Duration::ZERO)?;
+            )
+            .and_then(|sb| {
+                f(&sb)?;
+                sb.stop(std::time::Duration::ZERO)?;
+                Ok(())
+            });
+        if let Err(e) = ran {
+            // What the step wrote may belong to ids the caller cannot
+            // remove on the host.
+            if let Err(rm) =
+                self.remove_trees(&[work.path().join("upper"), work.path().join("work")])
+            {
+                tracing::warn!("cleaning up after a failed step: {rm}");
+            }
+            return Err(e);
         }
         let upper = work.path().join("upper");
         remove_stubs(&upper, stubs);
@@ -172,7 +182,10 @@ impl<'s> Layers<'s> {
     }
 
     fn sandbox(&self, state: &FsState, opts: &StepOptions, writable: Writable) -> Result<Sandbox> {
-        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        // Unique within the process, also across builds that run side by
+        // side (sifbox eval builds its tasks' environments in parallel).
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("build-{}-{n}", std::process::id());
         let spec = SandboxSpec {
             name: name.clone(),
@@ -191,6 +204,57 @@ impl<'s> Layers<'s> {
         so.oneshot = true;
         let sb = Sandbox::start(spec, &so)?;
         Ok(sb)
+    }
+}
+
+impl Layers<'_> {
+    /// Removes trees that build steps wrote. Files that belong to other ids
+    /// of the caller's subordinate range cannot be removed by the caller on
+    /// the host; what is left after trying is removed from inside a sandbox
+    /// with the same id mapping.
+    pub fn remove_trees(&self, paths: &[PathBuf]) -> Result<()> {
+        let left: Vec<&PathBuf> = paths
+            .iter()
+            .filter(|p| match std::fs::remove_dir_all(p) {
+                Ok(()) => false,
+                Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+            })
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        let mut binds = Vec::new();
+        let mut targets = Vec::new();
+        for (i, p) in left.iter().enumerate() {
+            let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+                continue;
+            };
+            let dst = PathBuf::from(format!("/.sifbox-rm/{i}"));
+            targets.push(dst.join(name).display().to_string());
+            binds.push(Bind {
+                src: parent.to_path_buf(),
+                dst,
+                readonly: false,
+            });
+        }
+        let state = FsState {
+            base: self.empty_base()?,
+            layers: Vec::new(),
+            key: String::new(),
+        };
+        let sb = self.sandbox(
+            &state,
+            &StepOptions {
+                net: NetMode::None,
+                binds,
+            },
+            Writable::Tmpfs { size_mib: 1 },
+        )?;
+        for t in &targets {
+            sb.remove(t)?;
+        }
+        sb.stop(std::time::Duration::ZERO)?;
+        Ok(())
     }
 }
 

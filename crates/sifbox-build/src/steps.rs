@@ -100,6 +100,7 @@ pub fn export(
         devices: Devices::Placeholder,
         xattrs: false,
     };
+    let t0 = std::time::Instant::now();
     let sb = layers.reader(state)?;
     let dest = tree.clone();
     sb.snapshot(move |r| {
@@ -108,9 +109,11 @@ pub fn export(
         Ok(())
     })?;
     sb.stop(std::time::Duration::ZERO)?;
+    tracing::debug!("export: snapshot unpacked in {:?}", t0.elapsed());
     meta::write_layout(&tree, m).map_err(|e| BuildError::io(&tree, e))?;
     let sif = work.path().join("image.sif");
     sifbox_image::import::build_sif(&tree, m, work.path(), &sif, clamp)?;
+    tracing::debug!("export: SIF packed at {:?}", t0.elapsed());
     let digest = store.publish_sif(&sif)?;
     let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
     store.publish_rootfs(&tree, &digest)?;

@@ -58,6 +58,10 @@ pub enum Request {
     /// it (owners as seen inside; other mounts left out, their mount points
     /// kept as empty directories) to the fd that comes with the frame.
     Snapshot,
+    /// Remove the tree at `path` (a directory bound in from the host whose
+    /// files belong to ids of the sandbox's mapping, which the caller
+    /// cannot remove on the host). A missing path is not an error.
+    Remove { path: String },
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },

@@ -778,6 +778,18 @@ impl Sandbox {
         got.ctx(|| "reading the sandbox's root file system".to_string())
     }
 
+    /// Removes the tree at `path` inside the sandbox (see
+    /// [`Request::Remove`]).
+    pub fn remove(&self, path: &str) -> Result<()> {
+        self.request(
+            &Request::Remove {
+                path: path.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
     /// Sends one request and waits for its `ok` (or error).
     fn request(&self, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<u64> {
         let conn = self.connect()?;

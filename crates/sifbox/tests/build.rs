@@ -508,7 +508,7 @@ fn failing_run_reports_and_publishes_nothing() {
     let env = Env::new();
     env.file(
         "Dockerfile",
-        "FROM busybox\nRUN echo ok > /ok\nRUN echo line1; echo line2 >&2; exit 7\n",
+        "FROM busybox\nRUN echo ok > /ok\nRUN mkdir -p /home/user/d && touch /home/user/d/f && chown -R 1000:1000 /home/user && chmod 700 /home/user/d; echo line1; echo line2 >&2; exit 7\n",
     );
     let digests = |v: Value| -> Vec<Value> {
         v["images"]
