@@ -808,6 +808,13 @@ fn manifest_list_with_two_platforms() {
         }));
     std::fs::write(&index_path, index.to_string()).expect("index.json");
     layout.push("list", &reg, "test/list:1", &["--all"]);
+    // The same as a Docker manifest list.
+    layout.push(
+        "list",
+        &reg,
+        "test/list:docker",
+        &["--all", "--format", "v2s2"],
+    );
 
     let env = Env::new();
     let reference = format!("{}/test/list:1", reg.host());
@@ -825,6 +832,17 @@ fn manifest_list_with_two_platforms() {
     };
     assert_eq!(cat(&host), host_arch());
     assert_eq!(cat(&arm), "arm64");
+    let docker_arm = {
+        let out = env.sifbox(&[
+            "pull",
+            "--platform",
+            "linux/arm64/v8",
+            &format!("{}/test/list:docker", reg.host()),
+        ]);
+        out.success();
+        digest_of(&out)
+    };
+    assert_eq!(cat(&docker_arm), "arm64");
     // By digest of the index, for the host: the image pulled first.
     let by_digest = env.pull(&format!("{}/test/list@{list_digest}", reg.host()));
     assert_eq!(by_digest, host);
@@ -1236,4 +1254,35 @@ fn bad_references_and_missing_images_are_clear_errors() {
         .sifbox_error()
         .stderr_has("connecting to");
     assert!(env.entries("images").is_empty());
+}
+
+#[test]
+fn build_from_a_registry_image() {
+    let reg = Registry::start();
+    let mut layout = Layout::new();
+    multi_layer(&mut layout, "m");
+    layout.push("m", &reg, "test/base:1", &[]);
+    let env = Env::new();
+    let ctx = tempdir("sifbox-e2e-ctx.");
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        format!(
+            "FROM {}/test/base:1\nRUN cat /opq/new > /copied\n",
+            reg.host()
+        ),
+    )
+    .expect("Dockerfile");
+    let ctx_arg = ctx.path().display().to_string();
+    let out = env.sifbox(&["build", "--progress", "plain", &ctx_arg]);
+    out.success();
+    let d = digest_of(&out);
+    let run = env.sifbox(&["run", &d, "cat", "/copied"]);
+    run.success();
+    assert_eq!(run.stdout, "new\n");
+    // The next build takes the pulled image from the store.
+    let before = reg.requests().len();
+    let again = env.sifbox(&["build", "-q", &ctx_arg]);
+    again.success();
+    assert_eq!(digest_of(&again), d);
+    assert_eq!(reg.requests().len(), before);
 }

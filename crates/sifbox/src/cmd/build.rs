@@ -175,7 +175,7 @@ fn write_private(p: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// Whether the config file or the environment asks for the host CA.
-fn host_ca_from_config() -> Option<PathBuf> {
+pub(crate) fn host_ca_from_config() -> Option<PathBuf> {
     if let Ok(v) = std::env::var("SIFBOX_HOST_CA") {
         return match v.as_str() {
             "" | "0" | "false" | "no" => None,
@@ -197,16 +197,40 @@ fn host_ca_from_config() -> Option<PathBuf> {
 
 /// Resolves a `FROM` reference: the store first (name, digest), then a
 /// registry.
-fn resolve_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
+pub(crate) fn resolve_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
     let r = reference.strip_prefix("docker://").unwrap_or(reference);
     if let Ok(d) = store.resolve(r) {
         return Ok(d);
     }
-    Err(BuildError::bad(
-        format!("image {reference}"),
-        "not in the image store",
-        "import it with `sifbox image import`, or name an image from `sifbox image ls`",
-    ))
+    // Not a store name: a registry reference, pulled on first use (a tag
+    // is looked up again on later builds only once it is not pulled).
+    let parsed = sifbox_registry::Reference::parse(r).map_err(|e| {
+        BuildError::bad(
+            format!("image {reference}"),
+            format!(
+                "not in the image store, and not a registry reference: {}",
+                e.reason
+            ),
+            "import it with `sifbox image import`, or name an image from `sifbox image ls`",
+        )
+    })?;
+    if let Some(d) = sifbox_registry::find_pulled(store, &parsed, None) {
+        return Ok(d);
+    }
+    crate::cmd::pull::pull(
+        store,
+        &parsed,
+        &sifbox_registry::PullOptions::default(),
+        false,
+    )
+    .map(|p| p.digest)
+    .map_err(|e| {
+        BuildError::bad(
+            format!("image {reference}"),
+            e.to_string(),
+            "check the name (`sifbox image ls` lists local images) and the registry",
+        )
+    })
 }
 
 pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
