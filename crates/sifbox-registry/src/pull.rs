@@ -206,13 +206,39 @@ pub fn pull(
     let mut blobs = vec![resolved.config.clone()];
     blobs.extend(resolved.layers.iter().cloned());
     progress.resolved(&manifest_digest, &blobs);
-    let outcomes = rt.block_on(download_all(
+    // A platform asked for, and no index to choose from: the config says
+    // what the image is for; check it before the layers come.
+    let mut config_outcome = None;
+    if let (Some(want), None) = (&opts.platform, &resolved.index) {
+        config_outcome = rt
+            .block_on(download_all(
+                store,
+                &resolved.client,
+                std::slice::from_ref(&resolved.config),
+                1,
+                &progress,
+            ))?
+            .pop();
+        check_platform(store, &resolved.config, want).map_err(|message| PullError::Invalid {
+            reference: refname.clone(),
+            message,
+        })?;
+    }
+    let rest = if config_outcome.is_some() {
+        &blobs[1..]
+    } else {
+        &blobs[..]
+    };
+    let mut outcomes = rt.block_on(download_all(
         store,
         &resolved.client,
-        &blobs,
+        rest,
         opts.jobs.max(1),
         &progress,
     ))?;
+    if let Some(o) = config_outcome {
+        outcomes.insert(0, o);
+    }
     // The downloads are done: no thread of the runtime outlives them.
     drop(rt);
 
@@ -276,6 +302,44 @@ pub fn pull(
         blobs_cached: cached,
         blobs_downloaded: fetched,
     })
+}
+
+/// Whether the image config in the blob cache names a platform that suits
+/// `want` (one that names none suits any).
+fn check_platform(store: &Store, config: &BlobDescriptor, want: &Platform) -> Result<(), String> {
+    #[derive(serde::Deserialize)]
+    struct Config {
+        #[serde(default)]
+        os: String,
+        #[serde(default)]
+        architecture: String,
+        #[serde(default)]
+        variant: Option<String>,
+    }
+    let path = store::Digest::parse(&config.digest.to_string())
+        .map(|d| store.blob_path(&d))
+        .ok_or_else(|| format!("config {}: only sha256 is supported", config.digest))?;
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let c: Config = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("config {}: invalid JSON: {e}", config.digest))?;
+    if c.os.is_empty() || c.architecture.is_empty() {
+        return Ok(());
+    }
+    let variant_ok = match (&want.variant, &c.variant) {
+        (Some(w), Some(h)) => w == h,
+        _ => true,
+    };
+    if c.os == want.os && c.architecture == want.architecture && variant_ok {
+        return Ok(());
+    }
+    let have = Platform {
+        os: c.os,
+        architecture: c.architecture,
+        variant: c.variant.filter(|v| !v.is_empty()),
+    };
+    Err(format!(
+        "the image is for {have}, not {want} (it is a single-platform image: drop --platform to take it)"
+    ))
 }
 
 /// Names the image after the reference's tag and records an index digest.

@@ -441,13 +441,34 @@ fn registry_errors_name_the_reference_and_the_message() {
         .filter(|l| l.contains("/flaky/"))
         .count();
     assert_eq!(tries, 4, "502 is retried up to the limit");
+    // A single-platform image for another platform: refused after the
+    // config, before any layer is downloaded.
+    let before = mock.requests().len();
+    let arm = PullOptions {
+        platform: Some("linux/arm64".parse().expect("platform")),
+        ..quick_retries()
+    };
+    let e = pull(&s, &mock.reference("test/img"), &arm, Arc::new(Silent)).expect_err("amd64 only");
+    assert!(
+        e.to_string()
+            .contains("the image is for linux/amd64, not linux/arm64"),
+        "{e}"
+    );
+    assert!(
+        !mock.requests()[before..]
+            .iter()
+            .any(|l| l.contains(&sha(&img.layer))),
+        "{:#?}",
+        mock.requests()
+    );
     // Nothing was stored by any of them.
     assert_eq!(s.list().expect("list").len(), 0);
     assert_eq!(
         std::fs::read_dir(t.path().join("blobs/sha256"))
             .expect("dir")
             .count(),
-        0
+        1,
+        "only the config checked for the platform"
     );
 }
 
