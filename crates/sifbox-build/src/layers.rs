@@ -208,6 +208,27 @@ impl<'s> Layers<'s> {
 }
 
 impl Layers<'_> {
+    /// Empties the build cache: every step's layer and every
+    /// `RUN --mount=type=cache` directory. Returns what was removed. Do not
+    /// run it while builds are running: they would lose their layers.
+    pub fn prune(&self) -> Result<Vec<PathBuf>> {
+        let mut doomed = Vec::new();
+        for dir in [self.dir.clone(), self.store.root().join("build-cache")] {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if dir == self.dir && e.file_name() == "empty" {
+                    continue;
+                }
+                doomed.push(e.path());
+            }
+        }
+        doomed.sort();
+        self.remove_trees(&doomed)?;
+        Ok(doomed)
+    }
+
     /// Removes trees that build steps wrote. Files that belong to other ids
     /// of the caller's subordinate range cannot be removed by the caller on
     /// the host; what is left after trying is removed from inside a sandbox

@@ -291,6 +291,11 @@ pub struct GcReport {
     pub temp_dirs: Vec<PathBuf>,
     pub unpacked_without_image: Vec<PathBuf>,
     pub stale_sources: Vec<PathBuf>,
+    /// Dirs that could not be removed from the host (files of other ids,
+    /// written by build steps under a subordinate id range): for the
+    /// caller to remove from inside a user namespace.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unremovable: Vec<PathBuf>,
 }
 
 /// The store.
@@ -766,9 +771,12 @@ impl Store {
                 rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
             });
             if !held {
-                remove_all(&p).map_err(io(&p))?;
-                let _ = std::fs::remove_file(&lock_path);
-                report.temp_dirs.push(p);
+                if remove_all(&p).is_ok() {
+                    let _ = std::fs::remove_file(&lock_path);
+                    report.temp_dirs.push(p);
+                } else {
+                    report.unremovable.push(p);
+                }
             }
         }
         // Lock files of work dirs that are gone.

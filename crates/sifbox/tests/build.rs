@@ -770,7 +770,15 @@ USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
 fn interrupted_build_leaves_nothing_after_gc() {
     let env = Env::new();
     let marker = harness::unique_number();
-    env.file("Dockerfile", &format!("FROM busybox\nRUN sleep {marker}\n"));
+    // Files of another id, which an unprivileged caller cannot remove on
+    // the host, are written before the build is killed.
+    env.file(
+        "Dockerfile",
+        &format!(
+            "FROM busybox\nRUN mkdir -p /home/user/d && touch /home/user/d/f && chown -R 1000:1000 /home/user \
+&& chmod 700 /home/user/d && sleep {marker}\n"
+        ),
+    );
     let ctx = env.ctx.path().display().to_string();
     let mut running = env
         .sb
@@ -793,4 +801,34 @@ fn interrupted_build_leaves_nothing_after_gc() {
     env.sb.assert_clean();
     let ls = env.sifbox(&["image", "ls", "--json"]).json();
     assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
+}
+
+#[test]
+fn gc_build_cache_empties_layers_and_cache_mounts() {
+    let env = Env::new();
+    let df = "FROM busybox\nRUN --mount=type=cache,target=/c touch /c/x && mkdir -p /home/user/d \
+&& chown -R 1000:1000 /home/user && chmod 700 /home/user/d\n";
+    env.build_ok(df, &[]);
+    let layers = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(env.cache.path().join("layers"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.retain(|n| n != "empty");
+        v
+    };
+    assert!(!layers().is_empty());
+    env.sifbox(&["gc", "--build-cache"]).success();
+    assert!(layers().is_empty(), "{:?}", layers());
+    let cache_dirs = std::fs::read_dir(env.cache.path().join("build-cache"))
+        .map(|rd| rd.count())
+        .unwrap_or(0);
+    assert_eq!(cache_dirs, 0);
+    // The next build runs every step again.
+    let out = env.build(&[]);
+    out.success();
+    assert_eq!(out.stderr.matches(" CACHED").count(), 0, "{}", out.stderr);
 }

@@ -1,5 +1,6 @@
 //! `sifbox gc`: remove what dead sandboxes and interrupted imports left;
-//! with `--blobs`, also unused registry blobs and interrupted downloads.
+//! with `--blobs`, also unused registry blobs and interrupted downloads;
+//! with `--build-cache`, the layers of build steps and their cache mounts.
 
 use std::process::ExitCode;
 
@@ -16,6 +17,10 @@ pub struct GcArgs {
     /// otherwise continue).
     #[arg(long)]
     blobs: bool,
+    /// Also empty the build cache: the layers of build steps and the
+    /// `RUN --mount=type=cache` directories (not while builds run).
+    #[arg(long = "build-cache")]
+    build_cache: bool,
 }
 
 pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
@@ -27,7 +32,28 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         fix: "set SIFBOX_CACHE to a writable directory".into(),
     };
     let opened = Store::open_default().map_err(store_err)?;
-    let store = opened.gc().map_err(store_err)?;
+    let mut store = opened.gc().map_err(store_err)?;
+    let mut pruned = Vec::new();
+    if !store.unremovable.is_empty() || args.build_cache {
+        // Build steps leave files of the caller's subordinate ids, which
+        // only a sandbox with the same id mapping can remove.
+        let exe = std::env::current_exe()
+            .map_err(|e| sifbox_engine::Error::io("finding the sifbox binary", e))?;
+        let layers =
+            sifbox_build::layers::Layers::new(&opened, exe, sifbox_engine::spec::UsernsMode::Auto)
+                .map_err(|e| build_err(&e))?;
+        let unremovable = std::mem::take(&mut store.unremovable);
+        layers
+            .remove_trees(&unremovable)
+            .map_err(|e| build_err(&e))?;
+        for p in unremovable {
+            let _ = std::fs::remove_file(p.with_extension("lock"));
+            store.temp_dirs.push(p);
+        }
+        if args.build_cache {
+            pruned = layers.prune().map_err(|e| build_err(&e))?;
+        }
+    }
     let blobs = if args.blobs {
         Some(opened.gc_blobs().map_err(store_err)?)
     } else {
@@ -36,7 +62,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "removed_sandboxes": removed, "store": store, "blobs": blobs })
+            serde_json::json!({ "removed_sandboxes": removed, "store": store, "blobs": blobs, "build_cache": pruned })
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -44,6 +70,9 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         for p in &b.removed {
             println!("removed {}", p.display());
         }
+    }
+    for p in &pruned {
+        println!("removed {}", p.display());
     }
     for name in &removed {
         println!("removed dead sandbox {name}");
@@ -61,8 +90,13 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         && store.unpacked_without_image.is_empty()
         && store.stale_sources.is_empty()
         && blobs.as_ref().is_none_or(|b| b.removed.is_empty())
+        && pruned.is_empty()
     {
         println!("nothing to clean up");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn build_err(e: &sifbox_build::error::BuildError) -> sifbox_engine::Error {
+    sifbox_engine::Error::Setup(format!("cleaning up build leftovers: {e}"))
 }
