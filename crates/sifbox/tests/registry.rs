@@ -60,6 +60,21 @@ fn run_tool(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// skopeo with an auth file of its own: without one it reads
+/// /run/containers/UID/auth.json, which another user's podman or buildah
+/// may have made unreadable.
+fn skopeo() -> Command {
+    static AUTH: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = AUTH.get_or_init(|| {
+        let d = tempdir("sifbox-e2e-skopeo.");
+        std::fs::write(d.path().join("auth.json"), b"{\"auths\":{}}").expect("auth file");
+        d
+    });
+    let mut c = Command::new(require("skopeo", "skopeo"));
+    c.env("REGISTRY_AUTH_FILE", dir.path().join("auth.json"));
+    c
+}
+
 fn sha256(data: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
 }
@@ -477,7 +492,7 @@ impl Layout {
     fn push(&self, tag: &str, registry: &Registry, dest: &str, extra: &[&str]) {
         require("skopeo", "skopeo");
         run_tool(
-            Command::new("skopeo")
+            skopeo()
                 .args([
                     "copy",
                     "--quiet",
@@ -866,7 +881,7 @@ fn zstd_layers() {
     // skopeo recompresses into a second layout, then pushes that as it is.
     let zstd_dir = layout.scratch.path().join("zstd");
     run_tool(
-        Command::new("skopeo")
+        skopeo()
             .args([
                 "copy",
                 "--quiet",
@@ -878,7 +893,7 @@ fn zstd_layers() {
             .arg(format!("oci:{}:z", zstd_dir.display())),
     );
     run_tool(
-        Command::new("skopeo")
+        skopeo()
             .args([
                 "copy",
                 "--quiet",
