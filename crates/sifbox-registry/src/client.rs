@@ -168,7 +168,7 @@ impl Client {
             message: e.to_string(),
             attempts: 1,
         })?;
-        let plain_ok = insecure || reference.is_loopback();
+        let plain_ok = plain_http_allowed(reference, insecure);
         let host = reference.endpoint();
         let mut attempt = 0;
         loop {
@@ -647,6 +647,12 @@ impl Client {
     }
 }
 
+/// Plain HTTP (after HTTPS failed) only for a registry on this machine or
+/// one the user called insecure.
+fn plain_http_allowed(reference: &Reference, insecure: bool) -> bool {
+    insecure || reference.is_loopback()
+}
+
 fn basic_header(c: &Credentials) -> String {
     let raw = format!("{}:{}", c.username, c.password);
     format!(
@@ -718,6 +724,12 @@ mod tests {
             "Wed, 21 Oct 2015 07:28:00 GMT".parse().expect("header"),
         );
         assert_eq!(retry_after(&h), Some(Duration::ZERO), "a past date");
+        let r = |s: &str| Reference::parse(s).expect("reference");
+        assert!(plain_http_allowed(&r("localhost:5000/x"), false));
+        assert!(plain_http_allowed(&r("127.0.0.1:5000/x"), false));
+        assert!(!plain_http_allowed(&r("registry.example:5000/x"), false));
+        assert!(!plain_http_allowed(&r("debian"), false));
+        assert!(plain_http_allowed(&r("registry.example:5000/x"), true));
         let p = RetryPolicy::default();
         assert_eq!(p.backoff(1), Duration::from_millis(250));
         assert_eq!(p.backoff(2), Duration::from_millis(500));
