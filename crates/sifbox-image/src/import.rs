@@ -207,6 +207,19 @@ pub fn build_sif(
     out: &Path,
     clamp: Option<u32>,
 ) -> Result<()> {
+    build_sif_at_level(tree, m, work, out, clamp, None)
+}
+
+/// [`build_sif`] with a gzip level (1 to 9) other than the default (9, as
+/// mksquashfs; `SIFBOX_GZIP_LEVEL` overrides both).
+pub fn build_sif_at_level(
+    tree: &Path,
+    m: &ImageMeta,
+    work: &Path,
+    out: &Path,
+    clamp: Option<u32>,
+    level: Option<u32>,
+) -> Result<()> {
     let part = work.join("rootfs.sqfs");
     let owner = rustix::process::geteuid().as_raw();
     let opts = squash::PackOptions {
@@ -215,7 +228,14 @@ pub fn build_sif(
         force_owner: (owner != 0).then_some((0, 0)),
         mkfs_time: clamp,
         clamp_mtime: clamp,
-        ..squash::PackOptions::default()
+        ..squash::PackOptions::from_env()
+    };
+    let opts = match level {
+        Some(l) if std::env::var_os("SIFBOX_GZIP_LEVEL").is_none() => squash::PackOptions {
+            compression_level: l,
+            ..opts
+        },
+        _ => opts,
     };
     squash::pack(tree, &part, &opts).map_err(|e| src_err(tree, e))?;
     let json = serde_json::to_vec(m).map_err(|e| src_err(tree, e))?;

@@ -96,15 +96,21 @@ impl Default for PackOptions {
 
 impl PackOptions {
     /// The defaults, with `SOURCE_DATE_EPOCH` (when set to a number) as the
-    /// image time and as the clamp for entry times.
+    /// image time and as the clamp for entry times, and `SIFBOX_GZIP_LEVEL`
+    /// (0 to 9) as the gzip level.
     pub fn from_env() -> Self {
         let epoch = std::env::var("SOURCE_DATE_EPOCH")
             .ok()
             .and_then(|v| v.trim().parse::<i64>().ok())
             .map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
+        let level = std::env::var("SIFBOX_GZIP_LEVEL")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .filter(|l| *l <= 9);
         Self {
             mkfs_time: epoch,
             clamp_mtime: epoch,
+            compression_level: level.unwrap_or(Self::default().compression_level),
             ..Self::default()
         }
     }
