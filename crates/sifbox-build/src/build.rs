@@ -122,8 +122,19 @@ pub fn build(
         .dockerfile
         .clone()
         .unwrap_or_else(|| ctx.root().join("Dockerfile"));
-    let file = df_path.display().to_string();
-    let bytes = std::fs::read(&df_path).map_err(|e| {
+    let from_stdin = df_path == Path::new("-");
+    let file = if from_stdin {
+        "<stdin>".to_string()
+    } else {
+        df_path.display().to_string()
+    };
+    let read = if from_stdin {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).map(|_| b)
+    } else {
+        std::fs::read(&df_path)
+    };
+    let bytes = read.map_err(|e| {
         BuildError::bad(
             format!("Dockerfile {file}"),
             e.to_string(),

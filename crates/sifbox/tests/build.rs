@@ -600,6 +600,21 @@ fn tags_output_file_and_dockerfile_flag() {
         String::from_utf8_lossy(&list.stdout)
     );
     assert_eq!(env.sh(&sif.display().to_string(), "cat /f"), "from-f\n");
+    // -f - reads the Dockerfile from stdin.
+    let out = env
+        .sb
+        .cmd([
+            "build",
+            "-q",
+            "-f",
+            "-",
+            &env.ctx.path().display().to_string(),
+        ])
+        .env("SIFBOX_CACHE", env.cache.path())
+        .stdin(b"FROM busybox\nRUN echo stdin > /s\n")
+        .output();
+    out.success();
+    assert_eq!(env.sh(&digest_of(&out), "cat /s"), "stdin\n");
 }
 
 #[test]

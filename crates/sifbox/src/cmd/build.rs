@@ -18,7 +18,7 @@ const DEFAULT_CA: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 #[derive(Debug, clap::Args)]
 pub struct BuildArgs {
-    /// The Dockerfile (default: CONTEXT/Dockerfile).
+    /// The Dockerfile (default: CONTEXT/Dockerfile; `-` reads it from stdin).
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     pub file: Option<PathBuf>,
     /// Name the image NAME[:TAG] (repeatable).
