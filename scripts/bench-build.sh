@@ -30,7 +30,7 @@ tar=${SIFBOX_BASE_TAR:-$REPO/target/bookworm-minbase.tar}
 # shellcheck source=scripts/lib.sh
 source "$REPO/scripts/lib.sh"
 find_cargo bench-build
-"$CARGO" build --release -q -p sifbox
+cargo build --release -q -p sifbox
 SIFBOX=$REPO/target/release/sifbox
 
 export SIFBOX_CACHE=$BENCH_DIR/sifbox-cache
