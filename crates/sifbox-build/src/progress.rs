@@ -53,6 +53,8 @@ pub struct Progress {
     mode: Mode,
     condensed: bool,
     state: Mutex<State>,
+    /// Where lines go instead of stderr (see [`Progress::to_file`]).
+    sink: Option<Mutex<std::fs::File>>,
 }
 
 impl Progress {
@@ -68,7 +70,30 @@ impl Progress {
                 started: Instant::now(),
                 last: String::new(),
             }),
+            sink: None,
         }
+    }
+
+    /// A display writing every line, as `plain` does, to `file` instead of
+    /// stderr: the log of a build that runs among others (`sifbox eval`).
+    pub fn to_file(file: std::fs::File) -> Progress {
+        Progress {
+            sink: Some(Mutex::new(file)),
+            condensed: false,
+            ..Progress::new(Mode::Plain)
+        }
+    }
+
+    /// Writes a line to the sink; false when there is none.
+    fn to_sink(&self, line: &str) -> bool {
+        let Some(sink) = &self.sink else {
+            return false;
+        };
+        let mut f = sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = writeln!(f, "{line}");
+        true
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -78,6 +103,9 @@ impl Progress {
     }
 
     fn print(&self, line: &str) {
+        if self.to_sink(line) {
+            return;
+        }
         let mut e = std::io::stderr().lock();
         if self.condensed {
             let _ = write!(e, "\r\x1b[2K{line}");
@@ -159,6 +187,9 @@ impl Progress {
 
     /// A warning (always printed, also in quiet mode).
     pub fn warn(&self, msg: &str) {
+        if self.to_sink(msg) {
+            return;
+        }
         let mut e = std::io::stderr().lock();
         if self.condensed {
             let _ = write!(e, "\r\x1b[2K");

@@ -143,3 +143,48 @@ impl Evidence {
         ev.write(path)
     }
 }
+
+/// Makes a logs dir for a sandbox: `dir` (absolute afterwards) with
+/// `agent/`, `verifier/` and `artifacts/` writable by any user (the
+/// sandbox's commands may run as any user of the image), and an empty
+/// sandbox.json to be bound read-only (see [`logs_binds`]) and filled once
+/// the sandbox is ready. Returns the absolute path.
+pub fn prepare_logs_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::path::absolute(dir).ctx(|| format!("logs dir {}", dir.display()))?;
+    for sub in ["", "agent", "verifier", "artifacts"] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).map_err(|e| Error::BadInput {
+            what: format!("logs dir {}", dir.display()),
+            why: format!("cannot create {}: {e}", d.display()),
+            fix: "pass a directory you can write".into(),
+        })?;
+        if !sub.is_empty() {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
+                .ctx(|| format!("making {} writable", d.display()))?;
+        }
+    }
+    // Made now so that it can be bound read-only; filled once the sandbox
+    // is ready.
+    let evidence = dir.join(FILE);
+    std::fs::write(&evidence, b"{}\n").ctx(|| format!("creating {}", evidence.display()))?;
+    Ok(dir)
+}
+
+/// The binds of a logs dir made by [`prepare_logs_dir`]: the dir at
+/// `/logs`, and its sandbox.json read-only over itself, a mount point that
+/// nothing inside can remove, so the sandbox cannot rewrite its record.
+pub fn logs_binds(dir: &Path) -> Vec<crate::spec::Bind> {
+    vec![
+        crate::spec::Bind {
+            src: dir.to_path_buf(),
+            dst: PathBuf::from("/logs"),
+            readonly: false,
+        },
+        crate::spec::Bind {
+            src: dir.join(FILE),
+            dst: PathBuf::from("/logs").join(FILE),
+            readonly: true,
+        },
+    ]
+}

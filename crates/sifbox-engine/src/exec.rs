@@ -110,6 +110,19 @@ pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
             return fail(125, e.to_string());
         }
     }
+    if req.isolate_net {
+        // This process is root of the sandbox's user namespace: it may make
+        // a network namespace, which its command then inherits.
+        if let Err(e) = sifbox_sys::unshare_namespaces(rustix::thread::UnshareFlags::NEWNET) {
+            return fail(
+                125,
+                format!("creating a network namespace for the command: {e}"),
+            );
+        }
+        if let Err(e) = sifbox_sys::loopback_up() {
+            return fail(125, format!("bringing up lo for the command: {e}"));
+        }
+    }
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());
     };

@@ -107,6 +107,11 @@ pub struct ExecRequest {
     /// (root emulation where only one id is mapped; see `fakeroot`).
     #[serde(default)]
     pub fake_ids: bool,
+    /// Run the command in a network namespace of its own with only `lo`
+    /// (a phase of a task that must have no network in a sandbox that
+    /// otherwise has the host's).
+    #[serde(default)]
+    pub isolate_net: bool,
 }
 
 /// What the exec server answers.

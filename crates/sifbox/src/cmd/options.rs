@@ -130,34 +130,6 @@ pub struct Planned {
     pub defaults: ExecDefaults,
 }
 
-/// Makes the logs dir and its agent/, verifier/ and artifacts/, writable by
-/// any user (the sandbox's commands may run as any user of the image).
-fn prepare_logs(dir: &std::path::Path) -> sifbox_engine::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir =
-        std::path::absolute(dir).map_err(|e| Error::io(format!("--logs {}", dir.display()), e))?;
-    for sub in ["", "agent", "verifier", "artifacts"] {
-        let d = dir.join(sub);
-        std::fs::create_dir_all(&d).map_err(|e| {
-            bad(
-                &format!("--logs {}", dir.display()),
-                &format!("cannot create {}: {e}", d.display()),
-                "pass a directory you can write",
-            )
-        })?;
-        if !sub.is_empty() {
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
-                .map_err(|e| Error::io(format!("making {} writable", d.display()), e))?;
-        }
-    }
-    // Made now so that it can be bound read-only; filled once the sandbox
-    // is ready.
-    let evidence = dir.join(sifbox_engine::evidence::FILE);
-    std::fs::write(&evidence, b"{}\n")
-        .map_err(|e| Error::io(format!("creating {}", evidence.display()), e))?;
-    Ok(dir)
-}
-
 /// Turns the sandbox options and the resolved image into a spec.
 pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Planned> {
     let rootfs = image.rootfs.clone();
@@ -175,20 +147,13 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         .iter()
         .map(|b| Bind::parse(b))
         .collect::<Result<Vec<_>, _>>()?;
-    let logs = a.logs.as_deref().map(prepare_logs).transpose()?;
+    let logs = a
+        .logs
+        .as_deref()
+        .map(sifbox_engine::evidence::prepare_logs_dir)
+        .transpose()?;
     if let Some(dir) = &logs {
-        binds.push(Bind {
-            src: dir.clone(),
-            dst: PathBuf::from("/logs"),
-            readonly: false,
-        });
-        // The evidence is visible inside but read-only, and a mount point
-        // nothing inside can remove: the sandbox cannot rewrite its record.
-        binds.push(Bind {
-            src: dir.join(sifbox_engine::evidence::FILE),
-            dst: PathBuf::from("/logs").join(sifbox_engine::evidence::FILE),
-            readonly: true,
-        });
+        binds.extend(sifbox_engine::evidence::logs_binds(dir));
     }
     let mode = match a.userns {
         UsernsArg::Auto => UsernsMode::Auto,
