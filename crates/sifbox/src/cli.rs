@@ -45,6 +45,8 @@ enum Command {
     Pull(cmd::pull::PullArgs),
     /// Build a Dockerfile context into an image, rootless and daemonless; prints the digest.
     Build(Box<cmd::build::BuildArgs>),
+    /// Run agent benchmark tasks (Harbor/BenchFlow layout) in sandboxes and sum up their rewards.
+    Eval(Box<cmd::eval::EvalArgs>),
     /// Manage the image store: ls, inspect, rm, tag, import, export.
     #[command(subcommand)]
     Image(cmd::image::ImageCommand),
@@ -83,6 +85,7 @@ pub fn run() -> ExitCode {
         Command::Pull(a) => cmd::pull::run(a),
         Command::Image(c) => cmd::image::run(c),
         Command::Build(a) => cmd::build::run(*a),
+        Command::Eval(a) => cmd::eval::run(*a),
         Command::Gc(a) => cmd::gc::run(a),
     };
     match result {

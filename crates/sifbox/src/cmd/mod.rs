@@ -8,6 +8,7 @@ pub mod build;
 pub mod cp;
 pub mod detached;
 pub mod doctor;
+pub mod eval;
 pub mod exec;
 pub mod gc;
 pub mod image;

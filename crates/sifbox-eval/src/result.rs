@@ -1,0 +1,620 @@
+//! What a rollout and a job leave behind: `result.json` per rollout,
+//! `summary.json` per job, and the summary table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EvalError, Result};
+use crate::task::{Limits, NetworkMode};
+
+/// Why a rollout did not give a clean reward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// The environment's image could not be built (or found).
+    BuildFailed,
+    /// The sandbox did not start, or its healthcheck never passed.
+    StartFailed,
+    /// The agent ran past its time limit (the verifier still ran).
+    AgentTimeout,
+    /// The agent exited non-zero or could not start (the verifier still ran).
+    AgentFailed,
+    /// The verifier ran past its time limit.
+    VerifierTimeout,
+    /// The verifier left no usable reward.
+    VerifierFailed,
+    /// sifbox itself failed (the host, the store, the sandbox protocol).
+    Infra,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::BuildFailed => "build_failed",
+            ErrorClass::StartFailed => "start_failed",
+            ErrorClass::AgentTimeout => "agent_timeout",
+            ErrorClass::AgentFailed => "agent_failed",
+            ErrorClass::VerifierTimeout => "verifier_timeout",
+            ErrorClass::VerifierFailed => "verifier_failed",
+            ErrorClass::Infra => "infra",
+        }
+    }
+}
+
+/// How a rollout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Ran through with a reward and no error.
+    Ok,
+    /// Ran through with a task-level error (build, start, agent,
+    /// verifier): a final result.
+    Failed,
+    /// sifbox failed: `--resume` runs it again.
+    InfraError,
+    /// Stopped by Ctrl-C: `--resume` runs it again.
+    Interrupted,
+    /// Under way (the placeholder a running rollout's dir holds).
+    Running,
+}
+
+impl Status {
+    /// Whether `--resume` keeps this result.
+    pub fn is_final(self) -> bool {
+        matches!(self, Status::Ok | Status::Failed)
+    }
+}
+
+/// How one phase (agent, verifier) ran.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    /// The exit code (128+N for signal N, 124 at the timeout); none when it
+    /// could not start.
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub network: Option<NetworkMode>,
+    pub user: Option<String>,
+}
+
+/// Milliseconds spent in each part of a rollout.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Waiting for the environment's image (a build, or its cache).
+    pub build: u64,
+    /// Starting the sandbox until it answers, and its healthcheck.
+    pub start: u64,
+    /// Uploads (instruction, solution, tests) and other set-up.
+    pub setup: u64,
+    /// The agent's command.
+    pub agent: u64,
+    /// The verifier's command.
+    pub verifier: u64,
+    /// Stopping and removing the sandbox.
+    pub stop: u64,
+    /// The whole rollout.
+    pub total: u64,
+}
+
+impl Timings {
+    /// The rollout's time outside the agent's and the verifier's commands.
+    pub fn overhead(&self) -> u64 {
+        self.total.saturating_sub(self.agent + self.verifier)
+    }
+}
+
+/// The image a rollout ran in.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub reference: String,
+    pub digest: Option<String>,
+}
+
+/// `result.json` of a rollout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutResult {
+    pub task: String,
+    pub attempt: u32,
+    /// The rollout's dir name (`TASK__ATTEMPT`).
+    pub rollout: String,
+    pub job: String,
+    /// The agent: `oracle`, `nop` or the command.
+    pub agent: String,
+    pub status: Status,
+    pub reward: Option<f64>,
+    /// `reward.json` or `reward.txt`.
+    #[serde(default)]
+    pub reward_source: Option<String>,
+    /// reward.json's whole content.
+    #[serde(default)]
+    pub rewards: Option<serde_json::Value>,
+    #[serde(default)]
+    pub error_class: Option<ErrorClass>,
+    /// What went wrong, in one line (a build's error cites FILE:LINE).
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub image: ImageInfo,
+    #[serde(default)]
+    pub agent_run: Option<Phase>,
+    #[serde(default)]
+    pub verifier_run: Option<Phase>,
+    #[serde(default)]
+    pub timings_ms: Timings,
+    /// The rollout's time outside the agent's and verifier's commands.
+    #[serde(default)]
+    pub overhead_ms: u64,
+    #[serde(default)]
+    pub started_at: String,
+    #[serde(default)]
+    pub finished_at: String,
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    /// What the task asked for, and which of it was applied.
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub limits_applied: Vec<String>,
+    /// The build's log, relative to the rollout's dir.
+    #[serde(default)]
+    pub build_log: Option<String>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl RolloutResult {
+    /// A result with nothing recorded yet.
+    pub fn new(task: &str, attempt: u32, job: &str, agent: &str) -> RolloutResult {
+        RolloutResult {
+            task: task.to_string(),
+            attempt,
+            rollout: rollout_dir_name(task, attempt),
+            job: job.to_string(),
+            agent: agent.to_string(),
+            status: Status::Running,
+            reward: None,
+            reward_source: None,
+            rewards: None,
+            error_class: None,
+            error: None,
+            image: ImageInfo::default(),
+            agent_run: None,
+            verifier_run: None,
+            timings_ms: Timings::default(),
+            overhead_ms: 0,
+            started_at: now_rfc3339(),
+            finished_at: String::new(),
+            sandbox: None,
+            limits: Limits::default(),
+            limits_applied: Vec::new(),
+            build_log: None,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Records a failure (the first one recorded is kept as the class).
+    pub fn fail(&mut self, class: ErrorClass, message: impl Into<String>) {
+        let message = one_line(&message.into());
+        if self.error_class.is_none() {
+            self.error_class = Some(class);
+            self.error = Some(message);
+        } else {
+            self.notes.push(format!("{}: {message}", class.as_str()));
+        }
+    }
+
+    /// Reads a rollout's result.json (None when absent or unreadable).
+    pub fn load(dir: &Path) -> Option<RolloutResult> {
+        let data = std::fs::read(dir.join(RESULT_FILE)).ok()?;
+        serde_json::from_slice(&data).ok()
+    }
+}
+
+/// The file name of a rollout's result.
+pub const RESULT_FILE: &str = "result.json";
+/// The file name of a job's summary.
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// `TASK__ATTEMPT`.
+pub fn rollout_dir_name(task: &str, attempt: u32) -> String {
+    format!("{task}__{attempt}")
+}
+
+/// `s` on one line (newlines become `; `), at most 4000 characters.
+pub fn one_line(s: &str) -> String {
+    let joined = s
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if joined.chars().count() > 4000 {
+        let mut t: String = joined.chars().take(4000).collect();
+        t.push_str(" ...");
+        t
+    } else {
+        joined
+    }
+}
+
+/// Writes `value` as pretty JSON to `path` atomically: a temporary file in
+/// the same dir, renamed over `path` (a symlink there is replaced, never
+/// followed).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut data = serde_json::to_vec_pretty(value)
+        .map_err(|e| EvalError::io("encoding JSON", std::io::Error::other(e)))?;
+    data.push(b'\n');
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(|e| EvalError::io(format!("writing {}", path.display()), e))?;
+    tmp.write_all(&data)
+        .map_err(|e| EvalError::io(format!("writing {}", path.display()), e))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = tmp
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    tmp.persist(path)
+        .map_err(|e| EvalError::io(format!("writing {}", path.display()), e.error))?;
+    Ok(())
+}
+
+/// Unix milliseconds now.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default()
+}
+
+/// UTC `YYYY-MM-DDTHH:MM:SS.mmmZ` for Unix milliseconds.
+pub fn rfc3339(unix_ms: u64) -> String {
+    let (y, mo, d, h, mi, s) = civil(unix_ms / 1000);
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{:03}Z",
+        unix_ms % 1000
+    )
+}
+
+/// Now as [`rfc3339`].
+pub fn now_rfc3339() -> String {
+    rfc3339(now_unix_ms())
+}
+
+/// UTC `YYYY-MM-DD__HH-MM-SS` now: the default job name.
+pub fn timestamp_name() -> String {
+    let (y, mo, d, h, mi, s) = civil(now_unix_ms() / 1000);
+    format!("{y:04}-{mo:02}-{d:02}__{h:02}-{mi:02}-{s:02}")
+}
+
+/// (year, month, day, hour, minute, second) of a Unix time, UTC.
+fn civil(secs: u64) -> (u64, u64, u64, u64, u64, u64) {
+    let days = secs / 86400;
+    let rem = secs % 86400;
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian
+    // calendar, in 400-year eras of 146097 days starting in March).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// One task's line of the summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    pub task: String,
+    /// Rollouts planned.
+    pub attempts: u32,
+    /// Rollouts with a final result (ok or failed).
+    pub finished: u32,
+    /// Mean reward over the finished rollouts (no reward counts as 0).
+    pub mean_reward: Option<f64>,
+    /// Rewards of the finished rollouts, by attempt (null: none).
+    pub rewards: Vec<Option<f64>>,
+    /// Finished rollouts by error class.
+    pub failures: BTreeMap<ErrorClass, u32>,
+    pub infra_errors: u32,
+    pub interrupted: u32,
+}
+
+/// `summary.json` of a job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub job: String,
+    pub agent: String,
+    pub started_at: String,
+    pub finished_at: String,
+    /// Wall time of this run of the job (a resumed job: the last run).
+    pub duration_ms: u64,
+    /// Rollouts planned, finished (ok or failed), run in this run.
+    pub rollouts: u32,
+    pub finished: u32,
+    pub ran_now: u32,
+    pub ok: u32,
+    pub failed: u32,
+    pub infra_errors: u32,
+    pub interrupted: u32,
+    /// Mean reward over every finished rollout (no reward counts as 0).
+    pub mean_reward: Option<f64>,
+    pub failures: BTreeMap<ErrorClass, u32>,
+    /// Rollouts run in this run per second of its wall time.
+    pub rollouts_per_second: f64,
+    pub tasks: Vec<TaskSummary>,
+}
+
+fn mean(xs: &[f64]) -> Option<f64> {
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "counts of rollouts are far below 2^52"
+    )]
+    let n = xs.len() as f64;
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / n)
+}
+
+impl Summary {
+    /// Sums up `results` (each planned rollout's result, by task in order;
+    /// None: not run).
+    pub fn compute(
+        job: &str,
+        agent: &str,
+        tasks: &[(String, Vec<Option<RolloutResult>>)],
+        started_ms: u64,
+        ran_now: u32,
+    ) -> Summary {
+        let finished_ms = now_unix_ms();
+        let mut s = Summary {
+            job: job.to_string(),
+            agent: agent.to_string(),
+            started_at: rfc3339(started_ms),
+            finished_at: rfc3339(finished_ms),
+            duration_ms: finished_ms.saturating_sub(started_ms),
+            ran_now,
+            ..Summary::default()
+        };
+        let mut all_rewards = Vec::new();
+        for (task, results) in tasks {
+            let mut t = TaskSummary {
+                task: task.clone(),
+                attempts: u32::try_from(results.len()).unwrap_or(u32::MAX),
+                ..TaskSummary::default()
+            };
+            let mut rewards = Vec::new();
+            for r in results.iter().flatten() {
+                match r.status {
+                    Status::Ok | Status::Failed => {
+                        t.finished += 1;
+                        t.rewards.push(r.reward);
+                        rewards.push(r.reward.unwrap_or(0.0));
+                        if r.status == Status::Ok {
+                            s.ok += 1;
+                        } else {
+                            s.failed += 1;
+                        }
+                        if let Some(c) = r.error_class {
+                            *t.failures.entry(c).or_default() += 1;
+                            *s.failures.entry(c).or_default() += 1;
+                        }
+                    }
+                    Status::InfraError => t.infra_errors += 1,
+                    Status::Interrupted | Status::Running => t.interrupted += 1,
+                }
+            }
+            t.mean_reward = mean(&rewards);
+            all_rewards.extend(rewards);
+            s.rollouts += t.attempts;
+            s.finished += t.finished;
+            s.infra_errors += t.infra_errors;
+            s.interrupted += t.interrupted;
+            s.tasks.push(t);
+        }
+        s.mean_reward = mean(&all_rewards);
+        let secs = s.duration_ms as f64 / 1000.0;
+        s.rollouts_per_second = if secs > 0.0 {
+            f64::from(ran_now) / secs
+        } else {
+            0.0
+        };
+        s
+    }
+
+    /// The summary as a table for a terminal.
+    pub fn table(&self) -> String {
+        fn failures(f: &BTreeMap<ErrorClass, u32>, infra: u32, interrupted: u32) -> String {
+            let mut parts: Vec<String> = f
+                .iter()
+                .map(|(c, n)| format!("{} {n}", c.as_str()))
+                .collect();
+            if infra > 0 {
+                parts.push(format!("infra_error {infra}"));
+            }
+            if interrupted > 0 {
+                parts.push(format!("interrupted {interrupted}"));
+            }
+            if parts.is_empty() {
+                "-".into()
+            } else {
+                parts.join(", ")
+            }
+        }
+        let reward = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.3}"));
+        let rows: Vec<[String; 4]> = self
+            .tasks
+            .iter()
+            .map(|t| {
+                [
+                    t.task.clone(),
+                    reward(t.mean_reward),
+                    format!("{}/{}", t.finished, t.attempts),
+                    failures(&t.failures, t.infra_errors, t.interrupted),
+                ]
+            })
+            .collect();
+        let total = [
+            "total".to_string(),
+            reward(self.mean_reward),
+            format!("{}/{}", self.finished, self.rollouts),
+            failures(&self.failures, self.infra_errors, self.interrupted),
+        ];
+        let head = [
+            "task".to_string(),
+            "mean reward".to_string(),
+            "finished".to_string(),
+            "failures".to_string(),
+        ];
+        let mut w = [0usize; 4];
+        for r in std::iter::once(&head)
+            .chain(&rows)
+            .chain(std::iter::once(&total))
+        {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let line = |out: &mut String, r: &[String; 4]| {
+            let _ = writeln!(
+                out,
+                "{:<w0$}  {:>w1$}  {:>w2$}  {}",
+                r[0],
+                r[1],
+                r[2],
+                r[3],
+                w0 = w[0],
+                w1 = w[1],
+                w2 = w[2]
+            );
+        };
+        line(&mut out, &head);
+        for r in &rows {
+            line(&mut out, r);
+        }
+        let _ = writeln!(out, "{}", "-".repeat(w[0] + w[1] + w[2] + w[3] + 6));
+        line(&mut out, &total);
+        let _ = writeln!(
+            out,
+            "job {}: {} rollouts run in {:.1} s ({:.2}/s)",
+            self.job,
+            self.ran_now,
+            self.duration_ms as f64 / 1000.0,
+            self.rollouts_per_second
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(
+        task: &str,
+        attempt: u32,
+        status: Status,
+        reward: Option<f64>,
+        class: Option<ErrorClass>,
+    ) -> RolloutResult {
+        let mut r = RolloutResult::new(task, attempt, "job", "oracle");
+        r.status = status;
+        r.reward = reward;
+        r.error_class = class;
+        r
+    }
+
+    #[test]
+    fn summary_counts_and_means() {
+        let tasks = vec![
+            (
+                "a".to_string(),
+                vec![
+                    Some(result("a", 1, Status::Ok, Some(1.0), None)),
+                    Some(result(
+                        "a",
+                        2,
+                        Status::Failed,
+                        None,
+                        Some(ErrorClass::VerifierTimeout),
+                    )),
+                    Some(result("a", 3, Status::Interrupted, None, None)),
+                ],
+            ),
+            (
+                "b".to_string(),
+                vec![Some(result("b", 1, Status::Ok, Some(0.5), None)), None],
+            ),
+            (
+                "c".to_string(),
+                vec![Some(result(
+                    "c",
+                    1,
+                    Status::InfraError,
+                    None,
+                    Some(ErrorClass::Infra),
+                ))],
+            ),
+        ];
+        let s = Summary::compute("job", "oracle", &tasks, now_unix_ms(), 4);
+        assert_eq!((s.rollouts, s.finished, s.ok, s.failed), (6, 3, 2, 1));
+        assert_eq!((s.infra_errors, s.interrupted), (1, 1));
+        assert_eq!(s.tasks[0].mean_reward, Some(0.5));
+        assert_eq!(s.tasks[0].rewards, vec![Some(1.0), None]);
+        assert_eq!(s.tasks[1].mean_reward, Some(0.5));
+        assert_eq!(s.tasks[2].mean_reward, None);
+        assert_eq!(s.mean_reward, Some(0.5));
+        assert_eq!(s.failures.get(&ErrorClass::VerifierTimeout), Some(&1));
+        let table = s.table();
+        assert!(
+            table.contains("verifier_timeout 1, interrupted 1"),
+            "{table}"
+        );
+        assert!(table.contains("infra_error 1"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("total") && l.contains("3/6")),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn results_round_trip_and_write_atomically() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut r = result("t", 2, Status::Failed, None, None);
+        r.fail(ErrorClass::BuildFailed, "Dockerfile:2: RUN false\nexited 1");
+        r.fail(ErrorClass::Infra, "later");
+        assert_eq!(
+            r.error.as_deref(),
+            Some("Dockerfile:2: RUN false; exited 1")
+        );
+        assert_eq!(r.notes, vec!["infra: later"]);
+        // A symlink planted at the name is replaced, not followed.
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, "keep").expect("write");
+        std::os::unix::fs::symlink(&victim, d.path().join(RESULT_FILE)).expect("symlink");
+        write_json(&d.path().join(RESULT_FILE), &r).expect("write");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "keep");
+        assert_eq!(RolloutResult::load(d.path()), Some(r));
+        let text = std::fs::read_to_string(d.path().join(RESULT_FILE)).expect("read");
+        assert!(text.contains("\"error_class\": \"build_failed\""), "{text}");
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_767_225_599_000), "2025-12-31T23:59:59.000Z");
+        assert_eq!(timestamp_name().len(), "2025-01-01__00-00-00".len());
+    }
+}

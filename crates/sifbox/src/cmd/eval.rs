@@ -1,0 +1,455 @@
+//! `sifbox eval`: runs agent benchmark tasks (Harbor/BenchFlow layout) in
+//! sandboxes and sums up their rewards. The work is sifbox-eval's; this is
+//! its flags, Ctrl-C, and the display.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sifbox_build::error::BuildError;
+use sifbox_engine::spec::{NetMode, UsernsMode};
+use sifbox_engine::Error;
+use sifbox_eval::result::{RolloutResult, Status};
+use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
+use sifbox_eval::{cancel::Cancel, glob, task, EvalError};
+use sifbox_image::store::{Digest, Store};
+
+use crate::cmd::options::{bad, NetArg, UsernsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// The agent: `oracle` (the task's solution), `nop` (nothing), or a
+    /// shell command run in the sandbox with the instruction at
+    /// /instruction.md and in $SIFBOX_INSTRUCTION (`cmd:NAME` for a
+    /// command without arguments).
+    #[arg(long, default_value = "oracle", value_name = "oracle|nop|CMD")]
+    pub agent: String,
+    /// Rollouts per task.
+    #[arg(short = 'k', long, default_value_t = 1, value_name = "K")]
+    pub attempts: u32,
+    /// Rollouts at the same time (default: the number of CPUs).
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Where results go: OUT/JOB/TASK__ATTEMPT/.
+    #[arg(short = 'o', long, default_value = "jobs", value_name = "DIR")]
+    pub out: PathBuf,
+    /// The job's name (default: the UTC time); needed by --resume.
+    #[arg(long, value_name = "NAME")]
+    pub job: Option<String>,
+    /// Run only the tasks whose name matches GLOB (repeatable: any).
+    #[arg(long, value_name = "GLOB")]
+    pub filter: Vec<String>,
+    /// Every phase's network, whatever the tasks say (default: the
+    /// task's network_mode).
+    #[arg(long, value_enum)]
+    pub net: Option<NetArg>,
+    /// Continue the job --job NAME: keep its finished rollouts, run the rest.
+    #[arg(long)]
+    pub resume: bool,
+    /// Rebuild the environments, ignoring the build cache.
+    #[arg(long)]
+    pub force_build: bool,
+    /// How ids are mapped in the sandboxes and build steps.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub userns: UsernsArg,
+    /// Output on stderr: auto (a live line on a terminal, else plain),
+    /// plain (a line per event), quiet.
+    #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
+    pub progress: String,
+    /// Task directories, or directories of them.
+    #[arg(value_name = "TASK_OR_DIR", required = true)]
+    pub tasks: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Live,
+    Plain,
+    Quiet,
+}
+
+/// The display: plain lines, or a live status line on a terminal.
+#[derive(Debug)]
+struct Display {
+    mode: Mode,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    job: String,
+    to_run: usize,
+    done: usize,
+    failed: usize,
+    reward_sum: f64,
+    rewarded: usize,
+    running: BTreeSet<String>,
+    building: BTreeSet<String>,
+    started: Option<Instant>,
+    /// Whether a status line is on the screen.
+    shown: bool,
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 {
+        format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+    } else {
+        format!("{}:{:02}", s / 60, s % 60)
+    }
+}
+
+impl Display {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Prints a line (above the status line when live).
+    fn line(&self, st: &mut State, text: &str) {
+        if self.mode == Mode::Quiet {
+            return;
+        }
+        let mut e = std::io::stderr().lock();
+        if st.shown {
+            let _ = write!(e, "\r\x1b[2K");
+            st.shown = false;
+        }
+        let _ = writeln!(e, "{text}");
+        drop(e);
+        if self.mode == Mode::Live {
+            self.status(st);
+        }
+    }
+
+    fn status(&self, st: &mut State) {
+        let Some(started) = st.started else {
+            return;
+        };
+        let elapsed = started.elapsed();
+        let mut text = format!(
+            "eval {}: {}/{} done, {} running, {} failed",
+            st.job,
+            st.done,
+            st.to_run,
+            st.running.len(),
+            st.failed
+        );
+        if st.rewarded > 0 {
+            #[allow(clippy::cast_precision_loss, reason = "small counts")]
+            let mean = st.reward_sum / st.rewarded as f64;
+            text.push_str(&format!(", mean reward {mean:.3}"));
+        }
+        if !st.building.is_empty() {
+            let b: Vec<&str> = st.building.iter().map(String::as_str).collect();
+            text.push_str(&format!(", building {}", b.join(" ")));
+        }
+        if st.done > 0 && st.done < st.to_run {
+            let per = elapsed.as_secs_f64() / st.done as f64;
+            #[allow(clippy::cast_precision_loss, reason = "small counts")]
+            let left = Duration::from_secs_f64(per * (st.to_run - st.done) as f64);
+            text.push_str(&format!(", ETA {}", secs(left)));
+        }
+        text.push_str(&format!(" [{}]", secs(elapsed)));
+        let width = rustix::termios::tcgetwinsize(std::io::stderr())
+            .map(|w| usize::from(w.ws_col))
+            .ok()
+            .filter(|w| *w > 10)
+            .unwrap_or(100);
+        let shown: String = text.chars().take(width - 1).collect();
+        let mut e = std::io::stderr().lock();
+        let _ = write!(e, "\r\x1b[2K{shown}");
+        let _ = e.flush();
+        st.shown = true;
+    }
+
+    fn tick(&self) {
+        if self.mode == Mode::Live {
+            let mut st = self.lock();
+            self.status(&mut st);
+        }
+    }
+
+    fn clear(&self) {
+        let mut st = self.lock();
+        if st.shown {
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
+            st.shown = false;
+        }
+    }
+}
+
+impl Observer for Display {
+    fn job_started(&self, job: &JobInfo) {
+        let mut st = self.lock();
+        st.job = job.job.clone();
+        st.to_run = job.to_run;
+        st.started = Some(Instant::now());
+        let kept = if job.kept > 0 {
+            format!(", {} kept from before", job.kept)
+        } else {
+            String::new()
+        };
+        let text = format!(
+            "eval {}: {} rollouts to run on {} workers{kept}; results in {}",
+            job.job,
+            job.to_run,
+            job.workers,
+            job.dir.display()
+        );
+        self.line(&mut st, &text);
+    }
+
+    fn build_started(&self, task: &str) {
+        let mut st = self.lock();
+        st.building.insert(task.to_string());
+        if self.mode == Mode::Plain {
+            self.line(&mut st, &format!("building {task}"));
+        } else if self.mode == Mode::Live {
+            self.status(&mut st);
+        }
+    }
+
+    fn build_finished(&self, task: &str, error: Option<&str>, took: Duration) {
+        let mut st = self.lock();
+        st.building.remove(task);
+        let text = match error {
+            // On a terminal, a build from the cache is not news.
+            None if self.mode == Mode::Live && took < Duration::from_secs(1) => {
+                self.status(&mut st);
+                return;
+            }
+            None => format!("built {task} in {:.1} s", took.as_secs_f64()),
+            Some(e) => format!("build of {task} failed: {e}"),
+        };
+        self.line(&mut st, &text);
+    }
+
+    fn rollout_started(&self, rollout: &str) {
+        let mut st = self.lock();
+        st.running.insert(rollout.to_string());
+        if self.mode == Mode::Live {
+            self.status(&mut st);
+        }
+    }
+
+    fn rollout_finished(&self, r: &RolloutResult) {
+        let mut st = self.lock();
+        st.running.remove(&r.rollout);
+        st.done += 1;
+        if r.status != Status::Ok {
+            st.failed += 1;
+        }
+        // As the summary counts: finished rollouts, no reward as 0.
+        if r.status.is_final() {
+            st.reward_sum += r.reward.unwrap_or(0.0);
+            st.rewarded += 1;
+        }
+        let reward = r.reward.map_or_else(|| "-".to_string(), |x| format!("{x}"));
+        let status = match (r.status, r.error_class) {
+            (Status::Ok, _) => "ok".to_string(),
+            (Status::Interrupted, _) => "interrupted".to_string(),
+            (_, Some(c)) => c.as_str().to_string(),
+            (s, None) => format!("{s:?}").to_lowercase(),
+        };
+        let error = match (&r.error, r.status) {
+            (Some(e), s) if s != Status::Interrupted => {
+                let short: String = e.chars().take(160).collect();
+                format!(": {short}")
+            }
+            _ => String::new(),
+        };
+        let text = format!(
+            "[{}/{}] {} reward {reward} {status} {:.1} s{error}",
+            st.done,
+            st.to_run,
+            r.rollout,
+            r.timings_ms.total as f64 / 1000.0
+        );
+        self.line(&mut st, &text);
+    }
+}
+
+fn usage(what: String, why: &str, fix: &str) -> Error {
+    bad(&what, why, fix)
+}
+
+fn to_engine(e: EvalError) -> Error {
+    match e {
+        EvalError::BadInput { what, why, fix } => Error::BadInput { what, why, fix },
+        EvalError::Engine(e) => e,
+        EvalError::Io { what, source } => Error::Io { what, source },
+    }
+}
+
+/// `docker_image`: the store, else a registry.
+fn resolve_task_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
+    let r = reference.strip_prefix("docker://").unwrap_or(reference);
+    if let Ok(d) = store.resolve(r) {
+        return Ok(d);
+    }
+    let resolved = crate::cmd::image::resolve(&format!("docker://{r}"))?;
+    resolved.digest.ok_or_else(|| {
+        BuildError::bad(
+            format!("image {reference}"),
+            "not in the image store",
+            "import or pull it first",
+        )
+    })
+}
+
+pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
+    let progress = match a.progress.as_str() {
+        "auto" => {
+            if rustix::termios::isatty(std::io::stderr()) {
+                Mode::Live
+            } else {
+                Mode::Plain
+            }
+        }
+        "plain" => Mode::Plain,
+        "quiet" => Mode::Quiet,
+        other => {
+            return Err(usage(
+                format!("--progress {other}"),
+                "unknown mode",
+                "use auto, plain or quiet",
+            ))
+        }
+    };
+    for f in &a.filter {
+        glob::check(f).map_err(|why| usage(format!("--filter {f}"), &why, "fix the pattern"))?;
+    }
+    let agent = Agent::parse(&a.agent).map_err(to_engine)?;
+    let mut tasks = task::discover(&a.tasks).map_err(to_engine)?;
+    if !a.filter.is_empty() {
+        tasks.retain(|t| a.filter.iter().any(|f| glob::matches(f, &t.name)));
+        if tasks.is_empty() {
+            return Err(usage(
+                format!("--filter {}", a.filter.join(" --filter ")),
+                "no task matches",
+                "check the pattern against the task directory names",
+            ));
+        }
+    }
+    let store = crate::cmd::image::open_store()?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
+    let jobs = a.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(std::num::NonZeroUsize::get)
+            .unwrap_or(1)
+    });
+    let opts = EvalOptions {
+        agent,
+        attempts: a.attempts,
+        jobs,
+        out: a.out.clone(),
+        job: a.job.clone(),
+        net: a.net.map(|n| match n {
+            NetArg::Host => NetMode::Host,
+            NetArg::None => NetMode::None,
+        }),
+        resume: a.resume,
+        force_build: a.force_build,
+        exe,
+        userns: match a.userns {
+            UsernsArg::Auto => UsernsMode::Auto,
+            UsernsArg::Single => UsernsMode::Single,
+            UsernsArg::Full => UsernsMode::Full,
+        },
+        host_ca: crate::cmd::build::host_ca_from_config(),
+    };
+
+    // Ctrl-C, SIGTERM, SIGHUP: kill every sandbox of the job (again and
+    // again, so that none started meanwhile survives) until the workers
+    // have stopped and removed them.
+    let cancel = Arc::new(Cancel::new());
+    let finished = Arc::new(AtomicBool::new(false));
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .map_err(|e| Error::io("installing signal handlers", e))?;
+    let signal_handle = signals.handle();
+    let display = Arc::new(Display {
+        mode: progress,
+        state: Mutex::new(State::default()),
+    });
+    {
+        let cancel = Arc::clone(&cancel);
+        let finished = Arc::clone(&finished);
+        let display = Arc::clone(&display);
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                {
+                    let mut st = display.lock();
+                    display.line(
+                        &mut st,
+                        "interrupted: stopping every sandbox of the job and writing what finished",
+                    );
+                }
+                cancel.cancel(sig);
+                while !finished.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    cancel.kill_all();
+                }
+            }
+        });
+    }
+    if progress == Mode::Live {
+        let display = Arc::clone(&display);
+        let finished = Arc::clone(&finished);
+        std::thread::spawn(move || {
+            while !finished.load(Ordering::SeqCst) {
+                display.tick();
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+    }
+
+    // FROM lines resolve as `sifbox build` resolves them; a task's
+    // `docker_image` may also be pulled.
+    let from = |r: &str| crate::cmd::build::resolve_image(&store, r);
+    let task_image = |r: &str| resolve_task_image(&store, r);
+    let outcome = runner::run(
+        &store,
+        &tasks,
+        &opts,
+        &runner::Resolvers {
+            from: &from,
+            image: &task_image,
+        },
+        display.as_ref(),
+        &cancel,
+    );
+    finished.store(true, Ordering::SeqCst);
+    signal_handle.close();
+    display.clear();
+    let outcome = outcome.map_err(to_engine)?;
+    print!("{}", outcome.summary.table());
+    let _ = std::io::stdout().flush();
+    if progress != Mode::Quiet {
+        eprintln!(
+            "results: {} (summary.json, TASK__N/result.json)",
+            outcome.dir.display()
+        );
+    }
+    if outcome.interrupted {
+        let sig = cancel.signal();
+        return Ok(crate::exit_code(if sig > 0 { 128 + sig } else { 130 }));
+    }
+    if outcome.summary.infra_errors > 0 {
+        eprintln!(
+            "sifbox: {} rollouts failed for reasons of sifbox or the host (see their result.json); `--job {} --resume` runs them again",
+            outcome.summary.infra_errors, outcome.summary.job
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
