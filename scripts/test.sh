@@ -26,6 +26,10 @@ readonly REPO
 ROOTFS=${SIFBOX_TEST_ROOTFS:-$REPO/target/test-rootfs}
 [[ $ROOTFS == /* ]] || ROOTFS=$PWD/$ROOTFS
 export SIFBOX_TEST_ROOTFS=$ROOTFS
+# The Debian bookworm minbase that the example tasks start from
+# (scripts/bootstrap-base.sh makes it once per machine).
+BASE_TAR=${SIFBOX_TEST_DEBIAN_TAR:-$REPO/target/bookworm-minbase.tar}
+export SIFBOX_TEST_DEBIAN_TAR=$BASE_TAR
 cd "$REPO"
 
 # shellcheck source=scripts/lib.sh
@@ -127,6 +131,13 @@ user_tests() {
     chmod 0755 "$USER_DIR" || return 1
     install -m 0755 "$target_dir/debug/sifbox" "$USER_DIR/sifbox" || return 1
     cp -a "$ROOTFS" "$USER_DIR/rootfs" || return 1
+    # The Debian base of the apt and example-suite tests, and the example
+    # tasks (the repository may not be readable by the user).
+    if [[ -f $BASE_TAR ]]; then
+        cp -- "$BASE_TAR" "$USER_DIR/base.tar" || return 1
+    fi
+    cp -a "$REPO/examples/tasks" "$USER_DIR/tasks" || return 1
+    chmod -R a+rX "$USER_DIR/tasks" || return 1
     # The user's sandboxes map its own id to root: files owned by ids outside
     # its mapping would show as nobody and could not be copied up.
     chown -R -h "$TEST_USER:$TEST_USER" "$USER_DIR/rootfs" || return 1
@@ -146,6 +157,8 @@ user_tests() {
                     RUST_BACKTRACE=1 \
                     SIFBOX_BIN="$USER_DIR/sifbox" \
                     SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
+                    SIFBOX_TEST_DEBIAN_TAR="$USER_DIR/base.tar" \
+                    SIFBOX_TEST_TASKS="$USER_DIR/tasks" \
                     "$USER_DIR/$name" --test-threads=2
         ) || rc=1
     done <<<"$exes"
@@ -176,6 +189,10 @@ if [[ ! -f $REPO/scripts/make-test-rootfs.sh ]]; then
 else
     step "test rootfs" bash "$REPO/scripts/make-test-rootfs.sh" "$ROOTFS" && rootfs=1
 fi
+
+# Tests that need it fail (with a message) when it could not be made; the
+# others run regardless.
+step "base image" env SIFBOX_BASE_TAR="$BASE_TAR" bash "$REPO/scripts/bootstrap-base.sh" || true
 
 if ((built && rootfs)); then
     step "tests as root" root_tests || true

@@ -1,0 +1,729 @@
+//! End-to-end tests of `sifbox eval` (issue 7): the example suite with its
+//! expected rewards; agents, time limits, networks, users, env and
+//! healthchecks; a broken Dockerfile; Ctrl-C in the middle of a job, which
+//! must leave no sandbox, process or mount, and `--resume`; bad input.
+//!
+//! Most cases run tasks on `evalbase`: the busybox test rootfs plus the
+//! host's bash (tasks are run with bash), imported into each test's own
+//! store. The example suite needs the Debian bookworm minbase tarball
+//! (`$SIFBOX_TEST_DEBIAN_TAR`, default `target/bookworm-minbase.tar`, made
+//! by scripts/bootstrap-base.sh) and, for its compile-c task's build, the
+//! network to Debian's mirror.
+
+#[path = "e2e/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use harness::{eventually, processes_with_arg, rootfs, tempdir, unique, unique_number, Sifbox};
+use serde_json::Value;
+
+/// How long an eval of the small cases may take.
+const EVAL_TIMEOUT: Duration = Duration::from_secs(120);
+
+struct Env {
+    sb: Sifbox,
+    cache: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            sb: Sifbox::new(),
+            cache: tempdir("sifbox-eval-cache."),
+            dir: tempdir("sifbox-eval."),
+        }
+    }
+
+    /// A fresh store with `evalbase` in it.
+    fn with_evalbase() -> Env {
+        let env = Env::new();
+        let base = env.path("evalbase");
+        make_evalbase(&base);
+        env.cmd(&[
+            "image",
+            "import",
+            &base.display().to_string(),
+            "--name",
+            "evalbase",
+        ])
+        .output()
+        .success();
+        env
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn out(&self) -> PathBuf {
+        self.path("out")
+    }
+
+    /// Writes a file (parents made; `.sh` files executable).
+    fn write(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.path(rel);
+        std::fs::create_dir_all(p.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(&p, text).expect("writing a file");
+        if rel.ends_with(".sh") {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        p
+    }
+
+    /// A task `tasks/NAME` on `evalbase` (unless `toml` names another
+    /// environment), with this solution and test.
+    fn task(&self, name: &str, toml: &str, solve: &str, test: &str) -> PathBuf {
+        let toml = if toml.contains("docker_image") || toml.contains("#dockerfile") {
+            toml.to_string()
+        } else if toml.contains("[environment]") {
+            toml.replace(
+                "[environment]",
+                "[environment]\ndocker_image = \"evalbase\"",
+            )
+        } else {
+            format!("[environment]\ndocker_image = \"evalbase\"\n{toml}")
+        };
+        self.write(&format!("tasks/{name}/task.toml"), &toml);
+        self.write(
+            &format!("tasks/{name}/instruction.md"),
+            &format!("The instruction of {name}.\n"),
+        );
+        self.write(&format!("tasks/{name}/solution/solve.sh"), solve);
+        self.write(&format!("tasks/{name}/tests/test.sh"), test);
+        self.path(&format!("tasks/{name}"))
+    }
+
+    fn cmd(&self, args: &[&str]) -> harness::Invocation<'_> {
+        self.sb
+            .cmd(args)
+            .env("SIFBOX_CACHE", self.cache.path())
+            .timeout(EVAL_TIMEOUT)
+    }
+
+    /// `sifbox eval --out OUT --progress plain ARGS...`
+    fn eval(&self, args: &[&str]) -> harness::Invocation<'_> {
+        let out = self.out().display().to_string();
+        let mut all = vec!["eval", "--out", &out, "--progress", "plain"];
+        all.extend_from_slice(args);
+        self.cmd(&all)
+    }
+
+    fn json(&self, rel: &str) -> Value {
+        let p = self.out().join(rel);
+        let text =
+            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    fn result(&self, job: &str, rollout: &str) -> Value {
+        self.json(&format!("{job}/{rollout}/result.json"))
+    }
+}
+
+/// The test rootfs plus the host's bash and the libraries it needs.
+fn make_evalbase(dst: &Path) {
+    let ok = Command::new("cp")
+        .arg("-a")
+        .arg(rootfs())
+        .arg(dst)
+        .status()
+        .expect("running cp");
+    assert!(ok.success(), "copying the test rootfs");
+    let bash = Path::new("/bin/bash");
+    let ldd = Command::new("ldd").arg(bash).output().expect("running ldd");
+    assert!(ldd.status.success(), "ldd /bin/bash failed");
+    let mut files = vec![bash.to_path_buf()];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
+        // "/lib64/ld-linux-x86-64.so.2 (0x...)".
+        let path = line
+            .split("=>")
+            .last()
+            .and_then(|s| s.split_whitespace().next())
+            .filter(|p| p.starts_with('/'));
+        files.extend(path.map(PathBuf::from));
+    }
+    for f in files {
+        let to = dst.join(f.strip_prefix("/").expect("absolute"));
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&f, &to).unwrap_or_else(|e| panic!("copying {}: {e}", f.display()));
+    }
+}
+
+fn debian_tar() -> PathBuf {
+    match std::env::var_os("SIFBOX_TEST_DEBIAN_TAR").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-minbase.tar"),
+    }
+}
+
+fn example_tasks() -> PathBuf {
+    match std::env::var_os("SIFBOX_TEST_TASKS").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks"),
+    }
+}
+
+/// (status, error_class, reward) of a result.
+fn outcome(r: &Value) -> (String, Option<String>, Option<f64>) {
+    (
+        r["status"].as_str().unwrap_or_default().to_string(),
+        r["error_class"].as_str().map(str::to_string),
+        r["reward"].as_f64(),
+    )
+}
+
+fn ok(reward: f64) -> (String, Option<String>, Option<f64>) {
+    ("ok".into(), None, Some(reward))
+}
+
+fn failed(class: &str, reward: Option<f64>) -> (String, Option<String>, Option<f64>) {
+    ("failed".into(), Some(class.into()), reward)
+}
+
+#[test]
+fn example_suite_gives_the_expected_rewards() {
+    let tar = debian_tar();
+    assert!(
+        tar.is_file(),
+        "the Debian bookworm minbase tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_DEBIAN_TAR)",
+        tar.display()
+    );
+    let tasks = example_tasks();
+    assert!(tasks.is_dir(), "{} is missing", tasks.display());
+    let env = Env::new();
+    env.cmd(&[
+        "image",
+        "import",
+        &tar.display().to_string(),
+        "--name",
+        "debian:bookworm",
+    ])
+    .timeout(Duration::from_secs(300))
+    .output()
+    .success();
+    let tasks = tasks.display().to_string();
+    let out = env
+        .eval(&["--job", "oracle", "--jobs", "2", &tasks])
+        .timeout(Duration::from_secs(1200))
+        .output();
+    out.success();
+    let expected = [
+        ("background-service", ok(1.0)),
+        ("compile-c", ok(1.0)),
+        ("edit-files", ok(1.0)),
+        ("failing-solution", ok(0.0)),
+        ("no-network", ok(1.0)),
+        ("verifier-timeout", failed("verifier_timeout", None)),
+    ];
+    for (task, want) in &expected {
+        let r = env.result("oracle", &format!("{task}__1"));
+        assert_eq!(&outcome(&r), want, "{task}: {r:#}\n{}", out.stderr);
+        assert!(
+            r["image"]["digest"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("sha256:")),
+            "{r:#}"
+        );
+        let dir = env.out().join("oracle").join(format!("{task}__1"));
+        for f in [
+            "sandbox.json",
+            "build.log",
+            "agent/oracle.txt",
+            "verifier/test-stdout.txt",
+        ] {
+            assert!(dir.join(f).is_file(), "{task}: no {f}");
+        }
+        assert!(dir.join("artifacts").is_dir(), "{task}: no artifacts/");
+    }
+    // The phase overrides of compile-c: a sandbox with the host's network,
+    // an agent and a verifier without.
+    let c = env.result("oracle", "compile-c__1");
+    assert_eq!(c["agent_run"]["network"], "no-network", "{c:#}");
+    assert_eq!(c["verifier_run"]["network"], "no-network", "{c:#}");
+    let evidence = env.json("oracle/compile-c__1/sandbox.json");
+    assert_eq!(evidence["network"], "host", "{evidence:#}");
+    let s = env.json("oracle/summary.json");
+    assert_eq!(s["rollouts"], 6);
+    assert_eq!(s["finished"], 6);
+    assert_eq!(s["failures"]["verifier_timeout"], 1, "{s:#}");
+    assert!(
+        (s["mean_reward"].as_f64().expect("a mean") - 4.0 / 6.0).abs() < 1e-9,
+        "{s:#}"
+    );
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("total") && l.contains("0.667") && l.contains("6/6")),
+        "{}",
+        out.stdout
+    );
+    // The verifier that timed out left nothing running.
+    assert!(processes_with_arg("300")
+        .iter()
+        .all(|(_, argv)| argv.first().map(String::as_str) != Some("sleep")));
+
+    // The same suite with the nop agent: the images come from the cache,
+    // and no task passes without its solution.
+    let out = env
+        .eval(&["--job", "nop", "--agent", "nop", "--jobs", "2", &tasks])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    for (task, _) in &expected {
+        let r = env.result("nop", &format!("{task}__1"));
+        let want = if *task == "verifier-timeout" {
+            failed("verifier_timeout", None)
+        } else {
+            ok(0.0)
+        };
+        assert_eq!(outcome(&r), want, "{task} with nop: {r:#}");
+        assert!(r["agent_run"].is_null(), "{r:#}");
+    }
+    assert!(
+        out.stderr
+            .lines()
+            .filter(|l| l.starts_with("built "))
+            .count()
+            == 6,
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn agents_limits_networks_users_env_and_healthchecks() {
+    let env = Env::with_evalbase();
+    let reward = |x: &str| format!("#!/bin/bash\necho {x} > /logs/verifier/reward.txt\n");
+    env.task(
+        "agent-timeout",
+        "[agent]\ntimeout_sec = 1\n",
+        "#!/bin/bash\nsleep 100 &\nsleep 100\n",
+        &reward("1"),
+    );
+    env.task(
+        "agent-fails",
+        "",
+        "#!/bin/bash\necho failing; exit 3\n",
+        "#!/bin/bash\necho '{\"reward\": 0.5, \"checks\": 2}' > /logs/verifier/reward.json\necho 0 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "no-reward",
+        "",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho nothing to see\nexit 0\n",
+    );
+    env.task(
+        "cheating-agent",
+        "",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        "#!/bin/bash\n[[ -e /logs/verifier/reward.txt ]] && exit 1\necho 0 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "phase-net",
+        "[agent]\nnetwork_mode = \"no-network\"\n",
+        "#!/bin/bash\ntail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > /logs/agent/ifaces\n",
+        "#!/bin/bash\ntail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' > /logs/verifier/ifaces\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "users",
+        "[agent]\nuser = \"user\"\n[verifier]\nuser = \"1000:1000\"\n",
+        "#!/bin/bash\n{ id -u; stat -c %u /instruction.md /solution/solve.sh; } > /logs/agent/who\n",
+        "#!/bin/bash\n{ id -u; stat -c %u /tests/test.sh; } > /logs/verifier/who\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "env-and-workdir",
+        "[environment]\nworkdir = \"/work/here\"\nenv = { GREETING = \"${EVAL_TEST_GREETING:-unset}\", FALLBACK = \"${EVAL_TEST_NOT_SET:-dflt}\" }\n[verifier]\nenv = { MODE = \"strict\" }\n[solution]\nenv = { HINT = \"h\" }\n",
+        "#!/bin/bash\necho \"$PWD $GREETING $FALLBACK $HINT ${MODE:-none}\" > /logs/agent/seen\n",
+        "#!/bin/bash\necho \"$PWD $GREETING $FALLBACK ${HINT:-none} $MODE\" > /logs/verifier/seen\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "unhealthy",
+        "[environment]\nhealthcheck = { command = \"echo not yet; false\", interval_sec = 0.1, retries = 2 }\n",
+        "#!/bin/bash\ntrue\n",
+        &reward("1"),
+    );
+    env.task(
+        "healthy",
+        "[environment]\nhealthcheck = { command = \"test -x /bin/bash\", interval_sec = 0.1 }\n",
+        "#!/bin/bash\ntrue\n",
+        &reward("1"),
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let out = env
+        .eval(&["--job", "j", "--jobs", "3", &tasks])
+        .env("EVAL_TEST_GREETING", "hello-from-host")
+        .output();
+    out.success();
+    let r = |t: &str| env.result("j", &format!("{t}__1"));
+    let read = |rel: &str| {
+        std::fs::read_to_string(env.out().join("j").join(rel))
+            .unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+    };
+
+    let t = r("agent-timeout");
+    assert_eq!(outcome(&t), failed("agent_timeout", Some(1.0)), "{t:#}");
+    assert_eq!(t["agent_run"]["exit_code"], 124, "{t:#}");
+    assert!(
+        t["timings_ms"]["agent"].as_u64().expect("ms") < 5000,
+        "{t:#}"
+    );
+    let t = r("agent-fails");
+    assert_eq!(outcome(&t), failed("agent_failed", Some(0.5)), "{t:#}");
+    assert_eq!(t["reward_source"], "reward.json");
+    assert_eq!(t["rewards"]["checks"], 2);
+    assert_eq!(read("agent-fails__1/agent/oracle.txt"), "failing\n");
+    let t = r("no-reward");
+    assert_eq!(outcome(&t), failed("verifier_failed", None), "{t:#}");
+    assert!(
+        t["error"].as_str().expect("error").contains("reward"),
+        "{t:#}"
+    );
+    assert_eq!(
+        read("no-reward__1/verifier/test-stdout.txt"),
+        "nothing to see\n"
+    );
+    let t = r("cheating-agent");
+    assert_eq!(outcome(&t), ok(0.0), "{t:#}");
+    assert_eq!(t["notes"].as_array().map(Vec::len), Some(1), "{t:#}");
+
+    let t = r("phase-net");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(read("phase-net__1/agent/ifaces"), "lo\n");
+    let host_ifaces = std::fs::read_to_string("/proc/net/dev").expect("/proc/net/dev");
+    assert_eq!(
+        read("phase-net__1/verifier/ifaces").lines().count(),
+        host_ifaces.lines().count() - 2,
+        "the verifier has the host's network"
+    );
+    assert_eq!(t["agent_run"]["network"], "no-network");
+    assert_eq!(t["verifier_run"]["network"], "public");
+
+    let t = r("users");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(read("users__1/agent/who"), "1000\n1000\n1000\n");
+    assert_eq!(read("users__1/verifier/who"), "1000\n1000\n");
+    assert_eq!(t["agent_run"]["user"], "user");
+
+    let t = r("env-and-workdir");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(
+        read("env-and-workdir__1/agent/seen"),
+        "/work/here hello-from-host dflt h none\n"
+    );
+    assert_eq!(
+        read("env-and-workdir__1/verifier/seen"),
+        "/work/here hello-from-host dflt none strict\n"
+    );
+
+    let t = r("unhealthy");
+    assert_eq!(outcome(&t), failed("start_failed", None), "{t:#}");
+    let e = t["error"].as_str().expect("error");
+    assert!(e.contains("healthcheck") && e.contains("not yet"), "{e}");
+    assert!(t["agent_run"].is_null(), "{t:#}");
+    assert_eq!(outcome(&r("healthy")), ok(1.0));
+
+    let s = env.json("j/summary.json");
+    assert_eq!(s["finished"], 9, "{s:#}");
+    assert_eq!(s["infra_errors"], 0, "{s:#}");
+    assert_eq!(s["failures"]["agent_timeout"], 1, "{s:#}");
+    assert!(out.stdout.contains("agent-timeout"), "{}", out.stdout);
+
+    // A command as the agent, with the instruction in a variable; --filter
+    // and --net none.
+    let out = env
+        .eval(&[
+            "--job",
+            "cmd",
+            "--agent",
+            "cmd:printf '%s|' \"$SIFBOX_INSTRUCTION\" > /logs/agent/got; cat /instruction.md >> /logs/agent/got; tail -n +3 /proc/net/dev | wc -l >> /logs/agent/got",
+            "--filter",
+            "heal*",
+            "--net",
+            "none",
+            &tasks,
+        ])
+        .output();
+    out.success();
+    let s = env.json("cmd/summary.json");
+    assert_eq!(s["rollouts"], 1, "only the filtered task: {s:#}");
+    assert_eq!(
+        read("../cmd/healthy__1/agent/got"),
+        "The instruction of healthy.\n|The instruction of healthy.\n1\n"
+    );
+    assert_eq!(env.result("cmd", "healthy__1")["agent"], "cmd:printf '%s|' \"$SIFBOX_INSTRUCTION\" > /logs/agent/got; cat /instruction.md >> /logs/agent/got; tail -n +3 /proc/net/dev | wc -l >> /logs/agent/got");
+}
+
+#[test]
+fn broken_dockerfile_is_build_failed_with_the_build_error() {
+    let env = Env::with_evalbase();
+    env.task(
+        "broken",
+        "#dockerfile\n[agent]\ntimeout_sec = 10\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.write(
+        "tasks/broken/environment/Dockerfile",
+        "FROM evalbase\nRUN echo about to fail && exit 3\n",
+    );
+    env.task(
+        "fine",
+        "#dockerfile\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.write(
+        "tasks/fine/environment/Dockerfile",
+        "FROM evalbase\nRUN echo built > /built\n",
+    );
+    let nap = unique_number();
+    env.task(
+        "slow-build",
+        "#dockerfile\n[environment]\nbuild_timeout_sec = 1\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.write(
+        "tasks/slow-build/environment/Dockerfile",
+        &format!("FROM evalbase\nRUN sleep {nap}\n"),
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let out = env
+        .eval(&["--job", "b", "--attempts", "2", &tasks])
+        .output();
+    // Every rollout ran (a broken task is a result, not an error of sifbox).
+    out.success();
+    for attempt in 1..=2 {
+        let r = env.result("b", &format!("broken__{attempt}"));
+        assert_eq!(outcome(&r), failed("build_failed", None), "{r:#}");
+        let e = r["error"].as_str().expect("an error");
+        assert!(
+            e.contains("Dockerfile:2") && e.contains("code 3") && e.contains("about to fail"),
+            "{e}"
+        );
+        assert!(
+            r["sandbox"].is_null(),
+            "no sandbox for a failed build: {r:#}"
+        );
+        let log = std::fs::read_to_string(env.out().join(format!("b/broken__{attempt}/build.log")))
+            .expect("build.log");
+        assert!(
+            log.contains("about to fail") && log.contains("ERROR"),
+            "{log}"
+        );
+        assert_eq!(
+            outcome(&env.result("b", &format!("fine__{attempt}"))),
+            ok(1.0)
+        );
+    }
+    // A build past its time limit is stopped, with nothing left running.
+    let r = env.result("b", "slow-build__1");
+    assert_eq!(outcome(&r), failed("build_failed", None), "{r:#}");
+    assert!(
+        r["error"]
+            .as_str()
+            .expect("error")
+            .contains("build_timeout_sec (1 s)"),
+        "{r:#}"
+    );
+    assert!(
+        r["timings_ms"]["build"].as_u64().expect("ms") < 20_000,
+        "{r:#}"
+    );
+    assert_eq!(processes_with_arg(&nap.to_string()), Vec::new());
+    // One build per environment, shared by its rollouts.
+    let log = std::fs::read_to_string(env.out().join("b/builds/broken.log")).expect("log");
+    assert_eq!(log.matches("# sifbox build").count(), 1, "{log}");
+    let s = env.json("b/summary.json");
+    assert_eq!(s["failures"]["build_failed"], 4, "{s:#}");
+    assert!(out.stdout.contains("build_failed 2"), "{}", out.stdout);
+}
+
+#[test]
+fn ctrl_c_stops_every_sandbox_and_resume_completes_the_rest() {
+    let env = Env::with_evalbase();
+    let nap = unique_number();
+    let token = unique("secret-token");
+    env.task(
+        "a-quick",
+        "",
+        "#!/bin/bash\necho done > /tmp/done\n",
+        "#!/bin/bash\n[[ -e /tmp/done ]] && echo 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "b-slow",
+        "[environment]\nenv = { NAP = \"${EVAL_TEST_NAP}\", TOKEN = \"${EVAL_TEST_TOKEN}\" }\n",
+        "#!/bin/bash\n[[ $TOKEN == secret-token-* ]] && echo token-ok > /logs/agent/token\nsleep \"$NAP\" &\nwait\n",
+        "#!/bin/bash\n[[ -e /logs/agent/token ]] && echo 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let is_nap = |(_, argv): &(i32, Vec<String>)| {
+        argv.first().is_some_and(|a| a.ends_with("sleep")) && argv.get(1) == Some(&nap.to_string())
+    };
+    let running = env
+        .eval(&["--job", "r", "--attempts", "2", "--jobs", "2", &tasks])
+        .env("EVAL_TEST_NAP", nap.to_string())
+        .env("EVAL_TEST_TOKEN", &token)
+        .spawn();
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            processes_with_arg(&nap.to_string())
+                .iter()
+                .filter(|p| is_nap(p))
+                .count()
+                == 2
+        }),
+        "the two slow rollouts did not start"
+    );
+    // The secret is in no command line of the host.
+    assert_eq!(processes_with_arg(&token), Vec::new());
+    running.signal(rustix::process::Signal::INT);
+    let out = running.wait();
+    out.code_is(130);
+    env.sb.assert_clean();
+    assert!(
+        eventually(Duration::from_secs(5), || processes_with_arg(
+            &nap.to_string()
+        )
+        .iter()
+        .all(|p| !is_nap(p))),
+        "sleeps of the interrupted rollouts survived: {:?}",
+        processes_with_arg(&nap.to_string())
+    );
+    for attempt in 1..=2 {
+        assert_eq!(
+            outcome(&env.result("r", &format!("a-quick__{attempt}"))),
+            ok(1.0)
+        );
+        let r = env.result("r", &format!("b-slow__{attempt}"));
+        assert_eq!(r["status"], "interrupted", "{r:#}");
+    }
+    let s = env.json("r/summary.json");
+    assert_eq!(
+        (s["finished"].as_u64(), s["interrupted"].as_u64()),
+        (Some(2), Some(2)),
+        "{s:#}"
+    );
+    assert!(out.stdout.contains("interrupted 2"), "{}", out.stdout);
+    let before = env.result("r", "a-quick__1");
+
+    // --resume runs what did not finish, and only that.
+    let out = env
+        .eval(&[
+            "--job",
+            "r",
+            "--attempts",
+            "2",
+            "--jobs",
+            "2",
+            "--resume",
+            &tasks,
+        ])
+        .env("EVAL_TEST_NAP", "0")
+        .env("EVAL_TEST_TOKEN", &token)
+        .output();
+    out.success();
+    assert_eq!(
+        env.result("r", "a-quick__1"),
+        before,
+        "a finished rollout was run again"
+    );
+    for attempt in 1..=2 {
+        let r = env.result("r", &format!("b-slow__{attempt}"));
+        assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+    }
+    let s = env.json("r/summary.json");
+    assert_eq!(
+        (s["finished"].as_u64(), s["ran_now"].as_u64()),
+        (Some(4), Some(2)),
+        "{s:#}"
+    );
+    assert_eq!(s["mean_reward"], 1.0);
+    // Nor is the secret in any file of the job.
+    let mut files = vec![env.out()];
+    while let Some(p) = files.pop() {
+        if p.is_dir() {
+            files.extend(
+                std::fs::read_dir(&p)
+                    .expect("ls")
+                    .map(|e| e.expect("entry").path()),
+            );
+        } else {
+            let data = std::fs::read(&p).unwrap_or_default();
+            assert!(
+                !String::from_utf8_lossy(&data).contains(&token),
+                "the secret is in {}",
+                p.display()
+            );
+        }
+    }
+    // A job that exists is not started again by mistake.
+    env.eval(&["--job", "r", &tasks])
+        .env("EVAL_TEST_NAP", "0")
+        .env("EVAL_TEST_TOKEN", &token)
+        .output()
+        .sifbox_error()
+        .stderr_has("--resume");
+}
+
+#[test]
+fn bad_input_is_one_clear_error_and_leaves_nothing() {
+    let env = Env::new();
+    let good = env.task(
+        "good",
+        "",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let good = good.display().to_string();
+    env.write("empty/README", "no tasks here\n");
+    env.write("badtoml/task.toml", "[agent]\ntimeout_sec = \"soon\"\n");
+    env.write("badtoml/instruction.md", "x");
+    let allow = env.task(
+        "allow",
+        "[environment]\nnetwork_mode = \"allowlist\"\nallowed_hosts = [\"example.com\"]\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\ntrue\n",
+    );
+    let unset = env.task(
+        "unset",
+        "[environment]\nenv = { KEY = \"${EVAL_TEST_SURELY_UNSET}\" }\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\ntrue\n",
+    );
+    let empty = env.path("empty").display().to_string();
+    let badtoml = env.path("badtoml").display().to_string();
+    let allow = allow.display().to_string();
+    let unset = unset.display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![&empty], "task.toml"),
+        (vec![&badtoml], "task.toml:2"),
+        (vec!["/nonexistent-task-dir"], "no such directory"),
+        (vec!["--agent", "claude-code", &good], "not an agent"),
+        (vec![&allow], "allowlist"),
+        (vec![&unset], "EVAL_TEST_SURELY_UNSET"),
+        (vec!["--resume", &good], "--job"),
+        (vec!["--filter", "zzz*", &good], "--filter"),
+        (vec!["--attempts", "0", &good], "--attempts"),
+        (vec!["--job", "../up", &good], "--job"),
+        (vec!["--progress", "loud", &good], "--progress"),
+    ];
+    for (args, needle) in cases {
+        let out_dir = env.out().display().to_string();
+        let mut all = vec!["eval", "--out", &out_dir];
+        all.extend_from_slice(&args);
+        let out = env.cmd(&all).env_remove("EVAL_TEST_SURELY_UNSET").output();
+        out.sifbox_error().stderr_has(needle);
+        let left: Vec<_> = std::fs::read_dir(env.out())
+            .map(|rd| rd.map(|e| e.expect("entry").path()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}

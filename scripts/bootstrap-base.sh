@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Makes the base image that the example tasks (examples/tasks) and the build
+# and eval tests start FROM, without Docker Hub: a Debian bookworm minbase
+# tree bootstrapped with mmdebstrap from the host's Debian mirror, kept as
+# target/bookworm-minbase.tar (made once per machine, ~1 minute), and
+# imported into the image store as `debian:bookworm` when a sifbox binary
+# is given. Idempotent: an existing tarball and an existing import are kept.
+#
+# Usage: scripts/bootstrap-base.sh [SIFBOX-BINARY]
+#        ($SIFBOX_CACHE selects the store; $SIFBOX_BASE_TAR the tarball)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+readonly REPO
+TAR=${SIFBOX_BASE_TAR:-$REPO/target/bookworm-minbase.tar}
+readonly NAME=debian:bookworm
+
+log() { printf 'bootstrap-base: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+if [[ -s $TAR ]]; then
+    log "ok: $TAR exists"
+else
+    command -v mmdebstrap >/dev/null 2>&1 ||
+        die "mmdebstrap is not installed: run scripts/install-deps.sh"
+    mirror=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    if [[ -z $mirror ]]; then
+        mirror=$(awk '$1 == "deb" { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+    fi
+    mirror=${mirror:-http://deb.debian.org/debian}
+    mkdir -p "$(dirname "$TAR")"
+    tmp="$TAR.partial.$$"
+    trap 'rm -f -- "$tmp"' EXIT
+    log "bootstrapping Debian bookworm (minbase) from $mirror into $TAR (about a minute)"
+    # root: chroot mode; other users: a user namespace (needs a subuid range).
+    mmdebstrap --quiet --variant=minbase --mode=auto --format=tar bookworm "$tmp" "$mirror" ||
+        die "mmdebstrap failed (is $mirror reachable?)"
+    mv -- "$tmp" "$TAR"
+    trap - EXIT
+    log "ok: made $TAR"
+fi
+
+if [[ -n ${1:-} ]]; then
+    sifbox=$1
+    [[ -x $sifbox ]] || die "$sifbox is not an executable sifbox binary"
+    # The import is done once per store (by the tarball's fingerprint);
+    # naming it again is instant.
+    "$sifbox" image import "$TAR" --name "$NAME" >/dev/null ||
+        die "importing $TAR as $NAME failed"
+    log "ok: $NAME in the image store ${SIFBOX_CACHE:-(default)}"
+fi
