@@ -136,7 +136,15 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
             )?;
             store.publish_sif(&sif)?
         }
-        SourceKind::Layers => import_layers(store, &canon, &work, clamp_time(&canon))?,
+        SourceKind::Layers => import_layers(
+            store,
+            &canon,
+            &work,
+            LayersOptions {
+                clamp: clamp_time(&canon),
+                ..LayersOptions::default()
+            },
+        )?,
     };
     if kind != SourceKind::RootfsDir {
         store.remember_source(&key, &digest)?;
@@ -149,25 +157,51 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
     })
 }
 
+/// How [`import_layers`] checks and packs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LayersOptions {
+    /// Entries newer than this get it as their mtime; `None`: the newest
+    /// mtime the layers left (so the same layers give the same SIF).
+    pub clamp: Option<u32>,
+    /// gzip level of the SIF's squashfs; `None`: the default (9, as
+    /// mksquashfs). `SIFBOX_GZIP_LEVEL` overrides both.
+    pub level: Option<u32>,
+    /// The blobs were verified when they were stored (the registry blob
+    /// cache): skip the pass that reads them all before anything is
+    /// written. They are still checked while they are applied.
+    pub blobs_verified: bool,
+}
+
 /// Turns a layered source (a rootfs tarball, an OCI layout or archive, a
 /// docker-archive) into a stored image, working in `work`: verifies and
 /// applies the layers, writes Apptainer's layout from the image config,
-/// packs the SIF (entries newer than `clamp` get `clamp` as mtime) and keeps
-/// the tree as the image's unpacked copy. Imports and registry pulls (which
-/// assemble an OCI layout from the blob cache) both come through here.
+/// packs the SIF and keeps the tree as the image's unpacked copy. Imports
+/// and registry pulls (which assemble an OCI layout from the blob cache)
+/// both come through here.
 pub fn import_layers(
     store: &Store,
     source: &Path,
     work: &WorkDir,
-    clamp: Option<u32>,
+    o: LayersOptions,
 ) -> Result<Digest> {
     let tree = work.path().join("rootfs");
     let opts = layer::ImportOptions {
         tmp_dir: Some(work.path().to_path_buf()),
         ..Default::default()
     };
-    let unpacked = layer::unpack_image(source, &tree, &opts).map_err(|e| src_err(source, e))?;
-    let c = unpacked.config;
+    let image = layer::Image::open(source, &opts).map_err(|e| src_err(source, e))?;
+    if !o.blobs_verified {
+        image.verify().map_err(|e| src_err(source, e))?;
+    }
+    std::fs::create_dir_all(&tree).map_err(|e| src_err(&tree, e))?;
+    let dir = cap_std::fs::Dir::open_ambient_dir(&tree, cap_std::ambient_authority())
+        .map_err(|e| src_err(&tree, e))?;
+    image
+        .apply(&dir, &opts.apply)
+        .map_err(|e| src_err(source, e))?;
+    drop(dir);
+    let c = image.config().clone();
+    drop(image);
     let m = ImageMeta {
         env: c.env,
         workdir: c.workdir,
@@ -177,14 +211,37 @@ pub fn import_layers(
         labels: c.labels,
         ..ImageMeta::default()
     };
+    // Before the layout files, which are new, are written.
+    let clamp = o.clamp.or_else(|| newest_mtime(&tree));
     meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
     let sif = work.path().join("image.sif");
-    build_sif(&tree, &m, work.path(), &sif, clamp)?;
+    build_sif_at_level(&tree, &m, work.path(), &sif, clamp, o.level)?;
     let d = store.publish_sif(&sif)?;
     // The tree is what the SIF holds: keep it as the unpacked copy.
     let _rootfs_lock = store.lock(&format!("rootfs-{}", d.hex()))?;
     store.publish_rootfs(&tree, &d)?;
     Ok(d)
+}
+
+/// The newest mtime of any entry in `tree` (not following symlinks).
+fn newest_mtime(tree: &Path) -> Option<u32> {
+    let mut newest: i64 = 0;
+    let mut dirs = vec![tree.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            newest = newest.max(m.mtime());
+            if m.is_dir() {
+                dirs.push(e.path());
+            }
+        }
+    }
+    u32::try_from(newest.max(0)).ok()
 }
 
 /// The time every entry newer than the source is clamped to, so that the

@@ -720,6 +720,10 @@ fn multi_layer_docker_v2_image_with_whiteouts_and_opaque_dirs() {
     again.stderr_has("up to date");
     assert_eq!(reg.blob_gets().len(), gets, "nothing downloaded again");
 
+    // Made again (from the cached blobs), the image has the same bytes.
+    env.sifbox(&["image", "rm", &reference]).success();
+    assert_eq!(env.pull(&reference), digest, "same layers, same SIF");
+
     // gc keeps the blob cache; gc --blobs keeps what stored images use and
     // removes the rest once the image is gone.
     let layers = layout.layer_digests("multi");
