@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job until `sifbox eval` exists: sets up (packages, a release build,
-# a busybox root filesystem) and then shows what a sifbox sandbox isolates,
-# one `sifbox run` at a time, checking each claim as it goes.
+# The main job on defaults: sets up (packages, a release build, the Debian
+# bookworm base image `debian:bookworm` in the image store), runs the example
+# task suite with `sifbox eval examples/tasks --agent oracle`, shows the
+# summary and checks the rewards; then shows what a sifbox sandbox isolates,
+# one `sifbox run` at a time on a busybox root filesystem, checking each
+# claim as it goes.
 #
 # Usage: scripts/demo.sh     (as any user; package installs use sudo when not root)
 
@@ -59,6 +62,37 @@ bash "$REPO/scripts/install-deps.sh"
 cargo build --release -p sifbox
 bash "$REPO/scripts/make-test-rootfs.sh" "$ROOTFS" >/dev/null
 [[ -x $SIFBOX ]] || fail "$SIFBOX was not built"
+bash "$REPO/scripts/bootstrap-base.sh" "$SIFBOX"
+
+echo
+echo "==== the main job: sifbox eval examples/tasks --agent oracle ===="
+jobs_dir=$REPO/target/demo-jobs
+job=demo-$(date -u +%Y%m%d-%H%M%S)
+printf '$ sifbox eval examples/tasks --agent oracle --out %s --job %s\n' "$jobs_dir" "$job"
+"$SIFBOX" eval "$REPO/examples/tasks" --agent oracle --out "$jobs_dir" --job "$job" ||
+    fail "sifbox eval failed"
+# The expected outcome of each example task with its own solution.
+python3 - "$jobs_dir/$job" <<'PY' || fail "the example tasks did not give the expected rewards"
+import json, pathlib, sys
+job = pathlib.Path(sys.argv[1])
+expected = {
+    "background-service": (1.0, None),
+    "compile-c": (1.0, None),
+    "edit-files": (1.0, None),
+    "failing-solution": (0.0, None),
+    "no-network": (1.0, None),
+    "verifier-timeout": (None, "verifier_timeout"),
+}
+bad = []
+for task, want in expected.items():
+    r = json.loads((job / f"{task}__1" / "result.json").read_text())
+    got = (r["reward"], r["error_class"])
+    if got != want:
+        bad.append(f"{task}: expected {want}, got {got}")
+if bad:
+    sys.exit("\n".join(bad))
+print(f"rewards as expected; results in {job}")
+PY
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sifbox-demo.XXXXXX")
 marker="$HOME/.sifbox-demo-marker.$$"

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The eval benchmark of issue 7: ROLLOUTS rollouts of a trivial task (the
+oracle runs `true`, the verifier writes reward 1) with --jobs JOBS; reports
+the per-rollout overhead of sifbox (the rollout's wall time minus the time
+spent in the agent's and the verifier's commands, as each result.json
+records it: a command's time is its exec as the client sees it, start to
+exit, so bash's start-up and the exec round trip count as the command's)
+and the throughput (rollouts per second of the job's wall time). The
+task's image is built (and cached) by a warm-up job first."""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import percentile  # noqa: E402
+
+TASK_TOML = """version = "1.0"
+[environment]
+network_mode = "no-network"
+[agent]
+timeout_sec = 60
+[verifier]
+timeout_sec = 60
+"""
+
+
+def write(path: pathlib.Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def make_task(root: pathlib.Path) -> pathlib.Path:
+    task = root / "trivial"
+    write(task / "task.toml", TASK_TOML)
+    write(task / "instruction.md", "Do nothing.\n")
+    write(task / "environment" / "Dockerfile", "FROM debian:bookworm\n")
+    write(task / "solution" / "solve.sh", "#!/bin/bash\ntrue\n", 0o755)
+    write(task / "tests" / "test.sh",
+          "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n", 0o755)
+    return task
+
+
+def run_job(sifbox: str, task: pathlib.Path, out: pathlib.Path, job: str,
+            attempts: int, jobs: int) -> float:
+    cmd = [sifbox, "eval", str(task), "--attempts", str(attempts),
+           "--jobs", str(jobs), "--out", str(out), "--job", job,
+           "--progress", "quiet"]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, check=False)
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"bench-eval: {' '.join(cmd)} failed ({done.returncode}):\n"
+                 f"{done.stdout}{done.stderr}")
+    return took
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--sifbox", required=True)
+    p.add_argument("--work", required=True, help="a scratch dir")
+    p.add_argument("--rollouts", type=int, default=100)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--json", help="also write the figures to this file")
+    a = p.parse_args()
+
+    work = pathlib.Path(a.work)
+    # The store bench-eval.sh bootstrapped debian:bookworm into.
+    os.environ.setdefault("SIFBOX_CACHE", str(work / "cache"))
+    task = make_task(work / "tasks")
+    out = work / "jobs"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_job(a.sifbox, task, out, f"warm-{stamp}", 1, 1)
+    wall = run_job(a.sifbox, task, out, f"bench-{stamp}", a.rollouts, a.jobs)
+
+    results = [json.loads(f.read_text())
+               for f in (out / f"bench-{stamp}").glob("*/result.json")]
+    if len(results) != a.rollouts:
+        sys.exit(f"bench-eval: {len(results)} results, expected {a.rollouts}")
+    bad = [r["rollout"] for r in results
+           if r["status"] != "ok" or r["reward"] != 1.0]
+    if bad:
+        sys.exit(f"bench-eval: rollouts without reward 1: {bad}")
+    t = [r["timings_ms"] for r in results]
+    overhead = [x["total"] - x["agent"] - x["verifier"] for x in t]
+    figures = {
+        "rollouts": a.rollouts,
+        "jobs": a.jobs,
+        "wall_s": round(wall, 3),
+        "rollouts_per_s": round(a.rollouts / wall, 2),
+        "overhead_ms_median": percentile(overhead, 50),
+        "overhead_ms_p95": percentile(overhead, 95),
+        "rollout_ms_median": percentile([x["total"] for x in t], 50),
+        "commands_ms_median": percentile(
+            [x["agent"] + x["verifier"] for x in t], 50),
+        "start_ms_median": percentile([x["start"] for x in t], 50),
+        "setup_ms_median": percentile([x["setup"] for x in t], 50),
+        "stop_ms_median": percentile([x["stop"] for x in t], 50),
+        "build_ms_median": percentile([x["build"] for x in t], 50),
+    }
+    print(f"{a.rollouts} rollouts of a trivial task, --jobs {a.jobs}, "
+          f"in {wall:.2f} s: {figures['rollouts_per_s']} rollouts/s")
+    print(f"per rollout (ms, median): wall {figures['rollout_ms_median']:.0f}"
+          f" = agent+verifier commands {figures['commands_ms_median']:.0f}"
+          f" + sifbox {figures['overhead_ms_median']:.0f}"
+          f" (p95 {figures['overhead_ms_p95']:.0f});"
+          f" of which start {figures['start_ms_median']:.0f},"
+          f" uploads {figures['setup_ms_median']:.0f},"
+          f" stop {figures['stop_ms_median']:.0f},"
+          f" image {figures['build_ms_median']:.0f}")
+    goal = figures["overhead_ms_median"] <= 50
+    print(f"goal: median overhead <= 50 ms: {'met' if goal else 'NOT met'}")
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
