@@ -795,7 +795,7 @@ fn interrupted_build_leaves_nothing_after_gc() {
         ),
     );
     let ctx = env.ctx.path().display().to_string();
-    let mut running = env
+    let running = env
         .sb
         .cmd(["build", "--progress", "plain", &ctx])
         .env("SIFBOX_CACHE", env.cache.path())
