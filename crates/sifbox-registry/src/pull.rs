@@ -180,7 +180,9 @@ pub fn pull(
             attempts: 1,
         })?;
     let platform = opts.platform.clone().unwrap_or_else(Platform::host);
+    let started = std::time::Instant::now();
     let resolved = rt.block_on(resolve(reference, creds, opts, &platform))?;
+    tracing::debug!(elapsed = ?started.elapsed(), manifest = %resolved.manifest.digest, "resolved");
     let manifest_digest = resolved.manifest.digest.to_string();
     let finish_cached = |d: store::Digest| -> Result<Pulled, PullError> {
         let name = tag(store, reference, &d, &resolved, &platform).map_err(store_err)?;
@@ -256,6 +258,7 @@ pub fn pull(
         }
     }
 
+    tracing::debug!(elapsed = ?started.elapsed(), "blobs in the cache");
     progress.step(&format!("unpacking {} layers", resolved.layers.len()));
     let work = store.work_dir("pull").map_err(store_err)?;
     let layout = work.path().join("layout");
@@ -278,6 +281,7 @@ pub fn pull(
             source: e,
         }
     })?;
+    tracing::debug!(elapsed = ?started.elapsed(), image = %digest, "imported");
     let mut used: Vec<store::Digest> = vec![mdigest];
     used.extend(
         blobs
