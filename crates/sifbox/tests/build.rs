@@ -847,3 +847,77 @@ fn gc_build_cache_empties_layers_and_cache_mounts() {
     out.success();
     assert_eq!(out.stderr.matches(" CACHED").count(), 0, "{}", out.stderr);
 }
+
+#[test]
+fn scratch_stage_bases_substitution_and_escape_directive() {
+    let env = Env::new();
+    env.file("hello.txt", "hello\n");
+    // FROM scratch holds only what is copied into it (and Apptainer's
+    // metadata layout); a later stage builds FROM an earlier one by name.
+    let df = "# escape=`\n\
+FROM scratch AS files\n\
+COPY hello.txt /data/hello.txt\n\
+FROM busybox AS tools\n\
+ARG UNSET\n\
+ARG SET=value\n\
+ENV A=${UNSET:-fallback} B=${SET:+replaced} C=`$SET D=${SET}\n\
+RUN echo \"$A $B $C $D $HTTP_PROXY\" > /subst && `\n\
+    echo continued >> /subst\n\
+FROM tools\n\
+COPY --from=files /data /data\n";
+    env.build_ok(
+        df,
+        &[
+            "-t",
+            "scratchy",
+            "--build-arg",
+            "HTTP_PROXY=http://proxy.invalid:3128",
+        ],
+    );
+    assert_eq!(
+        env.sh("scratchy", "cat /subst /data/hello.txt"),
+        "fallback replaced $SET value http://proxy.invalid:3128\ncontinued\nhello\n"
+    );
+    // The proxy arg reached RUN without being declared, and is not in the
+    // image's config.
+    let c = env.config("scratchy");
+    let envs = c["env"].to_string();
+    assert!(!envs.contains("proxy.invalid"), "{envs}");
+    // The scratch stage alone: just the copied file and Apptainer's layout.
+    let d = env.build_ok(df, &["--target", "files"]);
+    // Unpacking it for a run makes the store's copy of its tree.
+    // (There is no program in it to run: the command fails, the tree stays.)
+    let _ = env.sifbox(&["run", &d, "/data/hello.txt"]);
+    let rootfs = env.cache.path().join("rootfs").join(d.replace(':', "-"));
+    let mut top: Vec<String> = std::fs::read_dir(&rootfs)
+        .expect("unpacked rootfs")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    // Apptainer's base layout (as `apptainer build` makes it) and the copy.
+    assert_eq!(
+        top,
+        [
+            ".singularity.d",
+            "data",
+            "dev",
+            "etc",
+            "home",
+            "proc",
+            "root",
+            "sys",
+            "tmp",
+            "var"
+        ],
+        "{}",
+        rootfs.display()
+    );
+    let mut etc: Vec<String> = std::fs::read_dir(rootfs.join("etc"))
+        .expect("etc")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    etc.sort();
+    assert_eq!(etc, ["hosts", "resolv.conf"]);
+}
