@@ -684,7 +684,7 @@ impl Builder<'_> {
         results: &HashMap<usize, StageResult>,
         scratch: &mut Vec<tempfile::TempDir>,
     ) -> Result<Option<(Bind, String)>> {
-        let target = |_: Option<String>| -> Result<String> {
+        let target = || -> Result<String> {
             let t = m
                 .effective_target()
                 .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
@@ -696,7 +696,7 @@ impl Builder<'_> {
         };
         match m.kind {
             MountType::Cache => {
-                let dst = target(None)?;
+                let dst = target()?;
                 let id = m.effective_id().unwrap_or_else(|| dst.clone());
                 let dir = self
                     .store
@@ -714,7 +714,7 @@ impl Builder<'_> {
                 )))
             }
             MountType::Tmpfs => {
-                let dst = target(None)?;
+                let dst = target()?;
                 let t = tempfile::Builder::new()
                     .prefix("sifbox-tmpfs.")
                     .tempdir()
@@ -734,7 +734,7 @@ impl Builder<'_> {
                 let id = m
                     .effective_id()
                     .ok_or_else(|| self.err(inst, "a secret mount needs id= or target="))?;
-                let dst = target(None)?;
+                let dst = target()?;
                 let Some(src) = self.opts.secrets.get(&id) else {
                     if !m.required {
                         // As Docker: a secret that was not given is left out.
@@ -755,7 +755,7 @@ impl Builder<'_> {
                 )))
             }
             MountType::Bind => {
-                let dst = target(None)?;
+                let dst = target()?;
                 let source = m.source.clone().unwrap_or_default();
                 let (src, key) = match &m.from {
                     None => {
@@ -787,7 +787,7 @@ impl Builder<'_> {
                         (dest, format!("bind:{}:{path}", st.state.key))
                     }
                 };
-                let readonly = !m.readonly_is_rw();
+                let readonly = m.readonly;
                 let src = if readonly {
                     src
                 } else {
@@ -1135,12 +1135,6 @@ impl Builder<'_> {
         self.store.remember_source(&source_key, &d)?;
         self.progress.done(false, started.elapsed());
         Ok((d, false))
-    }
-}
-
-impl dockerfile::Mount {
-    fn readonly_is_rw(&self) -> bool {
-        !self.readonly
     }
 }
 
