@@ -1041,9 +1041,7 @@ impl Builder<'_> {
                 }
                 for a in archives {
                     sb.extract(&dest_dir, owner, move |w| {
-                        let f = std::fs::File::open(&a.src)?;
-                        let mut d =
-                            sifbox_image::layer::decompressed(f).map_err(std::io::Error::other)?;
+                        let mut d = crate::archive::open(&a.src)?;
                         let mut w = w;
                         std::io::copy(&mut d, &mut w)?;
                         Ok(())
@@ -1058,12 +1056,12 @@ impl Builder<'_> {
         Ok(cached)
     }
 
-    /// ADD: local tar archives (plain, gzip, zstd) among the entries are
+    /// ADD: local tar archives (plain, gzip, zstd, bzip2, xz) among the entries are
     /// unpacked into the destination instead of copied; they are marked by
     /// an empty name.
     fn expand_archives(&self, mut plan: CopyPlan) -> Result<CopyPlan> {
         for e in &mut plan.entries {
-            if matches!(e.kind, Kind::File { .. }) && is_tar_archive(&e.src) {
+            if matches!(e.kind, Kind::File { .. }) && crate::archive::is_tar(&e.src) {
                 e.name = PathBuf::new();
             }
         }
@@ -1148,24 +1146,6 @@ impl OutputSink for Sink {
 
 fn is_url(s: &str) -> bool {
     s.starts_with("http://") || s.starts_with("https://") || s.starts_with("git@")
-}
-
-fn is_tar_archive(path: &Path) -> bool {
-    let Ok(f) = std::fs::File::open(path) else {
-        return false;
-    };
-    let Ok(mut d) = sifbox_image::layer::decompressed(f) else {
-        return false;
-    };
-    let mut head = [0u8; 512];
-    let mut got = 0;
-    while got < head.len() {
-        match std::io::Read::read(&mut d, &mut head[got..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got += n,
-        }
-    }
-    got == 512 && &head[257..262] == b"ustar"
 }
 
 /// Copies a tree (for a rw bind mount), symlinks as links.

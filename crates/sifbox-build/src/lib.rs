@@ -9,6 +9,7 @@ pub mod lex;
 pub mod plan;
 
 // The executor.
+pub mod archive;
 pub mod build;
 pub mod context;
 pub mod error;

@@ -268,6 +268,17 @@ fn copy_and_add_follow_dockers_rules() {
         .status()
         .expect("tar");
     assert!(status.success());
+    for (flag, name) in [("-cjf", "archive.tar.bz2"), ("-cJf", "archive.tar.xz")] {
+        let status = Command::new("tar")
+            .arg("-C")
+            .arg(src.path().join("t"))
+            .arg(flag)
+            .arg(env.ctx.path().join(name))
+            .arg(".")
+            .status()
+            .expect("tar (bzip2, xz-utils)");
+        assert!(status.success(), "tar {flag}");
+    }
     let df = r#"FROM busybox
 COPY a.txt /one/
 COPY a.txt /renamed.txt
@@ -284,6 +295,8 @@ COPY --exclude=b.txt *.txt /excl/
 WORKDIR /w
 COPY a.txt rel.txt
 ADD archive.tar.gz /unpacked/
+ADD archive.tar.bz2 /unpacked-bz2/
+ADD archive.tar.xz /unpacked-xz/
 ADD a.txt /added.txt
 "#;
     env.build_ok(df, &["-t", "copies"]);
@@ -291,6 +304,7 @@ ADD a.txt /added.txt
         "copies",
         "cd / && for f in one/a.txt renamed.txt dircontents/x dircontents/sub/y glob/a.txt glob/b.txt \
          multi/a.txt multi/b.txt chmod.txt chown.txt chown-name.txt usr/local/bin/script.sh link \
+         unpacked-bz2/inner/z unpacked-xz/inner/z \
          ctx/a.txt ctx/keep/important.log excl/a.txt w/rel.txt unpacked/inner/z added.txt; do \
          stat -c '%n %a %u:%g %F' $f; done; cat renamed.txt; readlink link; cat unpacked/inner/z; script.sh; \
          ls /ctx | tr '\\n' ' '; echo; ls /ctx/keep; ls /excl; ls /dircontents | tr '\\n' ' '",
@@ -320,7 +334,13 @@ ADD a.txt /added.txt
     assert_eq!(s["chmod.txt"], "600 0:0 regular file");
     assert_eq!(s["usr/local/bin/script.sh"], "755 0:0 regular file");
     assert_eq!(s["link"], "777 0:0 symbolic link");
-    assert_eq!(s["unpacked/inner/z"], "644 0:0 regular file");
+    for f in [
+        "unpacked/inner/z",
+        "unpacked-bz2/inner/z",
+        "unpacked-xz/inner/z",
+    ] {
+        assert_eq!(s[f], "644 0:0 regular file", "{f}");
+    }
     // Owners other than root survive where the caller can own files for
     // other ids: as root; an unprivileged caller's store keeps one owner.
     if is_root() {
