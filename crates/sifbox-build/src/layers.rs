@@ -171,11 +171,16 @@ impl<'s> Layers<'s> {
     /// Starts a sandbox on `state` whose writes go nowhere (a tmpfs), for
     /// reading a state: `COPY --from`, the final snapshot.
     pub fn reader(&self, state: &FsState) -> Result<Sandbox> {
+        self.reader_with(state, Vec::new())
+    }
+
+    /// [`Layers::reader`] with host dirs bound in.
+    pub fn reader_with(&self, state: &FsState, binds: Vec<Bind>) -> Result<Sandbox> {
         self.sandbox(
             state,
             &StepOptions {
                 net: NetMode::None,
-                binds: Vec::new(),
+                binds,
             },
             Writable::Tmpfs { size_mib: 64 },
         )

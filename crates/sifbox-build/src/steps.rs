@@ -118,6 +118,24 @@ pub fn export(
     tracing::debug!("export: SIF packed at {:?}", t0.elapsed());
     let digest = store.publish_sif(&sif)?;
     let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
+    if !root && layers.ids().uid_count() > 1 && !store.rootfs_path(&digest).is_dir() {
+        // The tree is the caller's. Sandboxes of this caller map its
+        // subordinate range: give the tree the owners the build gave its
+        // files (a user's home, a service's dirs), as seen through that
+        // mapping, so that a non-root USER can write where it should. The
+        // SIF was packed before: its owners stay root's.
+        const AT: &str = "/.sifbox-rootfs";
+        let sb = layers.reader_with(
+            state,
+            vec![sifbox_engine::spec::Bind {
+                src: tree.clone(),
+                dst: AT.into(),
+                readonly: false,
+            }],
+        )?;
+        sb.mirror_owners(AT)?;
+        sb.stop(std::time::Duration::ZERO)?;
+    }
     store.publish_rootfs(&tree, &digest)?;
     Ok(digest)
 }

@@ -62,6 +62,9 @@ pub enum Request {
     /// files belong to ids of the sandbox's mapping, which the caller
     /// cannot remove on the host). A missing path is not an error.
     Remove { path: String },
+    /// Give the copy of the root file system at `dst` (bound in from the
+    /// host) the owners of the original, where they are not root's.
+    MirrorOwners { dst: String },
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },

@@ -778,6 +778,18 @@ impl Sandbox {
         got.ctx(|| "reading the sandbox's root file system".to_string())
     }
 
+    /// Gives the copy of the root at `dst` the owners of the original (see
+    /// [`Request::MirrorOwners`]).
+    pub fn mirror_owners(&self, dst: &str) -> Result<()> {
+        self.request(
+            &Request::MirrorOwners {
+                dst: dst.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
     /// Removes the tree at `path` inside the sandbox (see
     /// [`Request::Remove`]).
     pub fn remove(&self, path: &str) -> Result<()> {

@@ -587,6 +587,12 @@ fn serve_in_child(conn: &UnixStream, req: Request, mut fds: Vec<OwnedFd>) -> i32
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
             i32::from(failed)
         }
+        Request::MirrorOwners { dst } => {
+            let r = transfer::mirror_owners(Path::new(&dst));
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
         Request::Snapshot => {
             let Some(fd) = fds.pop() else { return 125 };
             let r = transfer::write_root_tar(File::from(fd));

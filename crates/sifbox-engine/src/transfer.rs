@@ -218,6 +218,52 @@ pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
     b.into_inner()?.flush()
 }
 
+/// Gives every entry of the tree `dst` (a copy of `/` made by the caller,
+/// owned by it, bound into the sandbox) the owner its original in `/` has
+/// here, where it is not root's: the copy then belongs to the ids of the
+/// sandbox's mapping, as the original does. Other mounts and `dst` itself
+/// are left out; `dst` is reached through cap-std handles, so no symlink
+/// in it leads outside it. Entries missing from `dst` are skipped.
+pub fn mirror_owners(dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mounts = mount_points()?;
+    let out = Dir::open_ambient_dir(dst, cap_std::ambient_authority())?;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = Path::new("/").join(&rel);
+        let out_dir = if rel.as_os_str().is_empty() {
+            out.try_clone()?
+        } else {
+            match out.open_dir(&rel) {
+                Ok(d) => d,
+                Err(_) => continue,
+            }
+        };
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let path = e.path();
+            if path == dst || mounts.contains(&path) {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path)?;
+            let name = e.file_name();
+            if meta.uid() != 0 || meta.gid() != 0 {
+                let _ = rustix::fs::chownat(
+                    &out_dir,
+                    Path::new(&name),
+                    Some(rustix::fs::Uid::from_raw(meta.uid())),
+                    Some(rustix::fs::Gid::from_raw(meta.gid())),
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                );
+            }
+            if meta.is_dir() {
+                stack.push(rel.join(&name));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every mount point but `/`, from /proc/self/mountinfo.
 fn mount_points() -> std::io::Result<std::collections::HashSet<PathBuf>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;

@@ -801,8 +801,11 @@ impl Store {
                 .and_then(|h| Digest::parse(&format!("sha256:{h}")));
             if d.is_none_or(|d| !images.contains(&d)) {
                 let p = e.path();
-                remove_all(&p).map_err(io(&p))?;
-                report.unpacked_without_image.push(p);
+                if remove_all(&p).is_ok() {
+                    report.unpacked_without_image.push(p);
+                } else {
+                    report.unremovable.push(p);
+                }
             }
         }
         let sources = self.root.join("sources");

@@ -140,6 +140,13 @@ fn input_error(out: &Output) -> &Output {
     out
 }
 
+/// Whether images this caller builds keep owners other than root in its
+/// sandboxes: root's do, and so do those of a caller with a subordinate id
+/// range (builds and sandboxes map it).
+fn keeps_owners() -> bool {
+    is_root() || harness::has_subid_range()
+}
+
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
@@ -342,8 +349,8 @@ ADD a.txt /added.txt
         assert_eq!(s[f], "644 0:0 regular file", "{f}");
     }
     // Owners other than root survive where the caller can own files for
-    // other ids: as root; an unprivileged caller's store keeps one owner.
-    if is_root() {
+    // other ids: as root, or through a subordinate id range.
+    if keeps_owners() {
         assert_eq!(s["chown.txt"], "644 1000:1000 regular file");
         assert_eq!(s["chown-name.txt"], "644 1000:1000 regular file");
     } else {
@@ -697,7 +704,7 @@ fn apt_get_install_in_debian_bookworm() {
         run.success();
         assert_eq!(run.stdout, "Hello, world!\n");
         let owner = env.sh("hello", "stat -c '%U %a' /home/alice/secret");
-        if is_root() && userns == "auto" {
+        if keeps_owners() && userns == "auto" {
             assert_eq!(owner, "alice 600\n");
         } else {
             assert!(owner.ends_with(" 600\n"), "{owner}");
@@ -940,4 +947,29 @@ COPY --from=files /data /data\n";
         .collect();
     etc.sort();
     assert_eq!(etc, ["hosts", "resolv.conf"]);
+}
+
+#[test]
+fn a_non_root_user_owns_what_the_build_gave_it() {
+    let env = Env::new();
+    let d = env.build_ok(
+        "FROM busybox\nRUN mkdir -p /home/u/private && chown -R 1000:1000 /home/u && chmod 700 /home/u/private \
+&& echo mine > /home/u/private/f && chown 1000:1000 /home/u/private/f\nUSER 1000\n",
+        &["-t", "owned"],
+    );
+    let script = "id -u; touch /home/u/x && cat /home/u/private/f && stat -c '%u:%g' /home/u/x";
+    let out = env.sifbox(&["run", "owned", "sh", "-c", script]);
+    if keeps_owners() {
+        out.success();
+        assert_eq!(out.stdout, "1000\nmine\n1000:1000\n");
+    } else {
+        // One id only: the tree is root's, and so USER 1000 cannot write.
+        out.command_failed();
+    }
+    // Removing the image and collecting leaves nothing of its tree.
+    env.sifbox(&["image", "rm", "owned"]).success();
+    env.sifbox(&["gc"]).success();
+    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    let rootfs = env.cache.path().join("rootfs").join(d.replace(':', "-"));
+    assert!(!rootfs.exists(), "{} is left", rootfs.display());
 }
