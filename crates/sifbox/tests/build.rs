@@ -115,6 +115,25 @@ impl Env {
     }
 }
 
+impl Drop for Env {
+    /// Builds leave trees with files of the caller's subordinate ids, which
+    /// only sifbox can remove: empty the store so that its temp dir goes.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let ls = self.sifbox(&["image", "ls", "--json"]);
+        if let Ok(v) = serde_json::from_str::<Value>(ls.stdout.trim()) {
+            for i in v["images"].as_array().into_iter().flatten() {
+                if let Some(d) = i["digest"].as_str() {
+                    let _ = self.sifbox(&["image", "rm", d]);
+                }
+            }
+        }
+        let _ = self.sifbox(&["gc", "--build-cache"]);
+    }
+}
+
 fn digest_of(out: &Output) -> String {
     let d = out.stdout.trim().to_string();
     assert!(
