@@ -292,7 +292,7 @@ impl Context {
                 }
                 continue;
             }
-            if meta.file_type().is_socket_like() {
+            if is_special(meta.file_type()) {
                 continue;
             }
             out.push(entry(&path, name.clone(), &meta, chmod)?);
@@ -304,15 +304,10 @@ impl Context {
     }
 }
 
-trait SocketLike {
-    fn is_socket_like(&self) -> bool;
-}
-
-impl SocketLike for std::fs::FileType {
-    fn is_socket_like(&self) -> bool {
-        use std::os::unix::fs::FileTypeExt;
-        self.is_socket() || self.is_fifo() || self.is_char_device() || self.is_block_device()
-    }
+/// Sockets, fifos and devices are not copied (as Docker's context).
+fn is_special(ft: std::fs::FileType) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    ft.is_socket() || ft.is_fifo() || ft.is_char_device() || ft.is_block_device()
 }
 
 fn entry(

@@ -350,8 +350,8 @@ impl Store {
         &self.root
     }
 
-    /// Takes the exclusive lock on `key`, waiting for another holder.
-    pub fn lock(&self, key: &str) -> Result<KeyLock> {
+    /// The lock file of `key`, opened (made when missing).
+    fn lock_file(&self, key: &str) -> Result<(PathBuf, File)> {
         let path = self
             .root
             .join("locks")
@@ -362,6 +362,12 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(io(&path))?;
+        Ok((path, file))
+    }
+
+    /// Takes the exclusive lock on `key`, waiting for another holder.
+    pub fn lock(&self, key: &str) -> Result<KeyLock> {
+        let (path, file) = self.lock_file(key)?;
         loop {
             match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
                 Ok(()) => return Ok(KeyLock { _file: file }),
@@ -581,16 +587,7 @@ impl Store {
 
     /// Takes the lock on `key` if nobody holds it.
     fn try_lock(&self, key: &str) -> Result<Option<KeyLock>> {
-        let path = self
-            .root
-            .join("locks")
-            .join(format!("{}.lock", escape(key)));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io(&path))?;
+        let (_, file) = self.lock_file(key)?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => Ok(Some(KeyLock { _file: file })),
             Err(_) => Ok(None),
