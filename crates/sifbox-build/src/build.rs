@@ -220,24 +220,33 @@ fn hash_json(v: &impl serde::Serialize) -> String {
 
 impl Builder<'_> {
     fn err(&self, inst: &Instruction, message: impl Into<String>) -> BuildError {
+        self.err_at(inst.line, &inst.original, message)
+    }
+
+    fn err_at(&self, line: usize, text: &str, message: impl Into<String>) -> BuildError {
         BuildError::Instruction {
             file: self.file.clone(),
-            line: inst.line,
-            instruction: inst.original.clone(),
+            line,
+            instruction: text.to_string(),
             message: message.into(),
         }
     }
 
     /// `e` with the Dockerfile line of `inst`, unless it already has one.
     fn cite(&self, inst: &Instruction, e: BuildError) -> BuildError {
+        self.cite_at(inst.line, &inst.original, e)
+    }
+
+    /// `e` citing `line` and its `text`, unless it already cites one.
+    fn cite_at(&self, line: usize, text: &str, e: BuildError) -> BuildError {
         match e {
             e @ (BuildError::Instruction { .. } | BuildError::RunFailed { .. }) => e,
             BuildError::BadInput { what, why, fix } => {
-                self.err(inst, format!("{what}: {why}; {fix}"))
+                self.err_at(line, text, format!("{what}: {why}; {fix}"))
             }
             other => {
                 let bad = other.is_bad_input();
-                let e = self.err(inst, other.to_string());
+                let e = self.err_at(line, text, other.to_string());
                 if bad {
                     e
                 } else {
@@ -295,13 +304,9 @@ impl Builder<'_> {
                 )
             })?,
             Base::Image(r) => {
-                let from = Instruction {
-                    line: stage.line,
-                    end_line: stage.line,
-                    original: stage.original.clone(),
-                    kind: Instr::Maintainer(String::new()),
-                };
-                let mut base = self.image_base(r).map_err(|e| self.cite(&from, e))?;
+                let mut base = self
+                    .image_base(r)
+                    .map_err(|e| self.cite_at(stage.line, &stage.original, e))?;
                 // Triggers run in the stage that builds FROM the image and
                 // are not inherited further.
                 base.meta.onbuild.clear();
@@ -986,7 +991,7 @@ impl Builder<'_> {
         };
         let mut plan = plan;
         if is_add && c.from.is_none() {
-            plan = self.expand_archives(plan)?;
+            Self::expand_archives(&mut plan);
         }
         if !paths.is_empty() || !heredocs.is_empty() {
             // URLs beside local sources: into the destination directory.
@@ -1059,13 +1064,12 @@ impl Builder<'_> {
     /// ADD: local tar archives (plain, gzip, zstd, bzip2, xz) among the entries are
     /// unpacked into the destination instead of copied; they are marked by
     /// an empty name.
-    fn expand_archives(&self, mut plan: CopyPlan) -> Result<CopyPlan> {
+    fn expand_archives(plan: &mut CopyPlan) {
         for e in &mut plan.entries {
             if matches!(e.kind, Kind::File { .. }) && crate::archive::is_tar(&e.src) {
                 e.name = PathBuf::new();
             }
         }
-        Ok(plan)
     }
 
     /// `--chown=USER[:GROUP]` as numeric ids, from the image's
