@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 /// Largest frame accepted (argv and env of an exec included).
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Most descriptors carried by one frame.
-const MAX_FDS: usize = 4;
+const MAX_FDS: usize = 5;
 
 /// What a client asks of the exec server.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

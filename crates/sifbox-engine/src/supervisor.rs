@@ -345,6 +345,9 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
                     }
                     // On failure init reads EOF and reports it.
                 }
+                // All that is left to do is wait: the pages of setting up
+                // need not stay mapped.
+                sifbox_sys::drop_clean_file_pages();
             }
         }
         if init_done {
@@ -416,16 +419,85 @@ fn init_main(
         ));
     }
     drop(nest);
-    // Idle from here on: give back what setting up (and the CLI this
-    // process was forked from) allocated and freed.
-    sifbox_sys::release_free_memory();
     status.send(&format!("ready {}", exec::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();
+    // Idle until the first request: of the pages of sifbox and its
+    // libraries that setting up touched, the serve loop needs a few.
+    trim();
     serve(listener)
 }
 
-/// The exec server: one connection at a time, each exec in its own process.
+/// An exec worker: a child of init that serves execs one after another,
+/// each to its end (the command and everything it started), so that its
+/// page tables are warm and no exec after the first pays for a fork.
+struct Worker {
+    pid: Pid,
+    /// init's end of the socketpair: jobs go down, a byte per finished job
+    /// comes back; closing it tells an idle worker to exit.
+    chan: UnixStream,
+    busy: bool,
+}
+
+/// A job for a worker: the exec request, with the client's connection as
+/// the first fd and the request's own fds after it.
+fn worker_main(chan: &UnixStream) -> i32 {
+    loop {
+        if !wait_readable(chan, Some(IDLE_TRIM)) {
+            trim();
+        }
+        let Ok((req, mut fds)) = protocol::recv::<ExecRequest>(chan) else {
+            return 0;
+        };
+        if fds.is_empty() {
+            return 125;
+        }
+        let conn = UnixStream::from(fds.remove(0));
+        exec::run(&conn, req, fds);
+        drop(conn);
+        if rustix::io::write(chan, b"d").is_err() {
+            return 0;
+        }
+    }
+}
+
+/// How long a supervisor process waits idle before it gives back the pages
+/// that serving touched (see [`trim`]).
+const IDLE_TRIM: Duration = Duration::from_secs(2);
+
+/// Gives back freed heap and the mapped pages of code that an idle process
+/// does not need; the next request faults in what it uses again.
+fn trim() {
+    sifbox_sys::release_free_memory();
+    sifbox_sys::drop_clean_file_pages();
+}
+
+/// Waits until `fd` is readable (true) or `timeout` passes (false).
+fn wait_readable(fd: &impl std::os::fd::AsFd, timeout: Option<Duration>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let t = timeout.map(|d| Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    });
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        match poll(&mut fds, t.as_ref()) {
+            Ok(0) => return false,
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return true,
+        }
+    }
+}
+
+/// Whether an exec may run in a reusable worker: requests that change the
+/// serving process for good (a seccomp filter, a network namespace) get a
+/// process of their own.
+fn reusable(req: &ExecRequest) -> bool {
+    !req.fake_ids && !req.isolate_net
+}
+
+/// The exec server: one connection at a time; each exec runs in a worker
+/// process (reused), each transfer in a process of its own.
 fn serve(listener: UnixListener) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
@@ -436,28 +508,83 @@ fn serve(listener: UnixListener) -> ! {
     .and_then(|(r, w)| {
         signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, File::from(w))
             .ok()
-            .map(|_| r)
+            .map(|id| (r, id))
     });
-    // Detached execs by id, for `Signal`.
+    let sigchld_id = sigchld.as_ref().map(|(_, id)| *id);
+    let sigchld = sigchld.map(|(r, _)| r);
+    // Detached execs by id, for `Signal`: the pid of the worker serving it.
     let mut detached: HashMap<String, Pid> = HashMap::new();
+    let mut workers: Vec<Worker> = Vec::new();
+    // Whether anything ran since the last trim.
+    let mut busy_since_trim = false;
+    let idle_timeout = rustix::event::Timespec {
+        tv_sec: i64::try_from(IDLE_TRIM.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(IDLE_TRIM.subsec_nanos()),
+    };
     loop {
-        for pid in reap_finished() {
-            detached.retain(|_, p| *p != pid);
+        let reaped = reap_finished();
+        if !reaped.is_empty() {
+            detached.retain(|_, p| !reaped.contains(p));
+            workers.retain(|w| !reaped.contains(&w.pid));
         }
-        if let Some(r) = &sigchld {
-            let mut fds = [
-                PollFd::new(&listener, PollFlags::IN),
-                PollFd::new(r, PollFlags::IN),
-            ];
-            if poll(&mut fds, None).is_err() || fds[0].revents().is_empty() {
-                let mut drain = [0u8; 64];
-                while let Ok(n) = rustix::io::read(r, &mut drain) {
-                    if n == 0 {
-                        break;
-                    }
-                }
-                continue;
+        let (listener_ready, finished) = {
+            let mut fds = vec![PollFd::new(&listener, PollFlags::IN)];
+            if let Some(r) = &sigchld {
+                fds.push(PollFd::new(r, PollFlags::IN));
             }
+            fds.extend(workers.iter().map(|w| PollFd::new(&w.chan, PollFlags::IN)));
+            match poll(&mut fds, busy_since_trim.then_some(&idle_timeout)) {
+                Ok(0) => {
+                    drop(fds);
+                    trim();
+                    busy_since_trim = false;
+                    continue;
+                }
+                Ok(_) => busy_since_trim = true,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => exit_now(125),
+            }
+            let base = 1 + usize::from(sigchld.is_some());
+            let finished: Vec<usize> = (0..workers.len())
+                .filter(|&i| !fds[base + i].revents().is_empty())
+                .collect();
+            (!fds[0].revents().is_empty(), finished)
+        };
+        if let Some(r) = &sigchld {
+            let mut drain = [0u8; 64];
+            while let Ok(n) = rustix::io::read(r, &mut drain) {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        for &i in finished.iter().rev() {
+            let w = &mut workers[i];
+            let mut b = [0u8; 16];
+            match rustix::io::read(&w.chan, &mut b) {
+                Ok(n) if n > 0 => {
+                    w.busy = false;
+                    let pid = w.pid;
+                    detached.retain(|_, p| *p != pid);
+                }
+                // EOF or an error: the worker is gone (reaped above or soon).
+                _ => {
+                    workers.remove(i);
+                }
+            }
+        }
+        // One idle worker is kept warm; the others go.
+        let mut idle_seen = false;
+        workers.retain(|w| {
+            if w.busy {
+                return true;
+            }
+            let keep = !idle_seen;
+            idle_seen = true;
+            keep
+        });
+        if !listener_ready {
+            continue;
         }
         let conn = match listener.accept() {
             Ok((c, _)) => c,
@@ -502,9 +629,46 @@ fn serve(listener: UnixListener) -> ! {
                 drop(conn);
                 exit_now(0);
             }
+            Request::Exec(exec) if reusable(&exec) => {
+                if !workers.iter().any(|w| !w.busy) {
+                    match new_worker() {
+                        Ok(NewWorker::Child(chan)) => {
+                            // Only our own channel stays open: the client's
+                            // connection and stdio come again with the job,
+                            // and another worker's channel must reach EOF
+                            // when init closes its end.
+                            drop((listener, conn, fds, workers, sigchld));
+                            // The exits of a worker's commands are its own
+                            // business, not a reason to wake init.
+                            if let Some(id) = sigchld_id {
+                                signal_hook::low_level::unregister(id);
+                            }
+                            exit_now(worker_main(&chan))
+                        }
+                        Ok(NewWorker::Parent(w)) => workers.push(w),
+                        Err(message) => {
+                            let _ =
+                                protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
+                            continue;
+                        }
+                    }
+                }
+                let detach_id = exec.detach_id.clone();
+                match dispatch(&mut workers, &conn, &exec, &fds) {
+                    Ok(pid) => {
+                        if let Some(id) = detach_id {
+                            detached.insert(id, pid);
+                        }
+                    }
+                    Err(message) => {
+                        let _ = protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
+                    }
+                }
+            }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
                     drop(listener);
+                    drop(workers);
                     exit_now(serve_in_child(&conn, other, fds))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
@@ -529,6 +693,47 @@ fn serve(listener: UnixListener) -> ! {
             },
         }
     }
+}
+
+enum NewWorker {
+    Parent(Worker),
+    Child(UnixStream),
+}
+
+/// Forks an exec worker connected to init by a socketpair.
+fn new_worker() -> std::result::Result<NewWorker, String> {
+    let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    match sifbox_sys::fork().map_err(|e| e.to_string())? {
+        sifbox_sys::Forked::Child => {
+            drop(mine);
+            Ok(NewWorker::Child(theirs))
+        }
+        sifbox_sys::Forked::Parent(pid) => Ok(NewWorker::Parent(Worker {
+            pid,
+            chan: mine,
+            busy: false,
+        })),
+    }
+}
+
+/// Hands an exec to an idle worker; returns its pid.
+fn dispatch(
+    workers: &mut [Worker],
+    conn: &UnixStream,
+    req: &ExecRequest,
+    fds: &[OwnedFd],
+) -> std::result::Result<Pid, String> {
+    use std::os::fd::AsFd;
+    let w = workers
+        .iter_mut()
+        .find(|w| !w.busy)
+        .ok_or_else(|| "no exec worker is free".to_string())?;
+    let mut passed = vec![conn.as_fd()];
+    passed.extend(fds.iter().map(AsFd::as_fd));
+    protocol::send(&w.chan, req, &passed)
+        .map_err(|e| format!("handing the exec to a worker: {e}"))?;
+    w.busy = true;
+    Ok(w.pid)
 }
 
 /// A request served in a process of its own: an exec or a transfer.

@@ -186,6 +186,109 @@ pub fn release_free_memory() {
     }
 }
 
+/// Unmaps, from this process's page tables, the pages of its read-only file
+/// mappings (the code and constants of sifbox and its libraries) that hold
+/// nothing but the file's own bytes; returns how many bytes it dropped.
+///
+/// An idle supervisor waits in a loop that needs a handful of those pages,
+/// but keeps mapped everything it touched while setting the sandbox up, and
+/// each of those pages counts in its resident set. The page cache keeps the
+/// pages (shared by every sandbox); whatever the process touches again is
+/// faulted back in from there, unchanged.
+pub fn drop_clean_file_pages() -> usize {
+    // Another thread could unmap a listed range and map something else
+    // there between the listing and the advice.
+    if thread_count().ok() != Some(1) {
+        return 0;
+    }
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    let mut dropped = 0;
+    for m in clean_file_mappings(&smaps) {
+        let len = m.end - m.start;
+        // SAFETY: [start, end) is a whole mapping of this process as the
+        // kernel listed it a moment ago (the process is single-threaded,
+        // checked above, so nothing has remapped it since), backed by
+        // a file, not writable, and holding no anonymous (copy-on-write)
+        // page. MADV_DONTNEED only drops page-table entries there: the next
+        // access faults the same bytes back in from the page cache, so no
+        // Rust object in that range can observe a change.
+        let r = unsafe {
+            rustix::mm::madvise(
+                std::ptr::with_exposed_provenance_mut::<std::ffi::c_void>(m.start),
+                len,
+                rustix::mm::Advice::LinuxDontNeed,
+            )
+        };
+        if r.is_ok() {
+            dropped += m.rss_kb * 1024;
+        }
+    }
+    dropped
+}
+
+/// One mapping of /proc/self/smaps that [`drop_clean_file_pages`] may drop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CleanMapping {
+    start: usize,
+    end: usize,
+    rss_kb: usize,
+}
+
+/// The file-backed, non-writable mappings of an smaps text with resident
+/// pages and no anonymous ones.
+fn clean_file_mappings(smaps: &str) -> Vec<CleanMapping> {
+    let mut out = Vec::new();
+    let mut cur: Option<(CleanMapping, bool)> = None;
+    let mut finish = |cur: &mut Option<(CleanMapping, bool)>| {
+        if let Some((m, ok)) = cur.take() {
+            if ok && m.rss_kb > 0 {
+                out.push(m);
+            }
+        }
+    };
+    for line in smaps.lines() {
+        let mut words = line.split_ascii_whitespace();
+        let Some(first) = words.next() else { continue };
+        if let Some((a, b)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
+            finish(&mut cur);
+            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            else {
+                continue;
+            };
+            let perms = words.next().unwrap_or("");
+            let path = words.nth(3).unwrap_or("");
+            let ok = perms.len() == 4
+                && perms.as_bytes()[1] == b'-'
+                && path.starts_with('/')
+                && start < end;
+            cur = Some((
+                CleanMapping {
+                    start,
+                    end,
+                    rss_kb: 0,
+                },
+                ok,
+            ));
+            continue;
+        }
+        let Some((m, ok)) = cur.as_mut() else {
+            continue;
+        };
+        let kb = || words.clone().next().and_then(|v| v.parse::<usize>().ok());
+        match first {
+            "Rss:" => m.rss_kb = kb().unwrap_or(0),
+            "Anonymous:" if kb() != Some(0) => *ok = false,
+            // Locked pages are meant to stay.
+            "Locked:" if kb() != Some(0) => *ok = false,
+            _ => {}
+        }
+    }
+    finish(&mut cur);
+    out
+}
+
 /// `unshare(2)` for namespace flags only.
 ///
 /// rustix marks `unshare` unsafe because `CLONE_FILES` (and `CLONE_FS`) would
@@ -363,6 +466,57 @@ pub fn loopback_up() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_clean_read_only_file_mappings_are_dropped() {
+        let smaps = "\
+55d0a0000000-55d0a0100000 r--p 00000000 fe:00 123 /usr/bin/sifbox
+Size:               1024 kB
+Rss:                 300 kB
+Anonymous:             0 kB
+Locked:                0 kB
+55d0a0100000-55d0a0900000 r-xp 00100000 fe:00 123 /usr/bin/sifbox
+Rss:                1200 kB
+Anonymous:             0 kB
+55d0a0900000-55d0a0950000 r--p 00900000 fe:00 123 /usr/bin/sifbox
+Rss:                  80 kB
+Anonymous:            80 kB
+55d0a0950000-55d0a0960000 rw-p 00950000 fe:00 123 /usr/bin/sifbox
+Rss:                  16 kB
+Anonymous:            16 kB
+55d0a1000000-55d0a1100000 rw-p 00000000 00:00 0 [heap]
+Rss:                  96 kB
+Anonymous:            96 kB
+7f0000000000-7f0000010000 r--p 00000000 fe:00 7 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                   0 kB
+Anonymous:             0 kB
+7f0000010000-7f0000020000 r-xp 00010000 fe:00 7 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                  64 kB
+Anonymous:             0 kB
+Locked:               64 kB
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0 [vdso]
+Rss:                   8 kB
+Anonymous:             0 kB
+";
+        let got = clean_file_mappings(smaps);
+        assert_eq!(
+            got,
+            vec![
+                CleanMapping {
+                    start: 0x55d0_a000_0000,
+                    end: 0x55d0_a010_0000,
+                    rss_kb: 300
+                },
+                CleanMapping {
+                    start: 0x55d0_a010_0000,
+                    end: 0x55d0_a090_0000,
+                    rss_kb: 1200
+                },
+            ]
+        );
+        assert!(clean_file_mappings("").is_empty());
+        assert!(clean_file_mappings("garbage\n-\nRss: x\n").is_empty());
+    }
 
     #[test]
     fn thread_count_sees_test_threads() {
