@@ -142,11 +142,48 @@ pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
         Ok(u) => u,
         Err(e) => return fail(125, e),
     };
-    let mut cmd = Command::new(&program);
+    // Without a user to switch to or a terminal to take, the command can be
+    // spawned with vfork (posix_spawn), much cheaper than fork + exec. std
+    // does that only for a program given as a path and without a working
+    // directory to set (in a static binary it cannot find glibc's
+    // addchdir), so the PATH search and the chdir happen here: this process
+    // serves this one exec.
+    let spawnable = !req.tty && user.is_none();
+    let mut cmd = if spawnable {
+        if let Err(e) = rustix::process::chdir(req.cwd.as_str()) {
+            return fail(
+                125,
+                format!("changing to the working directory {}: {e}", req.cwd),
+            );
+        }
+        let path_var = req
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        let found = match find_program(&program, path_var) {
+            Ok(p) => p,
+            Err(code) => {
+                let why = if code == 126 {
+                    "permission denied"
+                } else {
+                    "command not found"
+                };
+                return fail(code, format!("{program}: {why}"));
+            }
+        };
+        let mut c = Command::new(found);
+        c.arg0(&program);
+        c
+    } else {
+        let mut c = Command::new(&program);
+        c.current_dir(&req.cwd);
+        c
+    };
     cmd.args(&req.argv[1..])
         .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&req.cwd);
+        .envs(req.env.iter().map(|(k, v)| (k, v)));
     if let Some(u) = &user {
         if req.default_home {
             cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
@@ -255,6 +292,35 @@ pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
         rustix::process::wait(WaitOptions::empty())
     {}
     code
+}
+
+/// Finds `program` as execvp would: as given when it names a path (has a
+/// `/`), else in the directories of `path` (the command's PATH; an empty
+/// entry is the working directory). Errs with the exit code for the shell's
+/// "command not found" (127), or "permission denied" (126) when only files
+/// that may not be executed were found.
+pub fn find_program(program: &str, path: Option<&str>) -> Result<std::path::PathBuf, i32> {
+    use rustix::fs::Access;
+    if program.contains('/') {
+        return Ok(program.into());
+    }
+    if program.is_empty() {
+        return Err(127);
+    }
+    let mut denied = false;
+    for dir in path.unwrap_or("/usr/local/bin:/usr/bin:/bin").split(':') {
+        let candidate = std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+        match std::fs::metadata(&candidate) {
+            Ok(m) if m.is_file() => {
+                if rustix::fs::access(&candidate, Access::EXEC_OK).is_ok() {
+                    return Ok(candidate);
+                }
+                denied = true;
+            }
+            _ => {}
+        }
+    }
+    Err(if denied { 126 } else { 127 })
 }
 
 /// Waits for `pid` until `deadline`, or until the client hangs up; returns
@@ -409,6 +475,37 @@ mod tests {
 
     const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nweb:x:33:33::/var/www:/usr/sbin/nologin\n";
     const GROUP: &str = "root:x:0:\nusers:x:100:\nuser:x:1000:\n";
+
+    #[test]
+    fn programs_are_found_as_execvp_finds_them() {
+        let dir = std::env::temp_dir().join(format!("sifbox-find-{}", std::process::id()));
+        let (bin, other) = (dir.join("bin"), dir.join("other"));
+        std::fs::create_dir_all(&bin).expect("mkdir");
+        std::fs::create_dir_all(&other).expect("mkdir");
+        let write = |p: &std::path::Path, mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(p, "#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        };
+        write(&bin.join("tool"), 0o755);
+        write(&other.join("tool"), 0o755);
+        write(&other.join("plain"), 0o644);
+        std::fs::create_dir_all(other.join("adir")).expect("mkdir");
+        let path = format!("{}:{}", bin.display(), other.display());
+        // The first directory wins; a path is taken as given.
+        assert_eq!(find_program("tool", Some(&path)), Ok(bin.join("tool")));
+        assert_eq!(find_program("./x/y", Some(&path)), Ok("./x/y".into()));
+        // Not executable (when not root) or a directory: denied or not found.
+        let plain = find_program("plain", Some(&path));
+        assert!(
+            matches!(plain, Err(126)) || plain == Ok(other.join("plain")),
+            "{plain:?}"
+        );
+        assert_eq!(find_program("adir", Some(&path)), Err(127));
+        assert_eq!(find_program("missing", Some(&path)), Err(127));
+        assert_eq!(find_program("", Some(&path)), Err(127));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 
     #[test]
     fn users_resolve_by_name_and_number() {
