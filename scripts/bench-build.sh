@@ -31,7 +31,7 @@ tar=${SIFBOX_BASE_TAR:-$REPO/target/bookworm-minbase.tar}
 source "$REPO/scripts/lib.sh"
 find_cargo bench-build
 cargo build --release -q -p sifbox
-SIFBOX=$REPO/target/release/sifbox
+SIFBOX=$(cargo_out_dir release "$REPO")/sifbox
 
 export SIFBOX_CACHE=$BENCH_DIR/sifbox-cache
 export SIFBOX_RUNTIME=$BENCH_DIR/runtime

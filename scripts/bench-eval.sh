@@ -27,7 +27,8 @@ bash "$REPO/scripts/install-deps.sh"
 echo "==== cargo build --release -p sifbox ===="
 cargo build --release -p sifbox
 echo "==== base image ===="
-bash "$REPO/scripts/bootstrap-base.sh" "$REPO/target/release/sifbox"
+sifbox=$(cargo_out_dir release "$REPO")/sifbox
+bash "$REPO/scripts/bootstrap-base.sh" "$sifbox"
 echo "==== benchmark ===="
-exec python3 "$REPO/scripts/bench-eval.py" --sifbox "$REPO/target/release/sifbox" \
+exec python3 "$REPO/scripts/bench-eval.py" --sifbox "$sifbox" \
     --work "$work" "$@"

@@ -50,7 +50,7 @@ fi
 
 find_cargo bench-pull
 cargo build --release -q -p sifbox
-sifbox=${CARGO_TARGET_DIR:-$PWD/target}/release/sifbox
+sifbox=$(cargo_out_dir release "$PWD")/sifbox
 
 work=$BENCH_DIR/run
 rm -rf "$work"

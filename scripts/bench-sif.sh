@@ -13,6 +13,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 ROUNDS=${ROUNDS:-5}
 BENCH_DIR=${BENCH_DIR:-$PWD/target/bench-sif}
 TREE=${TREE:-$BENCH_DIR/minbase}
@@ -32,7 +34,7 @@ if [ ! -d "$TREE" ]; then
 fi
 
 cargo build --release -q -p sifbox-image --example sif-create --example sif-unpack
-bin=$PWD/target/release/examples
+bin=$(cargo_out_dir release "$PWD")/examples
 
 now() { date +%s.%N; }
 # elapsed START -> seconds since START

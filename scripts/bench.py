@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from benchlib import percentile
+from benchlib import default_sifbox, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_RATIO = 1.2
@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=50, help="timed runs of each variant (default 50; at least 30 for the issue's goal)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     parser.add_argument("--rootfs", type=Path, default=REPO / "target" / "test-rootfs", help="busybox root filesystem (default target/test-rootfs)")
-    parser.add_argument("--sifbox", type=Path, default=REPO / "target" / "release" / "sifbox", help="sifbox binary (default target/release/sifbox)")
+    parser.add_argument("--sifbox", type=Path, default=default_sifbox(), help="sifbox binary (default: the release build, target/<host triple>/release/sifbox)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
     if args.runs < 1:

@@ -32,4 +32,4 @@ echo "==== test rootfs ===="
 bash "$REPO/scripts/make-test-rootfs.sh" "$rootfs"
 echo "==== benchmark ===="
 exec python3 "$REPO/scripts/bench.py" --runs "$runs" --rootfs "$rootfs" \
-    --sifbox "$REPO/target/release/sifbox" "$@"
+    --sifbox "$(cargo_out_dir release "$REPO")/sifbox" "$@"

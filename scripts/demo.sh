@@ -26,7 +26,6 @@ fail() {
     exit 1
 }
 
-SIFBOX=$REPO/target/release/sifbox
 ROOTFS=$REPO/target/test-rootfs
 
 # quote ARG: ARG as a shell word, quoted only when it needs to be.
@@ -57,6 +56,7 @@ fingerprint() {
 }
 
 find_cargo demo.sh
+SIFBOX=$(cargo_out_dir release "$REPO")/sifbox
 echo "==== setting up ===="
 bash "$REPO/scripts/install-deps.sh"
 cargo build --release -p sifbox

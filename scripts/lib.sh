@@ -17,6 +17,19 @@ find_cargo() {
             return 0
         fi
     done
-    echo "$1: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.85 or newer, e.g. with rustup)" >&2
+    echo "$1: error: cargo not found on PATH or in ~/.cargo/bin: install a Rust toolchain (1.91 or newer, e.g. with rustup)" >&2
     exit 1
+}
+
+# Prints the directory where cargo puts the binaries of profile $1 (release
+# or debug) of the repository at $2: .cargo/config.toml names the host's own
+# triple as the build target, so they go to target/<triple>/<profile>.
+cargo_out_dir() {
+    local host
+    host=$(rustc -vV | sed -n 's/^host: //p')
+    [[ -n $host ]] || {
+        echo "cargo_out_dir: cannot read the host triple from 'rustc -vV'" >&2
+        return 1
+    }
+    echo "${CARGO_TARGET_DIR:-$2/target}/$host/$1"
 }

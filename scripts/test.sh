@@ -129,7 +129,7 @@ user_tests() {
         python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || return 1
     USER_DIR=$(mktemp -d /var/tmp/sifbox-usertest.XXXXXX) || return 1
     chmod 0755 "$USER_DIR" || return 1
-    install -m 0755 "$target_dir/debug/sifbox" "$USER_DIR/sifbox" || return 1
+    install -m 0755 "$(CARGO_TARGET_DIR=$target_dir cargo_out_dir debug "$REPO")/sifbox" "$USER_DIR/sifbox" || return 1
     cp -a "$ROOTFS" "$USER_DIR/rootfs" || return 1
     # The Debian base of the apt and example-suite tests, and the example
     # tasks (the repository may not be readable by the user).

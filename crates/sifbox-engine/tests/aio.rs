@@ -1,7 +1,7 @@
 //! Integration tests of the tokio API (`sifbox_engine::aio`) against the real
 //! supervisor.
 //!
-//! They need the sifbox binary (`$SIFBOX_BIN`, else `target/debug/sifbox`:
+//! They need the sifbox binary (`$SIFBOX_BIN`, else the one cargo built beside them:
 //! run `cargo build -p sifbox` first) and the busybox test rootfs
 //! (`$SIFBOX_TEST_ROOTFS`, else `target/test-rootfs`, made by
 //! `scripts/make-test-rootfs.sh`). Unless `$SIFBOX_RUNTIME` is set, this test
@@ -29,10 +29,14 @@ fn sifbox_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("SIFBOX_BIN").filter(|p| !p.is_empty()) {
         return PathBuf::from(p);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let bin = target.join("debug").join("sifbox");
+    // This test runs from <profile dir>/deps/; cargo puts sifbox in the
+    // profile dir, wherever the target dir and triple put that.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("sifbox"))
+        .unwrap_or_default();
     assert!(
         bin.is_file(),
         "the sifbox binary {} is missing: build it first with `cargo build -p sifbox` (or set SIFBOX_BIN)",
