@@ -1254,8 +1254,14 @@ fn send_line(w: &mut File, line: &str) -> Result<()> {
 }
 
 /// Connects to the control socket of the sandbox whose runtime dir is `dir`
-/// (through /proc/self/fd, so long paths do not hit the 108-byte limit).
+/// (through /proc/self/fd when the path is too long for a socket address).
 pub fn connect(dir: &Path) -> std::io::Result<UnixStream> {
+    // A socket address holds 108 bytes; a longer path goes through an fd of
+    // the dir (one more open and a lookup through /proc).
+    let direct = dir.join(CONTROL_SOCKET);
+    if direct.as_os_str().len() < 100 {
+        return UnixStream::connect(direct);
+    }
     let fd = rustix::fs::open(
         dir,
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,

@@ -56,21 +56,49 @@ enum Command {
     Gc(cmd::gc::GcArgs),
 }
 
+/// `sifbox exec` alone, parsed exactly as the subcommand of [`Cli`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "sifbox exec",
+    bin_name = "sifbox exec",
+    about = "Run a command in a running sandbox",
+    long_about = None,
+)]
+struct ExecCli {
+    #[command(flatten)]
+    args: cmd::exec::ExecArgs,
+}
+
+/// Parses a command line; help and usage errors print here.
+fn parse<P: Parser>(args: Vec<std::ffi::OsString>) -> Result<P, ExitCode> {
+    P::try_parse_from(args).map_err(|e| {
+        let code = match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+            _ => EXIT_SIFBOX_ERROR,
+        };
+        let _ = e.print();
+        ExitCode::from(code)
+    })
+}
+
 /// Parses the command line and runs the command.
 pub fn run() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let command = if args.get(1).is_some_and(|a| a == "exec") {
+        // The hot path of agent harnesses: build only exec's parser rather
+        // than every subcommand's (a measurable part of an exec's time).
+        // "exec" takes the place of the program name.
+        args.remove(0);
+        parse::<ExecCli>(args).map(|c| Command::Exec(Box::new(c.args)))
+    } else {
+        parse::<Cli>(args).map(|c| c.command)
+    };
+    let command = match command {
         Ok(c) => c,
-        Err(e) => {
-            let code = match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
-                _ => EXIT_SIFBOX_ERROR,
-            };
-            let _ = e.print();
-            return ExitCode::from(code);
-        }
+        Err(code) => return code,
     };
     init_tracing();
-    let result = match cli.command {
+    let result = match command {
         Command::Run(a) => cmd::run::run(*a),
         Command::Start(a) => cmd::start::run(*a),
         Command::Exec(a) => cmd::exec::run(*a),
@@ -97,12 +125,73 @@ pub fn run() -> ExitCode {
     }
 }
 
+/// Diagnostics go to stderr: with `SIFBOX_LOG` set (e.g. `debug`,
+/// `sifbox_registry=debug`), through tracing-subscriber with that filter;
+/// else warnings and errors only, one line each, through [`Warnings`],
+/// which costs a short-lived command such as `sifbox exec` next to nothing
+/// to set up.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("SIFBOX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .without_time()
-        .try_init();
+    if std::env::var_os("SIFBOX_LOG").is_some_and(|v| !v.is_empty()) {
+        let filter =
+            EnvFilter::try_from_env("SIFBOX_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .without_time()
+            .try_init();
+    } else {
+        let _ = tracing::subscriber::set_global_default(Warnings);
+    }
+}
+
+/// The default subscriber: `sifbox: warning: MESSAGE` for each warning or
+/// error event; spans and quieter events are off.
+struct Warnings;
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::WARN)
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = EventLine(String::new());
+        event.record(&mut line);
+        let kind = if *event.metadata().level() == tracing::Level::ERROR {
+            "error"
+        } else {
+            "warning"
+        };
+        eprintln!("sifbox: {kind}: {}", line.0);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// An event's message, then its other fields as ` name=value`.
+struct EventLine(String);
+
+impl tracing::field::Visit for EventLine {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
 }
