@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from benchlib import percentile
+from benchlib import default_sifbox, percentile
 
 REPO = Path(__file__).resolve().parent.parent
 GOAL_EXEC_MS = 3.0
@@ -56,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     parser.add_argument("--idle", type=int, default=200, metavar="N", help="idle sandboxes for the memory figures (default 200; 0 skips)")
     parser.add_argument("--rootfs", type=Path, default=REPO / "target" / "test-rootfs", help="busybox root filesystem (default target/test-rootfs)")
-    parser.add_argument("--sifbox", type=Path, default=REPO / "target" / "release" / "sifbox", help="sifbox binary (default target/release/sifbox)")
+    parser.add_argument("--sifbox", type=Path, default=default_sifbox(), help="sifbox binary (default: the release build, target/<host triple>/release/sifbox)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
     if args.runs < 1:
@@ -246,7 +246,9 @@ def idle_memory(n: int, sb: Sifbox, rootfs: Path) -> dict:
             if (i + 1) % 50 == 0:
                 print(f"  {i + 1} started")
         start_all_ms = (time.perf_counter_ns() - t0) / 1e6
-        time.sleep(1.0)  # let lazily freed memory settle
+        # Idle means idle: a supervisor gives back the pages it touched for
+        # a request (here start's readiness ping) after 2 s without one.
+        time.sleep(3.0)
         avail_after = mem_available_kb()
         ours = {s["name"]: s for s in sb.ps() if s["name"] in set(started)}
         per: list[dict] = []

@@ -966,6 +966,97 @@ fn twenty_concurrent_execs() {
     sb.assert_clean();
 }
 
+/// Resident set of a host process in KiB (from /proc/PID/smaps_rollup).
+fn rss_kb(pid: i32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_else(|e| panic!("reading smaps_rollup of {pid}: {e}"));
+    text.lines()
+        .find_map(|l| l.strip_prefix("Rss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Rss in smaps_rollup of {pid}: {text}"))
+}
+
+/// Execs run one after another in one warm worker process (the parent of
+/// each command), which keeps nothing of one exec for the next; an idle
+/// sandbox's own processes give their pages back and stay small.
+#[test]
+fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "warm");
+
+    // Idle (start's readiness ping was 2 s ago and more): outer and PID 1
+    // only, well under the 4 MB per sandbox that 200 sandboxes may take.
+    std::thread::sleep(Duration::from_millis(2500));
+    let procs = sandbox.processes();
+    assert_eq!(
+        procs.len(),
+        2,
+        "an idle sandbox is two processes: {procs:?}"
+    );
+    let idle_kb: u64 = procs.iter().map(|p| rss_kb(p.pid)).sum();
+    eprintln!("idle sandbox: {idle_kb} KiB resident");
+    assert!(idle_kb < 4096, "an idle sandbox takes {idle_kb} KiB");
+
+    // Sequential execs: one parent for all of them, each with its own cwd
+    // and env only.
+    let mut parents = Vec::new();
+    for i in 0..6 {
+        let script = "echo $PPID $(pwd) ${ONLY_ONCE:-unset}";
+        let out = if i % 2 == 0 {
+            sandbox.exec(
+                &["--cwd", "/tmp", "-e", "ONLY_ONCE=set"],
+                &["sh", "-c", script],
+            )
+        } else {
+            sandbox.exec(&[], &["sh", "-c", script])
+        };
+        out.success();
+        let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+        assert_eq!(fields.len(), 3, "{out:?}");
+        let want = if i % 2 == 0 {
+            ["/tmp", "set"]
+        } else {
+            ["/", "unset"]
+        };
+        assert_eq!(
+            &fields[1..],
+            &want,
+            "exec {i} saw another exec's state: {out:?}"
+        );
+        parents.push(fields[0].to_string());
+        // Let the worker report itself free before the next request.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    parents.dedup();
+    assert_eq!(
+        parents.len(),
+        1,
+        "sequential execs had different parents: {parents:?}"
+    );
+
+    // A timed-out exec (killing all it started) leaves the worker usable.
+    sandbox
+        .exec(
+            &["--timeout", "0.3"],
+            &["sh", "-c", "setsid sleep 1000 & sleep 1000"],
+        )
+        .code_is(124);
+    let out = sandbox.exec(
+        &[],
+        &["sh", "-c", "echo $PPID; echo $(ps -o comm | grep -c sleep)"],
+    );
+    out.success();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.first().copied(), Some(parents[0].as_str()), "{out:?}");
+    assert_eq!(
+        lines.get(1).copied(),
+        Some("0"),
+        "sleeps survived the timeout: {out:?}"
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
+
 // ===========================================================================
 // 5. Many sandboxes at once
 // ===========================================================================
