@@ -443,9 +443,8 @@ struct Worker {
 /// the first fd and the request's own fds after it.
 fn worker_main(chan: &UnixStream) -> i32 {
     loop {
-        if !wait_readable(chan, Some(IDLE_TRIM)) {
-            trim();
-        }
+        // No trim here: the pages of the exec path are what make the next
+        // exec fast, also after an agent thought for a while.
         let Ok((req, mut fds)) = protocol::recv::<ExecRequest>(chan) else {
             return 0;
         };
@@ -470,23 +469,6 @@ const IDLE_TRIM: Duration = Duration::from_secs(2);
 fn trim() {
     sifbox_sys::release_free_memory();
     sifbox_sys::drop_clean_file_pages();
-}
-
-/// Waits until `fd` is readable (true) or `timeout` passes (false).
-fn wait_readable(fd: &impl std::os::fd::AsFd, timeout: Option<Duration>) -> bool {
-    use rustix::event::{poll, PollFd, PollFlags, Timespec};
-    let t = timeout.map(|d| Timespec {
-        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(d.subsec_nanos()),
-    });
-    loop {
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        match poll(&mut fds, t.as_ref()) {
-            Ok(0) => return false,
-            Err(rustix::io::Errno::INTR) => continue,
-            _ => return true,
-        }
-    }
 }
 
 /// Whether an exec may run in a reusable worker: requests that change the
