@@ -439,8 +439,9 @@ struct Worker {
     busy: bool,
 }
 
-/// A job for a worker: the exec request, with the client's connection as
-/// the first fd and the request's own fds after it.
+/// A worker's life: jobs arrive on `chan`, each an exec request with the
+/// client's connection as the first fd and the request's own fds after it;
+/// it ends when init closes the channel.
 fn worker_main(chan: &UnixStream) -> i32 {
     loop {
         // No trim here: the pages of the exec path are what make the next
@@ -460,8 +461,8 @@ fn worker_main(chan: &UnixStream) -> i32 {
     }
 }
 
-/// How long a supervisor process waits idle before it gives back the pages
-/// that serving touched (see [`trim`]).
+/// How long init waits idle before it gives back the pages that serving
+/// touched (see [`trim`]).
 const IDLE_TRIM: Duration = Duration::from_secs(2);
 
 /// Gives back freed heap and the mapped pages of code that an idle process
@@ -612,33 +613,40 @@ fn serve(listener: UnixListener) -> ! {
                 exit_now(0);
             }
             Request::Exec(exec) if reusable(&exec) => {
-                if !workers.iter().any(|w| !w.busy) {
-                    match new_worker() {
-                        Ok(NewWorker::Child(chan)) => {
-                            // Only our own channel stays open: the client's
-                            // connection and stdio come again with the job,
-                            // and another worker's channel must reach EOF
-                            // when init closes its end.
-                            drop((listener, conn, fds, workers, sigchld));
-                            // The exits of a worker's commands are its own
-                            // business, not a reason to wake init.
-                            if let Some(id) = sigchld_id {
-                                signal_hook::low_level::unregister(id);
+                // Twice at most: a worker may have died (something in the
+                // sandbox killed it) since init last looked.
+                let mut outcome = Err(String::new());
+                for _ in 0..2 {
+                    if !workers.iter().any(|w| !w.busy) {
+                        match new_worker() {
+                            Ok(NewWorker::Child(chan)) => {
+                                // Only our own channel stays open: the
+                                // client's connection and stdio come again
+                                // with the job, and another worker's channel
+                                // must reach EOF when init closes its end.
+                                drop((listener, conn, fds, workers, sigchld));
+                                // The exits of a worker's commands are its
+                                // own business, not a reason to wake init.
+                                if let Some(id) = sigchld_id {
+                                    signal_hook::low_level::unregister(id);
+                                }
+                                exit_now(worker_main(&chan))
                             }
-                            exit_now(worker_main(&chan))
-                        }
-                        Ok(NewWorker::Parent(w)) => workers.push(w),
-                        Err(message) => {
-                            let _ =
-                                protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
-                            continue;
+                            Ok(NewWorker::Parent(w)) => workers.push(w),
+                            Err(message) => {
+                                outcome = Err(message);
+                                break;
+                            }
                         }
                     }
+                    outcome = dispatch(&mut workers, &conn, &exec, &fds);
+                    if outcome.is_ok() {
+                        break;
+                    }
                 }
-                let detach_id = exec.detach_id.clone();
-                match dispatch(&mut workers, &conn, &exec, &fds) {
+                match outcome {
                     Ok(pid) => {
-                        if let Some(id) = detach_id {
+                        if let Some(id) = exec.detach_id {
                             detached.insert(id, pid);
                         }
                     }
@@ -698,24 +706,27 @@ fn new_worker() -> std::result::Result<NewWorker, String> {
     }
 }
 
-/// Hands an exec to an idle worker; returns its pid.
+/// Hands an exec to an idle worker; returns its pid. A worker that cannot
+/// take it is dropped from the pool.
 fn dispatch(
-    workers: &mut [Worker],
+    workers: &mut Vec<Worker>,
     conn: &UnixStream,
     req: &ExecRequest,
     fds: &[OwnedFd],
 ) -> std::result::Result<Pid, String> {
     use std::os::fd::AsFd;
-    let w = workers
-        .iter_mut()
-        .find(|w| !w.busy)
+    let i = workers
+        .iter()
+        .position(|w| !w.busy)
         .ok_or_else(|| "no exec worker is free".to_string())?;
     let mut passed = vec![conn.as_fd()];
     passed.extend(fds.iter().map(AsFd::as_fd));
-    protocol::send(&w.chan, req, &passed)
-        .map_err(|e| format!("handing the exec to a worker: {e}"))?;
-    w.busy = true;
-    Ok(w.pid)
+    if let Err(e) = protocol::send(&workers[i].chan, req, &passed) {
+        workers.remove(i);
+        return Err(format!("handing the exec to a worker: {e}"));
+    }
+    workers[i].busy = true;
+    Ok(workers[i].pid)
 }
 
 /// A request served in a process of its own: an exec or a transfer.
