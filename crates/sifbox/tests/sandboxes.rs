@@ -1083,6 +1083,15 @@ fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
         Some("0"),
         "sleeps survived the timeout: {out:?}"
     );
+
+    // Root in the sandbox may kill the worker: that exec fails, the next
+    // one gets a new worker.
+    sandbox
+        .exec(&[], &["sh", "-c", "kill -9 $PPID; sleep 1"])
+        .code_is(125);
+    let out = sandbox.exec(&[], &["sh", "-c", "echo $PPID"]);
+    out.success();
+    assert_ne!(out.stdout.trim(), parents[0], "{out:?}");
     sandbox.stop();
     sb.assert_clean();
 }
