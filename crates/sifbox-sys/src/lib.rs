@@ -4,7 +4,8 @@
 //! safely (unshare, pivot_root, mount, pidfd, prctl, SCM_RIGHTS, ptys) is used
 //! directly by the engine; this crate covers the remainder: `fork`, the hooks
 //! that run between `fork` and `exec` of a `std::process::Command`,
-//! `mount_setattr`, and bringing the loopback interface up. Each function is
+//! `mount_setattr`, bringing the loopback interface up, and giving idle
+//! supervisors' clean pages back (`madvise`). Each function is
 //! small, checks its preconditions, and maps each failing call to its own
 //! error variant so that an error names the exact syscall that failed.
 
