@@ -1266,7 +1266,7 @@ fn not_running(name: &str) -> Error {
 fn stopped_while_running(name: &str) -> Error {
     Error::Protocol {
         name: name.to_string(),
-        why: "the sandbox stopped while the command ran".into(),
+        why: "the command ended without an exit status: the sandbox stopped, or something in it killed the process that ran the command".into(),
     }
 }
 

@@ -1289,7 +1289,7 @@ fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64)> {
             Err(ProtocolError::Closed) => {
                 return Err(Error::Protocol {
                     name: name.to_string(),
-                    why: "the sandbox stopped while the command ran".into(),
+                    why: "the command ended without an exit status: the sandbox stopped, or something in it killed the process that ran the command".into(),
                 })
             }
             Err(e) => {

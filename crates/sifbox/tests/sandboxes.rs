@@ -1088,7 +1088,8 @@ fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
     // one gets a new worker.
     sandbox
         .exec(&[], &["sh", "-c", "kill -9 $PPID; sleep 1"])
-        .code_is(125);
+        .code_is(125)
+        .stderr_has("killed the process that ran the command");
     let out = sandbox.exec(&[], &["sh", "-c", "echo $PPID"]);
     out.success();
     assert_ne!(out.stdout.trim(), parents[0], "{out:?}");
