@@ -189,25 +189,25 @@ pub fn release_free_memory() {
 
 /// Unmaps, from this process's page tables, the pages of its read-only file
 /// mappings (the code and constants of sifbox and its libraries) that hold
-/// nothing but the file's own bytes; returns how many bytes it dropped.
+/// nothing but the file's own bytes.
 ///
 /// An idle supervisor waits in a loop that needs a handful of those pages,
 /// but keeps mapped everything it touched while setting the sandbox up, and
 /// each of those pages counts in its resident set. The page cache keeps the
 /// pages (shared by every sandbox); whatever the process touches again is
 /// faulted back in from there, unchanged.
-pub fn drop_clean_file_pages() -> usize {
+pub fn drop_clean_file_pages() {
     // Another thread could unmap a listed range and map something else
     // there between the listing and the advice.
     if thread_count().ok() != Some(1) {
-        return 0;
+        return;
     }
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
-        return 0;
+        return;
     };
-    let mut dropped = 0;
     for m in clean_file_mappings(&smaps) {
         let len = m.end - m.start;
+        // Advice that fails leaves the pages mapped, which is harmless.
         // SAFETY: [start, end) is a whole mapping of this process as the
         // kernel listed it a moment ago (the process is single-threaded,
         // checked above, so nothing has remapped it since), backed by
@@ -215,18 +215,14 @@ pub fn drop_clean_file_pages() -> usize {
         // page. MADV_DONTNEED only drops page-table entries there: the next
         // access faults the same bytes back in from the page cache, so no
         // Rust object in that range can observe a change.
-        let r = unsafe {
+        let _ = unsafe {
             rustix::mm::madvise(
                 std::ptr::with_exposed_provenance_mut::<std::ffi::c_void>(m.start),
                 len,
                 rustix::mm::Advice::LinuxDontNeed,
             )
         };
-        if r.is_ok() {
-            dropped += m.rss_kb * 1024;
-        }
     }
-    dropped
 }
 
 /// One mapping of /proc/self/smaps that [`drop_clean_file_pages`] may drop.
