@@ -65,6 +65,9 @@ pub struct BuildOptions {
     /// range: real ownership), `single` (one id; `chown` and `set*id` made
     /// to succeed without effect), `auto` (full when possible).
     pub userns: UsernsMode,
+    /// What RUN steps may ask of the kernel (seccomp policy, nested user
+    /// namespaces).
+    pub confinement: sifbox_engine::spec::Confinement,
 }
 
 /// What a build made.
@@ -154,7 +157,8 @@ pub fn build(
     for w in plan.warnings() {
         progress.warn(&w);
     }
-    let layers = Layers::new(store, opts.exe.clone(), opts.userns)?;
+    let layers =
+        Layers::new(store, opts.exe.clone(), opts.userns)?.with_confinement(opts.confinement);
     let fake_ids = layers.ids().mode == UsernsMode::Single;
     let total = plan.stages.iter().map(|s| s.instructions.len() + 1).sum();
     let mut b = Builder {

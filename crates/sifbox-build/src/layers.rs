@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use sha2::{Digest as _, Sha256};
 use sifbox_engine::idmap;
-use sifbox_engine::spec::{Bind, IdMapping, NetMode, SandboxSpec, UsernsMode, Writable};
+use sifbox_engine::spec::{
+    Bind, Confinement, IdMapping, NetMode, SandboxSpec, UsernsMode, Writable,
+};
 use sifbox_engine::{Sandbox, StartOptions};
 use sifbox_image::store::Store;
 
@@ -54,6 +56,9 @@ pub struct Layers<'s> {
     dir: PathBuf,
     exe: PathBuf,
     ids: IdMapping,
+    /// What build steps may ask of the kernel (the default seccomp policy
+    /// unless the build opted out).
+    confinement: Confinement,
 }
 
 /// Hex SHA-256 of `parts` joined with newlines.
@@ -77,7 +82,15 @@ impl<'s> Layers<'s> {
             dir,
             exe,
             ids,
+            confinement: Confinement::default(),
         })
+    }
+
+    /// Build steps run under `c` instead of the default confinement.
+    #[must_use]
+    pub fn with_confinement(mut self, c: Confinement) -> Self {
+        self.confinement = c;
+        self
     }
 
     /// The id mapping build sandboxes get.
@@ -202,7 +215,8 @@ impl<'s> Layers<'s> {
             writable,
             binds: opts.binds.clone(),
             host_dns: true,
-            image_tmp: true,
+            shm_bytes: sifbox_engine::spec::DEFAULT_SHM_BYTES,
+            confinement: self.confinement,
         };
         let mut so = StartOptions::new(self.exe.clone());
         // A build sandbox dies with the build.

@@ -146,7 +146,8 @@ pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec>
         },
         binds: Vec::new(),
         host_dns: true,
-        image_tmp: false,
+        shm_bytes: spec::DEFAULT_SHM_BYTES,
+        confinement: spec::Confinement::default(),
     })
 }
 

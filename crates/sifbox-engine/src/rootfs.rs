@@ -1,138 +1,352 @@
 //! Assembling a sandbox's root file system inside its private mount namespace.
 //!
-//! Runs in the supervisor after it unshared the mount namespace, before
-//! pivot_root. Layout under the sandbox's runtime dir (`m/`, a small tmpfs
-//! that only this namespace sees):
+//! Runs in the supervisor (init) after it unshared the mount namespace,
+//! before pivot_root, in two halves:
 //!
-//! ```text
-//! m/upper, m/work   overlay upper and work dirs (--writable-tmpfs)
-//! m/root            the overlay: image read-only below, upper above
-//! ```
+//! - [`plan`] turns a [`SandboxSpec`] into a list of [`Step`]s: data, made
+//!   without a system call, unit-tested without privileges.
+//! - [`apply`] carries the steps out, every one relative to a file
+//!   descriptor: the overlay root, or a mount that an earlier step made.
 //!
-//! Every mount point inside the new root is resolved with
-//! `openat2(RESOLVE_IN_ROOT)`, so a symlink in the image (`/proc -> /etc`, an
-//! absolute `/tmp -> /`) can never redirect a mount onto the host. Binds use the
-//! fd-based mount API (open_tree, mount_setattr, move_mount), so read-only is
-//! applied to the detached tree before it becomes visible.
+//! The image is hostile. Where it may shape a path (a bind's destination,
+//! `/tmp`), the path is resolved with `openat2(RESOLVE_IN_ROOT)`, so its
+//! symlinks are followed as if the root were `/` and never lead out. Where
+//! sifbox mounts its own file systems (`/proc`, `/dev`, `/sys`), the image
+//! must have a plain directory (`RESOLVE_NO_SYMLINKS`), or the start fails
+//! naming the path. Covers and masks inside those mounts are looked up
+//! beneath the mount's own fd, without following anything, and a cover that
+//! cannot be applied fails the start. File systems are made with
+//! `fsopen`/`fsmount` and binds with `open_tree`, made read-only while
+//! detached, then attached with `move_mount`: nothing is mounted by a path
+//! name the image could have redirected.
+//!
+//! The writable layer and the overlay (prepared by [`prepare_root`]) live
+//! on a tmpfs at `m/` in the runtime dir that only this mount namespace
+//! sees; the overlay's layers are named to the kernel as `/proc/self/fd/N`,
+//! so no host path shows in the sandbox's `/proc/self/mountinfo`.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, CWD};
+use rustix::io::Errno;
 use rustix::mount::{
-    mount, mount_change, move_mount, open_tree, unmount, MountFlags, MountPropagationFlags,
-    MoveMountFlags, OpenTreeFlags, UnmountFlags,
+    fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, mount_change,
+    move_mount, open_tree, unmount, FsMountFlags, FsOpenFlags, MountAttrFlags,
+    MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
 };
 
 use crate::error::{Error, Result};
 use crate::spec::{NetMode, SandboxSpec, Writable};
 
-fn sys_err(what: String) -> impl FnOnce(rustix::io::Errno) -> Error {
-    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+/// The mounts that later steps look paths up beneath.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Base {
+    /// The overlay root.
+    Root,
+    /// The sandbox's `/proc`.
+    Proc,
+    /// The sandbox's `/dev` tmpfs.
+    Dev,
+    /// The sandbox's `/sys`.
+    Sys,
 }
 
-/// What kind of mount point to create when it is missing.
+/// What to create when a looked-up path is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum Create {
     Dir,
     File,
+    /// Whatever the bind's source is.
+    LikeSource,
 }
 
-/// The root being assembled.
-#[derive(Debug)]
-pub struct NewRoot {
-    /// Host path of the overlay mount (`<dir>/m/root`).
+/// How a step's path is looked up beneath its base.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// A path the image may shape: symlinks are followed as if the root
+    /// were `/` (`RESOLVE_IN_ROOT`); what is missing is created.
+    Image(Create),
+    /// A directory of the image itself: no symlink on the way and a
+    /// directory at the end (made when missing); anything else fails the
+    /// start.
+    RealDir,
+    /// Exactly this path beneath one of sifbox's own mounts, following
+    /// nothing; when it (or the mount) is absent the step is skipped: there
+    /// is nothing to cover.
+    IfPresent,
+    /// Made anew beneath one of sifbox's own mounts (dir or file).
+    New(Create),
+}
+
+/// Where a step acts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct At {
+    pub base: Base,
+    /// Relative to the base: plain names only (no `/`, `.`, `..` parts).
     pub path: PathBuf,
-    fd: OwnedFd,
+    pub lookup: Lookup,
 }
 
-impl NewRoot {
-    /// Opens (creating what is missing) `inside`, an absolute path in the
-    /// new root, without ever leaving it; returns an `O_PATH` fd.
-    pub fn ensure(&self, inside: &Path, kind: Kind) -> Result<OwnedFd> {
-        self.ensure_within(inside, kind, 0)
+impl At {
+    fn new(base: Base, path: &str, lookup: Lookup) -> At {
+        At {
+            base,
+            path: relative(Path::new(path)),
+            lookup,
+        }
     }
 
-    fn ensure_within(&self, inside: &Path, kind: Kind, links: u32) -> Result<OwnedFd> {
-        const MAX_LINKS: u32 = 40;
-        if links > MAX_LINKS {
-            return Err(Error::Setup(format!(
-                "creating {} in the sandbox: too many levels of symbolic links",
-                inside.display()
-            )));
-        }
-        let rel = relative(inside);
-        let how = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
-        let open = |p: &Path| {
-            rustix::fs::openat2(
-                &self.fd,
-                p,
-                OFlags::PATH | OFlags::CLOEXEC,
-                Mode::empty(),
-                how,
-            )
+    /// The path as the sandbox will see it, for messages.
+    pub fn shown(&self) -> String {
+        let base = match self.base {
+            Base::Root => "",
+            Base::Proc => "/proc",
+            Base::Dev => "/dev",
+            Base::Sys => "/sys",
         };
-        match open(&rel) {
-            Ok(fd) => return Ok(fd),
-            Err(rustix::io::Errno::NOENT) => {}
-            Err(e) => {
-                return Err(sys_err(format!(
-                    "opening {} in the sandbox",
-                    inside.display()
-                ))(e))
-            }
+        if self.path.as_os_str().is_empty() {
+            return if base.is_empty() {
+                "/".into()
+            } else {
+                base.into()
+            };
         }
-        let name = rel.file_name().ok_or_else(|| {
-            Error::Setup(format!("cannot create {} in the sandbox", inside.display()))
-        })?;
-        let parent = match rel.parent() {
-            Some(p) if !p.as_os_str().is_empty() => {
-                self.ensure_within(&Path::new("/").join(p), Kind::Dir, links)?
-            }
-            _ => open(Path::new(".")).map_err(sys_err("opening the sandbox root".into()))?,
-        };
-        // The parent was resolved inside the root; the new entry is created
-        // in it by name, so nothing here follows a symlink.
-        let made = match kind {
-            Kind::Dir => rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)),
-            Kind::File => rustix::fs::openat(
-                &parent,
-                name,
-                OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            )
-            .map(drop),
-        };
-        match made {
-            Ok(()) => {}
-            Err(rustix::io::Errno::EXIST) => {
-                // A dangling symlink: create its target, resolved inside the
-                // root like any other path.
-                if let Ok(target) = rustix::fs::readlinkat(&parent, name, Vec::new()) {
-                    let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
-                    let next = Path::new("/")
-                        .join(rel.parent().unwrap_or(Path::new("")))
-                        .join(target);
-                    return self.ensure_within(&next, kind, links + 1);
-                }
-            }
-            Err(e) => {
-                return Err(sys_err(format!(
-                    "creating {} in the sandbox",
-                    inside.display()
-                ))(e))
-            }
-        }
-        open(&rel).map_err(sys_err(format!(
-            "opening {} in the sandbox",
-            inside.display()
-        )))
+        format!("{base}/{}", self.path.display())
     }
 }
 
-/// `/a/b` -> `a/b`, dropping `.`; `..` is kept for openat2, which clamps it
-/// at the root (RESOLVE_IN_ROOT).
+/// A file system sifbox makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fs {
+    /// `size` in bytes.
+    Tmpfs {
+        mode: u32,
+        size: u64,
+    },
+    Proc,
+    Devpts,
+}
+
+/// Mount attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Attrs {
+    pub readonly: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+impl Attrs {
+    const NOSUID_NODEV_NOEXEC: Attrs = Attrs {
+        readonly: false,
+        nosuid: true,
+        nodev: true,
+        noexec: true,
+    };
+
+    fn flags(self) -> MountAttrFlags {
+        let mut f = MountAttrFlags::empty();
+        for (on, flag) in [
+            (self.readonly, MountAttrFlags::MOUNT_ATTR_RDONLY),
+            (self.nosuid, MountAttrFlags::MOUNT_ATTR_NOSUID),
+            (self.nodev, MountAttrFlags::MOUNT_ATTR_NODEV),
+            (self.noexec, MountAttrFlags::MOUNT_ATTR_NOEXEC),
+        ] {
+            if on {
+                f |= flag;
+            }
+        }
+        f
+    }
+}
+
+/// What a host bind may do when it cannot be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Any failure fails the start.
+    Required,
+    /// Skipped when the host has no such path; other failures fail the start.
+    IfOnHost,
+    /// Skipped on any failure (the host's DNS files: a convenience).
+    BestEffort,
+}
+
+/// One step of assembling the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// A fresh file system at `at`; with `names`, later steps look paths up
+    /// beneath it.
+    Mount {
+        fs: Fs,
+        at: At,
+        attrs: Attrs,
+        names: Option<Base>,
+    },
+    /// The sandbox's `/sys`: a fresh read-only sysfs when the sandbox has
+    /// its own network namespace, else the host's bound read-only; left
+    /// empty when the kernel allows neither.
+    Sys { at: At, own_netns: bool },
+    /// A host path (the caller's choice, so its own symlinks are followed)
+    /// bound recursively at `at`, made read-only while still detached.
+    BindHost {
+        src: PathBuf,
+        at: At,
+        readonly: bool,
+        need: Need,
+    },
+    /// The subtree at `at` covered by a read-only bind of itself.
+    ReadOnly { at: At },
+    /// `at` hidden: a file under the host's /dev/null, a directory under an
+    /// empty read-only tmpfs.
+    Mask { at: At },
+    /// A directory with `mode`, made only when missing.
+    MakeDir { at: At, mode: u32 },
+    /// A symlink to `target`.
+    Symlink { at: At, target: PathBuf },
+}
+
+/// Host-wide knobs of /proc, covered read-only (Docker's list).
+pub const PROC_READ_ONLY: &[&str] = &["bus", "fs", "irq", "sys", "sysrq-trigger"];
+/// Files and dirs of /proc that expose the host's kernel state, masked.
+pub const PROC_MASKED: &[&str] = &[
+    "acpi",
+    "asound",
+    "kcore",
+    "keys",
+    "latency_stats",
+    "sched_debug",
+    "scsi",
+    "timer_list",
+    "timer_stats",
+];
+/// Parts of /sys that expose firmware tables and energy counters, masked.
+pub const SYS_MASKED: &[&str] = &["firmware", "devices/virtual/powercap"];
+/// Host devices bound into /dev.
+pub const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// Size of the /dev tmpfs (only nodes and links live there).
+const DEV_TMPFS_BYTES: u64 = 1 << 20;
+
+/// The steps that assemble `spec`'s root on top of its overlay.
+pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
+    let mut steps = Vec::new();
+    // /proc: a fresh proc of the sandbox's pid namespace.
+    steps.push(Step::Mount {
+        fs: Fs::Proc,
+        at: At::new(Base::Root, "proc", Lookup::RealDir),
+        attrs: Attrs::NOSUID_NODEV_NOEXEC,
+        names: Some(Base::Proc),
+    });
+    for p in PROC_READ_ONLY {
+        steps.push(Step::ReadOnly {
+            at: At::new(Base::Proc, p, Lookup::IfPresent),
+        });
+    }
+    for p in PROC_MASKED {
+        steps.push(Step::Mask {
+            at: At::new(Base::Proc, p, Lookup::IfPresent),
+        });
+    }
+    // /dev: a 0755 tmpfs (with the sticky 1777 default, `>` onto the
+    // bound /dev/null fails), the harmless host devices, a private devpts,
+    // /dev/shm, and the fd links.
+    steps.push(Step::Mount {
+        fs: Fs::Tmpfs {
+            mode: 0o755,
+            size: DEV_TMPFS_BYTES,
+        },
+        at: At::new(Base::Root, "dev", Lookup::RealDir),
+        attrs: Attrs {
+            nosuid: true,
+            noexec: true,
+            ..Attrs::default()
+        },
+        names: Some(Base::Dev),
+    });
+    for node in DEV_NODES {
+        steps.push(Step::BindHost {
+            src: Path::new("/dev").join(node),
+            at: At::new(Base::Dev, node, Lookup::New(Create::File)),
+            readonly: false,
+            need: Need::IfOnHost,
+        });
+    }
+    steps.push(Step::Mount {
+        fs: Fs::Devpts,
+        at: At::new(Base::Dev, "pts", Lookup::New(Create::Dir)),
+        attrs: Attrs {
+            nosuid: true,
+            noexec: true,
+            ..Attrs::default()
+        },
+        names: None,
+    });
+    steps.push(Step::Mount {
+        fs: Fs::Tmpfs {
+            mode: 0o1777,
+            size: spec.shm_bytes,
+        },
+        at: At::new(Base::Dev, "shm", Lookup::New(Create::Dir)),
+        attrs: Attrs::NOSUID_NODEV_NOEXEC,
+        names: None,
+    });
+    for (link, to) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        steps.push(Step::Symlink {
+            at: At::new(Base::Dev, link, Lookup::New(Create::File)),
+            target: PathBuf::from(to),
+        });
+    }
+    // /sys, read-only either way.
+    steps.push(Step::Sys {
+        at: At::new(Base::Root, "sys", Lookup::RealDir),
+        own_netns: spec.net == NetMode::None,
+    });
+    for p in SYS_MASKED {
+        steps.push(Step::Mask {
+            at: At::new(Base::Sys, p, Lookup::IfPresent),
+        });
+    }
+    // /tmp is the image's, in the writable layer (so it counts against its
+    // size), made world-writable when the image has none.
+    steps.push(Step::MakeDir {
+        at: At::new(Base::Root, "tmp", Lookup::Image(Create::Dir)),
+        mode: 0o1777,
+    });
+    if spec.host_dns && spec.net == NetMode::Host {
+        for f in ["/etc/resolv.conf", "/etc/hosts"] {
+            steps.push(Step::BindHost {
+                src: PathBuf::from(f),
+                at: At::new(Base::Root, f, Lookup::Image(Create::File)),
+                readonly: true,
+                need: Need::BestEffort,
+            });
+        }
+    }
+    for b in &spec.binds {
+        steps.push(Step::BindHost {
+            src: b.src.clone(),
+            at: At {
+                base: Base::Root,
+                path: relative(&b.dst),
+                lookup: Lookup::Image(Create::LikeSource),
+            },
+            readonly: b.readonly,
+            need: Need::Required,
+        });
+    }
+    steps
+}
+
+/// `/a/b` -> `a/b`, dropping `.`; `..` is kept for the Image lookup, which
+/// clamps it at the root (RESOLVE_IN_ROOT), and refused by the strict ones.
 fn relative(inside: &Path) -> PathBuf {
     inside
         .components()
@@ -142,6 +356,507 @@ fn relative(inside: &Path) -> PathBuf {
             _ => None,
         })
         .collect()
+}
+
+fn sys_err(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> Error {
+    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+}
+
+/// The root being assembled: the overlay mount and the mounts made on it.
+#[derive(Debug)]
+pub struct NewRoot {
+    /// The overlay's mount fd (its root directory).
+    fd: OwnedFd,
+    /// The mounts of [`Base`]s other than the root, once made.
+    mounts: HashMap<Base, OwnedFd>,
+}
+
+impl NewRoot {
+    fn base(&self, b: Base) -> Option<BorrowedFd<'_>> {
+        match b {
+            Base::Root => Some(self.fd.as_fd()),
+            other => self.mounts.get(&other).map(AsFd::as_fd),
+        }
+    }
+
+    /// Resolves `at` to an `O_PATH` fd, creating what its lookup allows;
+    /// `None` when an `IfPresent` path (or its mount) is absent. `source`
+    /// is the kind of a bind's source, for `Create::LikeSource`.
+    fn resolve(&self, at: &At, source: Option<Create>) -> Result<Option<OwnedFd>> {
+        let Some(base) = self.base(at.base) else {
+            return match at.lookup {
+                Lookup::IfPresent => Ok(None),
+                _ => Err(Error::Setup(format!(
+                    "{}: the mount it lies in was not made",
+                    at.shown()
+                ))),
+            };
+        };
+        match at.lookup {
+            Lookup::Image(create) => {
+                let kind = match (create, source) {
+                    (Create::LikeSource, Some(k)) => k,
+                    (Create::LikeSource, None) => Create::Dir,
+                    (k, _) => k,
+                };
+                ensure_in_root(base, &at.path, kind, 0).map(Some)
+            }
+            Lookup::RealDir => real_dir(base, at).map(Some),
+            Lookup::IfPresent => match open_beneath(base, &at.path, OFlags::empty()) {
+                Ok(fd) => Ok(Some(fd)),
+                Err(Errno::NOENT) => Ok(None),
+                Err(e) => Err(sys_err(format!("opening {}", at.shown()))(e)),
+            },
+            Lookup::New(create) => {
+                let (parent, name) = split_beneath(base, at)?;
+                match create {
+                    Create::Dir | Create::LikeSource => {
+                        rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
+                    }
+                    Create::File => rustix::fs::openat(
+                        &parent,
+                        name,
+                        OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::WRONLY
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o644),
+                    )
+                    .map(drop),
+                }
+                .map_err(sys_err(format!("creating {}", at.shown())))?;
+                open_beneath(&parent, Path::new(name), OFlags::empty())
+                    .map(Some)
+                    .map_err(sys_err(format!("opening {}", at.shown())))
+            }
+        }
+    }
+}
+
+/// `openat2(base, path, O_PATH | extra, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`:
+/// exactly that path, following nothing (a symlink anywhere, the last
+/// component included, is ELOOP: no O_NOFOLLOW, which would open the link
+/// itself).
+fn open_beneath<Fd: AsFd>(base: Fd, path: &Path, extra: OFlags) -> rustix::io::Result<OwnedFd> {
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
+    rustix::fs::openat2(
+        base,
+        path,
+        OFlags::PATH | OFlags::CLOEXEC | extra,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+}
+
+/// The parent (opened strictly beneath `base`) and the last name of `at`.
+fn split_beneath<'a>(base: BorrowedFd<'_>, at: &'a At) -> Result<(OwnedFd, &'a std::ffi::OsStr)> {
+    let name = at
+        .path
+        .file_name()
+        .ok_or_else(|| Error::Setup(format!("{}: not a creatable name", at.shown())))?;
+    let parent = at.path.parent().unwrap_or(Path::new(""));
+    let fd = open_beneath(base, parent, OFlags::DIRECTORY)
+        .map_err(sys_err(format!("opening the parent of {}", at.shown())))?;
+    Ok((fd, name))
+}
+
+/// The image's own directory at `at` (no symlink on the way), made when
+/// missing; a symlink or a non-directory fails the start, naming it.
+fn real_dir(base: BorrowedFd<'_>, at: &At) -> Result<OwnedFd> {
+    match open_beneath(base, &at.path, OFlags::DIRECTORY) {
+        Ok(fd) => return Ok(fd),
+        Err(Errno::NOENT) => {}
+        Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => return Err(refuse(base, at)),
+        Err(e) => return Err(sys_err(format!("opening {}", at.shown()))(e)),
+    }
+    let (parent, name) = split_beneath(base, at).map_err(|_| refuse(base, at))?;
+    match rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(sys_err(format!("creating {}", at.shown()))(e)),
+    }
+    open_beneath(&parent, Path::new(name), OFlags::DIRECTORY).map_err(|e| match e {
+        Errno::LOOP | Errno::NOTDIR => refuse(base, at),
+        e => sys_err(format!("opening {}", at.shown()))(e),
+    })
+}
+
+/// Why the image's `at` cannot be used: the first part of its path that is
+/// a symlink or not a directory.
+fn refuse(base: BorrowedFd<'_>, at: &At) -> Error {
+    let mut dir = rustix::io::fcntl_dupfd_cloexec(base, 3).ok();
+    let mut shown = PathBuf::from("/");
+    let mut what = "is not a directory".to_string();
+    for part in at.path.iter() {
+        shown.push(part);
+        let Some(d) = &dir else { break };
+        match rustix::fs::statat(d, part, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                let target = rustix::fs::readlinkat(d, part, Vec::new())
+                    .map(|t| String::from_utf8_lossy(t.as_bytes()).into_owned())
+                    .unwrap_or_else(|_| "?".into());
+                what = format!("is a symbolic link (to {target})");
+                break;
+            }
+            Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Directory => {
+                what = "is not a directory".into();
+                break;
+            }
+            Ok(_) => dir = open_beneath(d, Path::new(part), OFlags::DIRECTORY).ok(),
+            Err(_) => break,
+        }
+    }
+    let mount = match at.path.iter().next() {
+        Some(first) => format!("/{}", first.to_string_lossy()),
+        None => "/".into(),
+    };
+    Error::Setup(format!(
+        "the image's {} {what}: sifbox mounts its own {mount} there and does not follow a path the image chose; rebuild the image with {} as an empty directory (for a root file system directory ROOT: rm ROOT{0} && mkdir ROOT{0})",
+        shown.display(),
+        at.shown(),
+    ))
+}
+
+/// Opens (creating what is missing) `rel` beneath `root`, resolving every
+/// symlink as if `root` were `/` (so an image's symlinks never lead out);
+/// a dangling symlink is followed by creating its target. Returns an
+/// `O_PATH` fd.
+fn ensure_in_root(root: BorrowedFd<'_>, rel: &Path, kind: Create, links: u32) -> Result<OwnedFd> {
+    const MAX_LINKS: u32 = 40;
+    let shown = || Path::new("/").join(rel).display().to_string();
+    if links > MAX_LINKS {
+        return Err(Error::Setup(format!(
+            "creating {} in the sandbox: too many levels of symbolic links",
+            shown()
+        )));
+    }
+    let open = |p: &Path| {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        rustix::fs::openat2(
+            root,
+            p,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )
+    };
+    match open(rel) {
+        Ok(fd) => return Ok(fd),
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(sys_err(format!("opening {} in the sandbox", shown()))(e)),
+    }
+    let name = rel
+        .file_name()
+        .ok_or_else(|| Error::Setup(format!("cannot create {} in the sandbox", shown())))?;
+    let parent_rel = rel.parent().unwrap_or(Path::new(""));
+    let parent = if parent_rel.as_os_str().is_empty() {
+        open(Path::new("")).map_err(sys_err("opening the sandbox root"))?
+    } else {
+        ensure_in_root(root, parent_rel, Create::Dir, links)?
+    };
+    // The parent was resolved inside the root; the new entry is created in
+    // it by name, so nothing here follows a symlink.
+    let made = match kind {
+        Create::Dir | Create::LikeSource => {
+            rustix::fs::mkdirat(&parent, name, Mode::from_raw_mode(0o755))
+        }
+        Create::File => rustix::fs::openat(
+            &parent,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map(drop),
+    };
+    match made {
+        Ok(()) => {}
+        Err(Errno::EXIST) => {
+            // A dangling symlink: create its target, resolved inside the
+            // root like any other path.
+            if let Ok(target) = rustix::fs::readlinkat(&parent, name, Vec::new()) {
+                let target = PathBuf::from(std::ffi::OsStr::from_bytes(target.as_bytes()));
+                let next = relative(&Path::new("/").join(parent_rel).join(target));
+                return ensure_in_root(root, &next, kind, links + 1);
+            }
+        }
+        Err(e) => return Err(sys_err(format!("creating {} in the sandbox", shown()))(e)),
+    }
+    open(rel).map_err(sys_err(format!("opening {} in the sandbox", shown())))
+}
+
+/// A fresh file system, configured and mounted detached; its log (the
+/// kernel's reasons) goes into the error.
+fn make_fs(fs: &Fs, attrs: Attrs, what: &str) -> Result<OwnedFd> {
+    let (name, options): (&str, Vec<(&str, String)>) = match fs {
+        Fs::Tmpfs { mode, size } => (
+            "tmpfs",
+            vec![("mode", format!("{mode:o}")), ("size", size.to_string())],
+        ),
+        Fs::Proc => ("proc", Vec::new()),
+        Fs::Devpts => (
+            "devpts",
+            vec![("ptmxmode", "0666".into()), ("mode", "0620".into())],
+        ),
+    };
+    let ctx = fsopen(name, FsOpenFlags::FSOPEN_CLOEXEC)
+        .map_err(sys_err(format!("{what}: fsopen({name})")))?;
+    // The source mountinfo shows (the file system's name, as mount(8)
+    // would write it).
+    let _ = fsconfig_set_string(&ctx, "source", name);
+    for (k, v) in &options {
+        fsconfig_set_string(&ctx, *k, v.as_str())
+            .map_err(|e| fs_error(&ctx, format!("{what}: {k}={v}"), e))?;
+    }
+    if *fs == Fs::Devpts {
+        // Harmless where every devpts is a new instance (Linux >= 4.7).
+        let _ = fsconfig_set_flag(&ctx, "newinstance");
+    }
+    fsconfig_create(&ctx).map_err(|e| fs_error(&ctx, format!("{what}: creating {name}"), e))?;
+    fsmount(&ctx, FsMountFlags::FSMOUNT_CLOEXEC, attrs.flags())
+        .map_err(|e| fs_error(&ctx, format!("{what}: fsmount({name})"), e))
+}
+
+/// An fsconfig/fsmount failure, with the messages the kernel logged on the
+/// file system context.
+fn fs_error(ctx: &OwnedFd, what: String, e: Errno) -> Error {
+    let mut log = Vec::new();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = rustix::io::read(ctx, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        let line = String::from_utf8_lossy(&buf[..n]);
+        log.push(line.trim_start_matches("e ").trim().to_string());
+    }
+    let detail = if log.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", log.join("; "))
+    };
+    Error::Setup(format!("{what}: {}{detail}", std::io::Error::from(e)))
+}
+
+fn attach(tree: &OwnedFd, target: BorrowedFd<'_>, what: &str) -> Result<()> {
+    move_mount(
+        tree,
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+    .map_err(sys_err(format!("{what}: attaching the mount")))
+}
+
+/// A detached clone of the mount tree at `src` (a host path), recursive.
+fn clone_host(src: &Path, what: &str) -> std::result::Result<OwnedFd, (Errno, Error)> {
+    open_tree(
+        CWD,
+        src,
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_RECURSIVE,
+    )
+    .map_err(|e| {
+        (
+            e,
+            sys_err(format!("{what}: cloning the mount at {}", src.display()))(e),
+        )
+    })
+}
+
+fn readonly(tree: &OwnedFd, what: &str) -> Result<()> {
+    sifbox_sys::make_readonly_fd(tree.as_fd())
+        .map_err(|e| Error::Setup(format!("{what}: making it read-only: {e}")))
+}
+
+/// Carries out `steps` on `root`.
+pub fn apply(root: &mut NewRoot, steps: &[Step]) -> Result<()> {
+    for step in steps {
+        apply_one(root, step)?;
+    }
+    Ok(())
+}
+
+fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
+    match step {
+        Step::Mount {
+            fs,
+            at,
+            attrs,
+            names,
+        } => {
+            let what = format!("mounting {}", at.shown());
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            let mnt = make_fs(fs, *attrs, &what)?;
+            attach(&mnt, target.as_fd(), &what)?;
+            if let Some(b) = names {
+                root.mounts.insert(*b, mnt);
+            }
+        }
+        Step::Sys { at, own_netns } => {
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            let fresh = own_netns.then(|| {
+                let ctx = fsopen("sysfs", FsOpenFlags::FSOPEN_CLOEXEC).ok()?;
+                let _ = fsconfig_set_string(&ctx, "source", "sysfs");
+                fsconfig_create(&ctx).ok()?;
+                let attrs = Attrs {
+                    readonly: true,
+                    ..Attrs::NOSUID_NODEV_NOEXEC
+                };
+                fsmount(&ctx, FsMountFlags::FSMOUNT_CLOEXEC, attrs.flags()).ok()
+            });
+            let tree = match fresh.flatten() {
+                Some(t) => Some(t),
+                None => clone_host(Path::new("/sys"), "/sys")
+                    .ok()
+                    .filter(|t| readonly(t, "/sys").is_ok()),
+            };
+            match tree {
+                Some(t) => match attach(&t, target.as_fd(), "/sys") {
+                    Ok(()) => {
+                        root.mounts.insert(Base::Sys, t);
+                    }
+                    Err(e) => tracing::debug!("leaving /sys empty: {e}"),
+                },
+                None => tracing::debug!("leaving /sys empty: the kernel allows no sysfs here"),
+            }
+        }
+        Step::BindHost {
+            src,
+            at,
+            readonly: ro,
+            need,
+        } => {
+            let what = format!("binding {} at {}", src.display(), at.shown());
+            let made = bind_host(root, src, at, *ro, &what);
+            match (made, need) {
+                (Ok(()), _) => {}
+                (Err((Errno::NOENT, _)), Need::IfOnHost) => {}
+                (Err((_, e)), Need::BestEffort) => tracing::debug!("not {what}: {e}"),
+                (Err((_, e)), _) => return Err(e),
+            }
+        }
+        Step::ReadOnly { at } => {
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            let what = format!("covering {} read-only", at.shown());
+            let tree = open_tree(
+                &target,
+                "",
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                    | OpenTreeFlags::AT_EMPTY_PATH
+                    | OpenTreeFlags::AT_RECURSIVE,
+            )
+            .map_err(sys_err(format!("{what}: cloning it")))?;
+            readonly(&tree, &what)?;
+            attach(&tree, target.as_fd(), &what)?;
+        }
+        Step::Mask { at } => {
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            let what = format!("masking {}", at.shown());
+            let st = rustix::fs::fstat(&target).map_err(sys_err(&what))?;
+            let tree = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                make_fs(
+                    &Fs::Tmpfs {
+                        mode: 0o555,
+                        size: 4096,
+                    },
+                    Attrs {
+                        readonly: true,
+                        ..Attrs::NOSUID_NODEV_NOEXEC
+                    },
+                    &what,
+                )?
+            } else {
+                let t = clone_host(Path::new("/dev/null"), &what).map_err(|(_, e)| e)?;
+                readonly(&t, &what)?;
+                t
+            };
+            attach(&tree, target.as_fd(), &what)?;
+        }
+        Step::MakeDir { at, mode } => {
+            let Some(base) = root.base(at.base) else {
+                return Ok(());
+            };
+            let exists = rustix::fs::openat2(
+                base,
+                &at.path,
+                OFlags::PATH | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+            );
+            if exists.is_ok() {
+                return Ok(());
+            }
+            root.resolve(at, None)?;
+            // Reopened for fchmod (an O_PATH fd cannot change modes); the
+            // umask must not decide a world-writable /tmp.
+            let dir = rustix::fs::openat2(
+                base,
+                &at.path,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(sys_err(format!("opening {}", at.shown())))?;
+            rustix::fs::fchmod(&dir, Mode::from_raw_mode(*mode))
+                .map_err(sys_err(format!("chmod {}", at.shown())))?;
+        }
+        Step::Symlink { at, target } => {
+            let Some(base) = root.base(at.base) else {
+                return Ok(());
+            };
+            let (parent, name) = split_beneath(base, at)?;
+            rustix::fs::symlinkat(target.as_path(), &parent, name)
+                .map_err(sys_err(format!("creating {}", at.shown())))?;
+        }
+    }
+    Ok(())
+}
+
+fn bind_host(
+    root: &NewRoot,
+    src: &Path,
+    at: &At,
+    ro: bool,
+    what: &str,
+) -> std::result::Result<(), (Errno, Error)> {
+    let tree = clone_host(src, what)?;
+    let st = rustix::fs::fstat(&tree).map_err(|e| (e, sys_err(what)(e)))?;
+    let kind = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+        Create::Dir
+    } else {
+        Create::File
+    };
+    let target = root
+        .resolve(at, Some(kind))
+        .map_err(|e| (Errno::INVAL, e))?
+        .ok_or_else(|| {
+            (
+                Errno::NOENT,
+                Error::Setup(format!("{what}: nowhere to attach it")),
+            )
+        })?;
+    if ro {
+        readonly(&tree, what).map_err(|e| (Errno::INVAL, e))?;
+    }
+    attach(&tree, target.as_fd(), what).map_err(|e| (Errno::INVAL, e))
 }
 
 /// Escapes a path for an overlayfs option value (`,` `:` `\` are special).
@@ -156,314 +871,162 @@ fn overlay_escape(p: &Path) -> String {
     out
 }
 
-fn mount_fs(
-    source: &str,
-    target: &Path,
-    fstype: &str,
-    flags: MountFlags,
-    data: &str,
-) -> std::result::Result<(), rustix::io::Errno> {
-    let data = std::ffi::CString::new(data).map_err(|_| rustix::io::Errno::INVAL)?;
-    mount(source, target, fstype, flags, Some(data.as_c_str()))
-}
-
-fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
-    use std::os::fd::AsRawFd;
+fn fd_path(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
-/// Binds host `src` (recursively) onto the O_PATH fd `target`, read-only if
-/// asked. The tree is cloned detached, made read-only, then attached.
-pub fn bind(src: &Path, target: BorrowedFd<'_>, readonly: bool, what: &str) -> Result<()> {
-    let tree = open_tree(
-        CWD,
-        src,
-        OpenTreeFlags::OPEN_TREE_CLONE
-            | OpenTreeFlags::OPEN_TREE_CLOEXEC
-            | OpenTreeFlags::AT_RECURSIVE,
-    )
-    .map_err(sys_err(format!(
-        "{what}: cloning the mount at {}",
-        src.display()
-    )))?;
-    if readonly {
-        sifbox_sys::make_readonly_fd(tree.as_fd())
-            .map_err(|e| Error::Setup(format!("{what}: making it read-only: {e}")))?;
+fn open_dir(p: &Path, nofollow: bool) -> Result<OwnedFd> {
+    let mut flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    if nofollow {
+        flags |= OFlags::NOFOLLOW;
     }
-    move_mount(
-        &tree,
-        "",
-        target,
-        "",
-        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
-    )
-    .map_err(sys_err(format!("{what}: attaching the mount")))
+    rustix::fs::open(p, flags, Mode::empty()).map_err(sys_err(format!("opening {}", p.display())))
 }
 
-/// Mounts the overlay and everything inside it; returns the new root.
-pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
+/// Makes the private mount namespace's writable layer (a tmpfs at `m/` in
+/// the runtime dir `dir`, or `--overlay DIR`) and the overlay root over the
+/// image's layers; returns the root, ready for [`apply`].
+pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
     mount_change(
         "/",
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
     )
-    .map_err(sys_err("making the mount namespace private".into()))?;
-
-    let m = dir.join("m");
-    let (upper, work, tmpfs_data) = match &spec.writable {
-        Writable::Tmpfs { size_mib } => (
-            m.join("upper"),
-            m.join("work"),
-            format!("mode=0755,size={size_mib}m"),
-        ),
-        Writable::Overlay { dir } => (
-            dir.join("upper"),
-            dir.join("work"),
-            "mode=0755,size=1m".into(),
-        ),
+    .map_err(sys_err("making the mount namespace private"))?;
+    let tmpfs_bytes = match &spec.writable {
+        Writable::Tmpfs { size_mib } => size_mib.saturating_mul(1 << 20),
+        Writable::Overlay { .. } => 1 << 20,
     };
-    mount_fs(
-        "sifbox",
-        &m,
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        &tmpfs_data,
-    )
-    .map_err(sys_err(format!("mounting a tmpfs on {}", m.display())))?;
-    let root_path = m.join("root");
-    for d in [&root_path, &upper, &work] {
-        std::fs::create_dir_all(d)
-            .map_err(|e| Error::Setup(format!("creating {}: {e}", d.display())))?;
-    }
-    let mut lower = String::new();
-    for l in &spec.layers {
-        lower.push_str(&overlay_escape(l));
-        lower.push(':');
-    }
-    lower.push_str(&overlay_escape(&spec.rootfs));
-    let opts = format!(
-        "lowerdir={lower},upperdir={},workdir={}",
-        overlay_escape(&upper),
-        overlay_escape(&work)
-    );
-    // We are always in a user namespace here, where overlayfs cannot use
-    // trusted.* xattrs: ask for user.* ones (without this the kernel falls
-    // back to fewer features and logs warnings on every mount).
-    mount_fs(
-        "sifbox-overlay",
-        &root_path,
-        "overlay",
-        MountFlags::empty(),
-        &format!("{opts},userxattr"),
-    )
-    .or_else(|_| mount_fs("sifbox-overlay", &root_path, "overlay", MountFlags::empty(), &opts))
-        .map_err(|e| {
-            Error::Setup(format!(
-                "mounting the overlay root (image {}): {}; run `sifbox doctor` to see whether overlayfs works in a user namespace here",
-                spec.rootfs.display(),
-                std::io::Error::from(e)
-            ))
-        })?;
-    let fd = rustix::fs::open(
-        &root_path,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(sys_err(format!("opening {}", root_path.display())))?;
-    let root = NewRoot {
-        path: root_path,
-        fd,
+    let m_target = open_dir(&dir.join("m"), true)?;
+    let m = make_fs(
+        &Fs::Tmpfs {
+            mode: 0o755,
+            size: tmpfs_bytes,
+        },
+        Attrs {
+            nosuid: true,
+            nodev: true,
+            ..Attrs::default()
+        },
+        "the writable layer",
+    )?;
+    attach(&m, m_target.as_fd(), "the writable layer")?;
+    let mkdir = |name: &str| {
+        rustix::fs::mkdirat(&m, name, Mode::from_raw_mode(0o755))
+            .map_err(sys_err(format!("creating m/{name}")))
     };
-
-    mount_proc(&root)?;
-    mount_dev(&root)?;
-    if !spec.image_tmp {
-        let tmp = root.ensure(Path::new("/tmp"), Kind::Dir)?;
-        mount_fs(
-            "tmpfs",
-            &fd_path(tmp.as_fd()),
-            "tmpfs",
-            MountFlags::NOSUID | MountFlags::NODEV,
-            "mode=1777",
-        )
-        .map_err(sys_err("mounting /tmp".into()))?;
-    }
-    mount_sys(&root, spec.net);
-    if spec.host_dns && spec.net == NetMode::Host {
-        for f in ["/etc/resolv.conf", "/etc/hosts"] {
-            bind_host_file_if_possible(&root, Path::new(f));
+    mkdir("root")?;
+    let (upper, work) = match &spec.writable {
+        Writable::Tmpfs { .. } => {
+            mkdir("upper")?;
+            mkdir("work")?;
+            (
+                open_beneath(&m, Path::new("upper"), OFlags::DIRECTORY)
+                    .map_err(sys_err("opening m/upper"))?,
+                open_beneath(&m, Path::new("work"), OFlags::DIRECTORY)
+                    .map_err(sys_err("opening m/work"))?,
+            )
         }
+        Writable::Overlay { dir } => {
+            let d = open_dir(dir, false)?;
+            let sub = |n: &str| {
+                open_beneath(&d, Path::new(n), OFlags::DIRECTORY)
+                    .map_err(sys_err(format!("opening {}/{n}", dir.display())))
+            };
+            (sub("upper")?, sub("work")?)
+        }
+    };
+    // Every layer by fd: the option string names only /proc/self/fd/N, so
+    // the sandbox's mountinfo shows no host path.
+    let mut lowers = Vec::new();
+    for l in spec.layers.iter().chain(std::iter::once(&spec.rootfs)) {
+        lowers.push(open_dir(l, false)?);
     }
-    for b in &spec.binds {
-        let is_dir = std::fs::metadata(&b.src)
-            .map(|m| m.is_dir())
-            .map_err(|e| Error::Setup(format!("--bind {}: {e}", b.src.display())))?;
-        let target = root.ensure(&b.dst, if is_dir { Kind::Dir } else { Kind::File })?;
-        bind(
-            &b.src,
-            target.as_fd(),
-            b.readonly,
-            &format!("--bind {}:{}", b.src.display(), b.dst.display()),
-        )?;
-    }
-    Ok(root)
-}
-
-/// A fresh /proc for the new pid namespace, with the host-wide knobs in it
-/// read-only and the kernel-memory files masked.
-fn mount_proc(root: &NewRoot) -> Result<()> {
-    let target = root.ensure(Path::new("/proc"), Kind::Dir)?;
-    let target_path = fd_path(target.as_fd());
-    mount_fs(
-        "proc",
-        &target_path,
-        "proc",
-        MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-        "",
-    )
-    .map_err(|e| {
+    let lower = lowers
+        .iter()
+        .map(|fd| overlay_escape(&fd_path(fd)))
+        .collect::<Vec<_>>()
+        .join(":");
+    let overlay = |userxattr: bool| -> std::result::Result<OwnedFd, Error> {
+        let ctx =
+            fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(sys_err("fsopen(overlay)"))?;
+        let _ = fsconfig_set_string(&ctx, "source", "sifbox-overlay");
+        let set = |k: &str, v: String| {
+            fsconfig_set_string(&ctx, k, v.as_str())
+                .map_err(|e| fs_error(&ctx, format!("overlay {k}"), e))
+        };
+        set("lowerdir", lower.clone())?;
+        set("upperdir", overlay_escape(&fd_path(&upper)))?;
+        set("workdir", overlay_escape(&fd_path(&work)))?;
+        if userxattr {
+            // We are always in a user namespace here, where overlayfs
+            // cannot use trusted.* xattrs: ask for user.* ones.
+            fsconfig_set_flag(&ctx, "userxattr")
+                .map_err(|e| fs_error(&ctx, "overlay userxattr".into(), e))?;
+        }
+        fsconfig_create(&ctx).map_err(|e| fs_error(&ctx, "creating the overlay".into(), e))?;
+        fsmount(&ctx, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+            .map_err(|e| fs_error(&ctx, "fsmount(overlay)".into(), e))
+    };
+    let ovl = overlay(true).or_else(|_| overlay(false)).map_err(|e| {
         Error::Setup(format!(
-            "mounting /proc: {}; the host may hide parts of its own /proc (as inside a container), which forbids a new proc mount",
-            std::io::Error::from(e)
+            "mounting the overlay root (image {}): {e}; run `sifbox doctor` to see whether overlayfs works in a user namespace here",
+            spec.rootfs.display()
         ))
     })?;
-    let proc_dir = root.path.join("proc");
-    for knob in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
-        let p = proc_dir.join(knob);
-        if p.exists() {
-            let fd = rustix::fs::open(&p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-                .map_err(sys_err(format!("opening /proc/{knob}")))?;
-            bind(&p, fd.as_fd(), true, &format!("read-only /proc/{knob}"))?;
-        }
-    }
-    for secret in [
-        "kcore",
-        "keys",
-        "timer_list",
-        "sched_debug",
-        "latency_stats",
-    ] {
-        let p = proc_dir.join(secret);
-        if p.is_file() {
-            let fd = rustix::fs::open(&p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-                .map_err(sys_err(format!("opening /proc/{secret}")))?;
-            bind(
-                Path::new("/dev/null"),
-                fd.as_fd(),
-                true,
-                &format!("masking /proc/{secret}"),
-            )?;
-        }
-    }
-    Ok(())
+    let root_target = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
+        .map_err(sys_err("opening m/root"))?;
+    attach(&ovl, root_target.as_fd(), "the overlay root")?;
+    Ok(NewRoot {
+        fd: ovl,
+        mounts: HashMap::new(),
+    })
 }
 
-/// A minimal /dev: a 0755 tmpfs (with the sticky 1777 default, `>` onto the
-/// bound /dev/null fails), the harmless host devices bound in, a private
-/// devpts, /dev/shm, and the fd links.
-fn mount_dev(root: &NewRoot) -> Result<()> {
-    let target = root.ensure(Path::new("/dev"), Kind::Dir)?;
-    mount_fs(
-        "tmpfs",
-        &fd_path(target.as_fd()),
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        "mode=0755,size=1m",
-    )
-    .map_err(sys_err("mounting /dev".into()))?;
-    let dev = root.path.join("dev");
-    let mkfile = |p: &Path| {
-        std::fs::File::create(p).map_err(|e| Error::Setup(format!("creating {}: {e}", p.display())))
-    };
-    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
-        let host = Path::new("/dev").join(node);
-        if !host.exists() {
-            continue;
-        }
-        let p = dev.join(node);
-        mkfile(&p)?;
-        let fd = rustix::fs::open(&p, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-            .map_err(sys_err(format!("opening {}", p.display())))?;
-        bind(&host, fd.as_fd(), false, &format!("/dev/{node}"))?;
-    }
-    let pts = dev.join("pts");
-    std::fs::create_dir(&pts).map_err(|e| Error::Setup(format!("creating /dev/pts: {e}")))?;
-    mount_fs(
-        "devpts",
-        &pts,
-        "devpts",
-        MountFlags::NOSUID | MountFlags::NOEXEC,
-        "newinstance,ptmxmode=0666,mode=0620",
-    )
-    .map_err(sys_err("mounting /dev/pts".into()))?;
-    let shm = dev.join("shm");
-    std::fs::create_dir(&shm).map_err(|e| Error::Setup(format!("creating /dev/shm: {e}")))?;
-    mount_fs(
-        "shm",
-        &shm,
-        "tmpfs",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        "mode=1777",
-    )
-    .map_err(sys_err("mounting /dev/shm".into()))?;
-    for (link, to) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(to, dev.join(link))
-            .map_err(|e| Error::Setup(format!("creating /dev/{link}: {e}")))?;
-    }
-    Ok(())
-}
-
-/// /sys read-only where the kernel permits: a fresh sysfs when the sandbox
-/// owns its network namespace, else the host's, bound and made read-only.
-/// Left empty when neither is allowed.
-fn mount_sys(root: &NewRoot, net: NetMode) {
-    let Ok(target) = root.ensure(Path::new("/sys"), Kind::Dir) else {
-        return;
-    };
-    if net == NetMode::None {
-        let flags =
-            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-        if mount_fs("sysfs", &fd_path(target.as_fd()), "sysfs", flags, "").is_ok() {
-            return;
-        }
-    }
-    if let Err(e) = bind(Path::new("/sys"), target.as_fd(), true, "/sys") {
-        tracing::debug!("leaving /sys empty: {e}");
-    }
-}
-
-fn bind_host_file_if_possible(root: &NewRoot, file: &Path) {
-    if !file.is_file() {
-        return;
-    }
-    match root.ensure(file, Kind::File) {
-        Ok(target) => {
-            if let Err(e) = bind(file, target.as_fd(), true, &file.display().to_string()) {
-                tracing::debug!("not binding {}: {e}", file.display());
-            }
-        }
-        Err(e) => tracing::debug!("not binding {}: {e}", file.display()),
-    }
+/// Prepares the overlay root and carries out the plan of `spec` on it.
+pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
+    let mut root = prepare_root(spec, dir)?;
+    apply(&mut root, &plan(spec))?;
+    Ok(root)
 }
 
 /// Makes `root` the root of this mount namespace and detaches the old one.
 pub fn pivot(root: &NewRoot) -> Result<()> {
-    rustix::process::chdir(&root.path)
-        .map_err(sys_err(format!("chdir {}", root.path.display())))?;
-    rustix::process::pivot_root(".", ".").map_err(sys_err("pivot_root".into()))?;
-    unmount(".", UnmountFlags::DETACH).map_err(sys_err("detaching the old root".into()))?;
-    rustix::process::chdir("/").map_err(sys_err("chdir /".into()))?;
+    rustix::process::fchdir(&root.fd).map_err(sys_err("changing to the new root"))?;
+    rustix::process::pivot_root(".", ".").map_err(sys_err("pivot_root"))?;
+    unmount(".", UnmountFlags::DETACH).map_err(sys_err("detaching the old root"))?;
+    rustix::process::chdir("/").map_err(sys_err("chdir /"))?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::{Bind, Confinement, IdMapping, UsernsMode};
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            name: "t".into(),
+            rootfs: "/images/x".into(),
+            layers: Vec::new(),
+            hostname: "t".into(),
+            net: NetMode::Host,
+            ids: IdMapping {
+                mode: UsernsMode::Single,
+                uid: Vec::new(),
+                gid: Vec::new(),
+                external: false,
+            },
+            writable: Writable::Tmpfs { size_mib: 16 },
+            binds: vec![Bind {
+                src: "/data".into(),
+                dst: "/mnt/../data".into(),
+                readonly: true,
+            }],
+            host_dns: true,
+            shm_bytes: 1 << 20,
+            confinement: Confinement::default(),
+        }
+    }
 
     #[test]
     fn escapes_overlay_specials() {
@@ -478,28 +1041,194 @@ mod tests {
     }
 
     #[test]
-    fn ensure_stays_inside_root() {
+    fn the_plan_covers_and_masks_what_it_must() {
+        let steps = plan(&spec());
+        let covered: Vec<String> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::ReadOnly { at } => Some(at.shown()),
+                _ => None,
+            })
+            .collect();
+        for p in [
+            "/proc/sys",
+            "/proc/sysrq-trigger",
+            "/proc/irq",
+            "/proc/bus",
+            "/proc/fs",
+        ] {
+            assert!(
+                covered.contains(&p.to_string()),
+                "{p} not read-only: {covered:?}"
+            );
+        }
+        let masked: Vec<String> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Mask { at } => Some(at.shown()),
+                _ => None,
+            })
+            .collect();
+        for p in [
+            "/proc/kcore",
+            "/proc/keys",
+            "/proc/timer_list",
+            "/sys/firmware",
+        ] {
+            assert!(
+                masked.contains(&p.to_string()),
+                "{p} not masked: {masked:?}"
+            );
+        }
+        // Covers and masks only ever look inside sifbox's own mounts, and
+        // follow nothing there.
+        for s in &steps {
+            if let Step::ReadOnly { at } | Step::Mask { at } = s {
+                assert_ne!(at.base, Base::Root, "{s:?}");
+                assert_eq!(at.lookup, Lookup::IfPresent, "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn proc_dev_and_sys_must_be_real_directories_of_the_image() {
+        let steps = plan(&spec());
+        for dir in ["proc", "dev", "sys"] {
+            let first = steps
+                .iter()
+                .position(|s| match s {
+                    Step::Mount { at, .. } | Step::Sys { at, .. } => {
+                        at.base == Base::Root && at.path == Path::new(dir)
+                    }
+                    _ => false,
+                })
+                .unwrap_or_else(|| panic!("nothing mounted at /{dir}"));
+            match &steps[first] {
+                Step::Mount { at, .. } | Step::Sys { at, .. } => {
+                    assert_eq!(at.lookup, Lookup::RealDir, "/{dir}");
+                }
+                _ => unreachable!(),
+            }
+            // Nothing mounted there through the image's own lookup.
+            assert!(!steps.iter().any(|s| matches!(s,
+                Step::Mount { at, .. } | Step::BindHost { at, .. }
+                    if at.base == Base::Root
+                        && at.path.starts_with(dir)
+                        && at.lookup != Lookup::RealDir)));
+        }
+        // The masks and covers of a mount come after the mount.
+        let proc_mount = steps
+            .iter()
+            .position(|s| {
+                matches!(
+                    s,
+                    Step::Mount {
+                        names: Some(Base::Proc),
+                        ..
+                    }
+                )
+            })
+            .expect("proc");
+        let first_cover = steps
+            .iter()
+            .position(|s| matches!(s, Step::ReadOnly { at } if at.base == Base::Proc))
+            .expect("cover");
+        assert!(proc_mount < first_cover);
+    }
+
+    #[test]
+    fn binds_follow_the_spec_and_the_image_cannot_lead_them_out() {
+        let steps = plan(&spec());
+        let bind = steps
+            .iter()
+            .find_map(|s| match s {
+                Step::BindHost {
+                    src,
+                    at,
+                    readonly,
+                    need,
+                } if src == Path::new("/data") => Some((at.clone(), *readonly, *need)),
+                _ => None,
+            })
+            .expect("the bind");
+        assert_eq!(bind.0.base, Base::Root);
+        assert_eq!(bind.0.lookup, Lookup::Image(Create::LikeSource));
+        assert!(bind.1, "read-only");
+        assert_eq!(bind.2, Need::Required);
+        // Host DNS files only with the host's network.
+        let dns = |s: &SandboxSpec| {
+            plan(s)
+                .iter()
+                .any(|st| matches!(st, Step::BindHost { src, .. } if src == Path::new("/etc/resolv.conf")))
+        };
+        assert!(dns(&spec()));
+        let mut none = spec();
+        none.net = NetMode::None;
+        assert!(!dns(&none));
+        // /dev/shm has the spec's size; /tmp is no mount of its own.
+        assert!(steps.iter().any(|s| matches!(s,
+            Step::Mount { fs: Fs::Tmpfs { size, .. }, at, .. }
+                if at.base == Base::Dev && at.path == Path::new("shm") && *size == 1 << 20)));
+        assert!(!steps.iter().any(|s| matches!(s,
+            Step::Mount { at, .. } if at.path == Path::new("tmp"))));
+    }
+
+    #[test]
+    fn lookups_stay_inside_and_refuse_symlinked_mount_points() {
         let dir = tempfile::tempdir().expect("tempdir");
         let outside = tempfile::tempdir().expect("tempdir");
         let rootp = dir.path().join("root");
         std::fs::create_dir(&rootp).expect("mkdir");
-        // An absolute symlink that would point at the host if followed naively.
         std::os::unix::fs::symlink(outside.path(), rootp.join("evil")).expect("symlink");
+        std::os::unix::fs::symlink(outside.path(), rootp.join("proc")).expect("symlink");
+        std::fs::write(rootp.join("sys"), b"").expect("file");
         let fd = rustix::fs::open(&rootp, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
             .expect("open");
         let root = NewRoot {
-            path: rootp.clone(),
             fd,
+            mounts: HashMap::new(),
         };
-        root.ensure(Path::new("/evil/x/y"), Kind::Dir)
-            .expect("ensure");
-        root.ensure(Path::new("/f/file"), Kind::File)
-            .expect("ensure file");
+        // Image lookups: the absolute symlink is taken relative to the root.
+        root.resolve(
+            &At::new(Base::Root, "evil/x/y", Lookup::Image(Create::Dir)),
+            None,
+        )
+        .expect("ensure");
+        root.resolve(
+            &At::new(Base::Root, "f/file", Lookup::Image(Create::File)),
+            None,
+        )
+        .expect("ensure file");
         assert!(rootp.join("f/file").is_file());
-        // Resolved inside the root: the target of the symlink was taken
-        // relative to the root, not the host.
         let inside_target = rootp.join(outside.path().strip_prefix("/").expect("abs"));
         assert!(inside_target.join("x/y").is_dir());
         assert!(!outside.path().join("x").exists());
+        // Strict lookups refuse what the image redirected, naming it.
+        let e = root
+            .resolve(&At::new(Base::Root, "proc", Lookup::RealDir), None)
+            .expect_err("symlinked /proc");
+        let msg = e.to_string();
+        assert!(msg.contains("/proc is a symbolic link"), "{msg}");
+        assert!(msg.contains(&outside.path().display().to_string()), "{msg}");
+        let e = root
+            .resolve(&At::new(Base::Root, "sys", Lookup::RealDir), None)
+            .expect_err("/sys a file");
+        assert!(e.to_string().contains("/sys is not a directory"), "{e}");
+        // A missing one is made, as a directory.
+        root.resolve(&At::new(Base::Root, "dev", Lookup::RealDir), None)
+            .expect("made");
+        assert!(rootp.join("dev").is_dir());
+        // IfPresent: absent is nothing to do; a symlink is never followed.
+        assert!(root
+            .resolve(&At::new(Base::Root, "nothing", Lookup::IfPresent), None)
+            .expect("absent")
+            .is_none());
+        assert!(root
+            .resolve(&At::new(Base::Root, "evil/x", Lookup::IfPresent), None)
+            .is_err());
+        assert!(std::fs::read_dir(outside.path())
+            .expect("ls")
+            .next()
+            .is_none());
     }
 }

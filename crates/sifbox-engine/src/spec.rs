@@ -13,6 +13,13 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Default size of the `--writable-tmpfs` upper layer, in MiB.
 pub const DEFAULT_TMPFS_MIB: u64 = 1024;
 
+/// Default size of the sandbox's `/dev/shm`, in bytes (Docker's 64 MiB).
+pub const DEFAULT_SHM_BYTES: u64 = 64 << 20;
+
+fn default_shm_bytes() -> u64 {
+    DEFAULT_SHM_BYTES
+}
+
 /// Network mode of a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -69,6 +76,46 @@ impl IdMapping {
     pub fn gid_count(&self) -> u32 {
         self.gid.iter().map(|r| r.count).sum()
     }
+}
+
+/// The seccomp policy of a sandbox's commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SeccompMode {
+    /// sifbox's default policy: an allow-list modelled on Docker's default
+    /// profile (see `seccomp/policy.toml` and SECURITY.md).
+    #[default]
+    Default,
+    /// No system call filter at all.
+    Unconfined,
+}
+
+impl SeccompMode {
+    /// Parses `default` or `unconfined`.
+    pub fn parse(s: &str) -> Result<SeccompMode> {
+        match s {
+            "default" => Ok(SeccompMode::Default),
+            "unconfined" => Ok(SeccompMode::Unconfined),
+            _ => Err(Error::BadInput {
+                what: format!("seccomp mode {s:?}"),
+                why: "unknown mode".into(),
+                fix: "use `default` (sifbox's policy) or `unconfined` (no filter)".into(),
+            }),
+        }
+    }
+}
+
+/// What a sandbox's commands may ask of the kernel beyond the namespaces
+/// they run in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Confinement {
+    #[serde(default)]
+    pub seccomp: SeccompMode,
+    /// Commands may create user namespaces (and, in them, the other kinds
+    /// and mounts): what bubblewrap, Chromium's own sandbox and container
+    /// tools inside a sandbox need. Denied by default.
+    #[serde(default)]
+    pub allow_userns: bool,
 }
 
 /// Where the sandbox's writes go.
@@ -152,10 +199,59 @@ pub struct SandboxSpec {
     pub binds: Vec<Bind>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
-    /// Keep the image's /tmp (writes go to the overlay, as in a Docker build
-    /// step) instead of mounting a fresh tmpfs there.
+    /// Size of the tmpfs at `/dev/shm`, in bytes. (`/tmp` is the image's,
+    /// in the writable layer, and counts against its size.)
+    #[serde(default = "default_shm_bytes")]
+    pub shm_bytes: u64,
     #[serde(default)]
-    pub image_tmp: bool,
+    pub confinement: Confinement,
+}
+
+/// Parses a size as Docker writes them: a number of bytes with an
+/// optional unit `b`, `k`, `m`, `g` or `t` (binary multiples; any case, an
+/// `b`/`ib` suffix after the unit allowed: `64m`, `1.5G`, `512KiB`).
+/// Returns bytes, or why the text is not a size.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("unknown unit {unit:?} (use b, k, m, g or t)")),
+    };
+    if num.is_empty() || num.matches('.').count() > 1 {
+        return Err("expected a number, optionally with a unit (e.g. 64m)".into());
+    }
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole
+            .parse()
+            .map_err(|_| "the number is too large".to_string())?
+    };
+    let scale = 1u64 << shift;
+    let mut bytes = whole
+        .checked_mul(scale)
+        .ok_or_else(|| "the size is too large".to_string())?;
+    if !frac.is_empty() {
+        // At most 12 fractional digits: enough below a byte for any unit.
+        let digits = &frac[..frac.len().min(12)];
+        let f: u64 = digits.parse().map_err(|_| "bad fraction".to_string())?;
+        let den = 10u64.pow(u32::try_from(digits.len()).unwrap_or(12));
+        let part = u128::from(f) * u128::from(scale) / u128::from(den);
+        bytes = bytes
+            .checked_add(u64::try_from(part).unwrap_or(u64::MAX))
+            .ok_or_else(|| "the size is too large".to_string())?;
+    }
+    Ok(bytes)
 }
 
 /// Checks a sandbox name against Apptainer's rule.
@@ -361,6 +457,23 @@ mod tests {
     }
 
     #[test]
+    fn sizes_parse_as_docker_writes_them() {
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("0"), Ok(0));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("m").is_err());
+        assert!(parse_size("10x").is_err());
+        assert!(parse_size("1.2.3m").is_err());
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("99999999999t").is_err());
+    }
+
+    #[test]
     fn names() {
         assert!(validate_name("a.b_c-1").is_ok());
         assert!(validate_name("").is_err());
@@ -396,6 +509,14 @@ mod tests {
                 let parsed = parse_env_text(&text).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
                 let expected: Vec<(String, String)> = entries.clone();
                 prop_assert_eq!(parsed, expected);
+            }
+
+            /// Sizes: never a panic; what parses is what was written.
+            #[test]
+            fn sizes_never_panic(text in "\\PC{0,24}", n in 0u64..1 << 40) {
+                let _ = parse_size(&text);
+                prop_assert_eq!(parse_size(&format!("{n}")), Ok(n));
+                prop_assert_eq!(parse_size(&format!("{n}k")).ok(), n.checked_mul(1024));
             }
 
             /// Bind specs: never a panic; an accepted one has an absolute

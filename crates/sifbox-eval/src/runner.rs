@@ -120,6 +120,21 @@ pub struct EvalOptions {
     pub userns: UsernsMode,
     /// The host's CA bundle for build steps (see `sifbox build --host-ca`).
     pub host_ca: Option<PathBuf>,
+    /// The seccomp policy of every rollout and build step.
+    pub seccomp: spec::SeccompMode,
+    /// Every task's commands may create user namespaces (else only tasks
+    /// that ask for it with `[metadata.sifbox] allow_userns`).
+    pub allow_userns: bool,
+}
+
+impl EvalOptions {
+    /// What the commands of `task`'s rollouts may ask of the kernel.
+    pub fn confinement(&self, task: &Task) -> spec::Confinement {
+        spec::Confinement {
+            seccomp: self.seccomp,
+            allow_userns: self.allow_userns || task.config.allow_userns,
+        }
+    }
 }
 
 /// Turns an image reference into a store image.
@@ -642,6 +657,7 @@ impl Ctx<'_> {
             host_ca: self.opts.host_ca.clone(),
             exe: self.opts.exe.clone(),
             userns: self.opts.userns,
+            confinement: self.opts.confinement(task),
         };
         self.observer.build_started(&task.name);
         let started = Instant::now();
@@ -907,8 +923,8 @@ fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut Ro
         },
         binds,
         host_dns: true,
-        // As in Docker: the image's /tmp, not an empty one.
-        image_tmp: true,
+        shm_bytes: spec::DEFAULT_SHM_BYTES,
+        confinement: ctx.opts.confinement(task),
     };
     let opts = StartOptions {
         oneshot: true,

@@ -172,6 +172,10 @@ pub struct TaskConfig {
     pub agent_user: Option<String>,
     pub verifier_timeout: Duration,
     pub verifier_user: Option<String>,
+    /// `[metadata.sifbox] allow_userns = true`: the task's commands may
+    /// create user namespaces (bubblewrap, Chromium's sandbox). Kept under
+    /// `[metadata]`, which Harbor and BenchFlow leave free-form.
+    pub allow_userns: bool,
 }
 
 /// Where a task's image comes from.
@@ -456,7 +460,30 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             file,
         )?,
         verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
+        allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
     })
+}
+
+/// A boolean of `[metadata.sifbox]`; false when absent.
+fn sifbox_flag(metadata: &toml::Table, key: &str, file: &str) -> Result<bool> {
+    let Some(table) = metadata.get("sifbox") else {
+        return Ok(false);
+    };
+    let wrong = |why: &str| {
+        bad(
+            format!("{file}: [metadata.sifbox]"),
+            why.to_string(),
+            format!("write it as a table: [metadata.sifbox] {key} = true"),
+        )
+    };
+    let toml::Value::Table(t) = table else {
+        return Err(wrong("not a table"));
+    };
+    match t.get(key) {
+        None => Ok(false),
+        Some(toml::Value::Boolean(b)) => Ok(*b),
+        Some(_) => Err(wrong(&format!("{key} must be true or false"))),
+    }
 }
 
 /// Whether `name` is usable as a task name (a path component of results,

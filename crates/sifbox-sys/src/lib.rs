@@ -35,6 +35,10 @@ pub enum Error {
     KillAll { sig: i32, source: std::io::Error },
     #[error("close_range(CLOSE_RANGE_CLOEXEC): {0}")]
     CloseRange(std::io::Error),
+    #[error("close_range closing inherited descriptors: {0}")]
+    CloseInherited(std::io::Error),
+    #[error("keyctl(KEYCTL_JOIN_SESSION_KEYRING): {0}")]
+    JoinKeyring(std::io::Error),
     #[error("socket(AF_INET) for the loopback interface: {0}")]
     LoopbackSocket(std::io::Error),
     #[error("ioctl(SIOCGIFFLAGS, lo): {0}")]
@@ -172,6 +176,81 @@ pub fn cloexec_from(first: u32) -> Result<(), Error> {
     };
     if rc == -1 {
         return Err(Error::CloseRange(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Closes every file descriptor from 3 up except those in `keep`, with
+/// `close_range` over the gaps between them.
+///
+/// A supervisor that a CLI forked (without exec) holds every descriptor the
+/// CLI had, close-on-exec or not, and never executes anything that would
+/// drop them: a pipe the caller passed would stay open (its reader would
+/// hang until the sandbox stopped) and a directory fd would lead out of the
+/// sandbox through `/proc/PID/fd`. Refused unless single-threaded. Call it
+/// only in a process that never again uses a descriptor it does not keep:
+/// one just forked (or executed) that never returns into its parent's code,
+/// as the supervisor.
+pub fn close_inherited_fds(keep: &[BorrowedFd<'_>]) -> Result<(), Error> {
+    let threads = thread_count()?;
+    if threads != 1 {
+        return Err(Error::NotSingleThreaded(threads));
+    }
+    let kept: Vec<u32> = keep
+        .iter()
+        .filter_map(|fd| u32::try_from(fd.as_raw_fd()).ok())
+        .collect();
+    for (first, last) in close_gaps(&kept) {
+        // SAFETY: close_range only closes descriptors; no memory is
+        // passed. Closing descriptors that objects of this process may
+        // still own is sound here because the caller (see above) never
+        // uses them again: the process was just forked or executed and
+        // never returns into the code that holds them, and the one thread
+        // (checked above) cannot race with another opening fds.
+        let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+        if rc == -1 {
+            return Err(Error::CloseInherited(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// The ranges `[first, last]` of descriptors from 3 up that are not in
+/// `keep`, for close_range.
+fn close_gaps(keep: &[u32]) -> Vec<(u32, u32)> {
+    let mut kept: Vec<u32> = keep.iter().copied().filter(|&fd| fd >= 3).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    let mut out = Vec::new();
+    let mut first: u32 = 3;
+    for k in kept {
+        if k > first {
+            out.push((first, k - 1));
+        }
+        first = k.saturating_add(1);
+    }
+    out.push((first, u32::MAX));
+    out
+}
+
+/// Makes the calling process (and what it forks from now on) join a fresh,
+/// anonymous session keyring: keys of the session it came from (an ssh
+/// login's, say) are then out of its reach. Each keyring counts against
+/// the user's key quota (`kernel.keys.maxkeys`): `EDQUOT` says it is full.
+pub fn join_new_session_keyring() -> Result<(), Error> {
+    /// `KEYCTL_JOIN_SESSION_KEYRING` from linux/keyctl.h.
+    const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+    // SAFETY: a NULL name asks the kernel for a new anonymous keyring; no
+    // memory of ours is read or written.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_JOIN_SESSION_KEYRING,
+            std::ptr::null::<libc::c_char>(),
+        )
+    };
+    if rc == -1 {
+        return Err(Error::JoinKeyring(std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -513,6 +592,17 @@ Anonymous:             0 kB
         );
         assert!(clean_file_mappings("").is_empty());
         assert!(clean_file_mappings("garbage\n-\nRss: x\n").is_empty());
+    }
+
+    #[test]
+    fn close_gaps_spare_exactly_the_kept_descriptors() {
+        assert_eq!(close_gaps(&[]), vec![(3, u32::MAX)]);
+        assert_eq!(close_gaps(&[0, 1, 2]), vec![(3, u32::MAX)]);
+        assert_eq!(close_gaps(&[3]), vec![(4, u32::MAX)]);
+        assert_eq!(
+            close_gaps(&[9, 5, 5, 6]),
+            vec![(3, 4), (7, 8), (10, u32::MAX)]
+        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct BuildArgs {
     /// succeed without effect under a seccomp filter).
     #[arg(long, default_value = "auto", value_name = "auto|full|single")]
     pub userns: String,
+    #[command(flatten)]
+    pub confine: crate::cmd::options::ConfineArgs,
     /// Print only the image digest (same as --progress quiet).
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -292,6 +294,7 @@ pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
         no_cache: a.no_cache,
         host_ca,
         exe,
+        confinement: a.confine.confinement(),
     };
     let progress = Arc::new(Progress::new(mode));
     let resolver = |r: &str| resolve_image(&store, r);

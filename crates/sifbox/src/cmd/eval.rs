@@ -56,6 +56,11 @@ pub struct EvalArgs {
     /// How ids are mapped in the sandboxes and build steps.
     #[arg(long, value_enum, default_value = "auto")]
     pub userns: UsernsArg,
+    /// The seccomp policy and user-namespace opt-in of every rollout
+    /// (a task can also ask for user namespaces with
+    /// `[metadata.sifbox] allow_userns = true`).
+    #[command(flatten)]
+    pub confine: crate::cmd::options::ConfineArgs,
     /// Output on stderr: auto (a live line on a terminal, else plain),
     /// plain (a line per event), quiet.
     #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
@@ -363,6 +368,8 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
             UsernsArg::Full => UsernsMode::Full,
         },
         host_ca: crate::cmd::build::host_ca_from_config(),
+        seccomp: a.confine.confinement().seccomp,
+        allow_userns: a.confine.allow_userns,
     };
 
     // Ctrl-C, SIGTERM, SIGHUP: kill every sandbox of the job (again and

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use sifbox_engine::evidence::ImageRef;
-use sifbox_engine::spec::{self, Bind, NetMode, UsernsMode, Writable};
+use sifbox_engine::spec::{self, Bind, Confinement, NetMode, SeccompMode, UsernsMode, Writable};
 use sifbox_engine::{idmap, Error, ExecDefaults, SandboxSpec};
 
 use crate::cmd::image::Resolved;
@@ -27,6 +27,47 @@ pub enum UsernsArg {
     Full,
 }
 
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum SeccompArg {
+    /// sifbox's policy: an allow-list modelled on Docker's (SECURITY.md lists it).
+    Default,
+    /// No system call filter.
+    Unconfined,
+}
+
+/// What commands may ask of the kernel: shared by run, start, build and eval.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfineArgs {
+    /// System call filter of the commands: `default` denies what no
+    /// ordinary program needs (keyctl, bpf, io_uring, userfaultfd,
+    /// perf_event_open, kernel modules, new user namespaces...);
+    /// `unconfined` turns the filter off.
+    #[arg(long, value_enum, default_value = "default", value_name = "MODE")]
+    pub seccomp: SeccompArg,
+    /// Let commands create user namespaces (and other namespaces and mounts
+    /// in them), which bubblewrap, Chromium's own sandbox and container
+    /// tools inside need; denied by default.
+    #[arg(long)]
+    pub allow_userns: bool,
+}
+
+impl ConfineArgs {
+    pub fn confinement(&self) -> Confinement {
+        Confinement {
+            seccomp: match self.seccomp {
+                SeccompArg::Default => SeccompMode::Default,
+                SeccompArg::Unconfined => SeccompMode::Unconfined,
+            },
+            allow_userns: self.allow_userns,
+        }
+    }
+}
+
+/// Parses a `--shm-size`-style size (`64m`, `1g`, bytes).
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    spec::parse_size(s)
+}
+
 /// Options shared by every command that creates a sandbox.
 #[derive(Debug, clap::Args)]
 pub struct SandboxArgs {
@@ -46,9 +87,15 @@ pub struct SandboxArgs {
     /// Keep writes in a tmpfs that disappears with the sandbox (the default).
     #[arg(long)]
     pub writable_tmpfs: bool,
-    /// Size limit of the --writable-tmpfs layer in MiB.
+    /// Size limit of the --writable-tmpfs layer in MiB (/tmp inside is
+    /// part of it).
     #[arg(long, value_name = "MIB", default_value_t = spec::DEFAULT_TMPFS_MIB)]
     pub tmpfs_size: u64,
+    /// Size of /dev/shm (a tmpfs): bytes, or with a unit (`64m`, `1g`).
+    #[arg(long, value_name = "SIZE", default_value = "64m", value_parser = size_arg)]
+    pub shm_size: u64,
+    #[command(flatten)]
+    pub confine: ConfineArgs,
     /// Keep writes in DIR/upper on the host, for inspection afterwards.
     #[arg(long, value_name = "DIR", conflicts_with = "writable_tmpfs")]
     pub overlay: Option<PathBuf>,
@@ -208,7 +255,8 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         writable,
         binds,
         host_dns: true,
-        image_tmp: false,
+        shm_bytes: a.shm_size,
+        confinement: a.confine.confinement(),
     };
     let defaults = ExecDefaults {
         cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),
