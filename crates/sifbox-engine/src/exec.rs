@@ -19,6 +19,23 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use crate::protocol::{self, Event, ExecRequest};
+use crate::spec::{Confinement, SeccompMode};
+
+/// Whether this process installed the sandbox's seccomp policy already (a
+/// worker does at its first exec, and keeps it: every exec of a sandbox
+/// runs under the same policy).
+static POLICY_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs the sandbox's seccomp policy on this process, once.
+fn confine(c: Confinement) -> std::io::Result<()> {
+    use std::sync::atomic::Ordering;
+    if c.seccomp == SeccompMode::Unconfined || POLICY_INSTALLED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    crate::seccomp::install(c.allow_userns)?;
+    POLICY_INSTALLED.store(true, Ordering::Relaxed);
+    Ok(())
+}
 
 /// The sandbox's clock, as reported in events.
 pub fn now_ns() -> u64 {
@@ -84,8 +101,14 @@ pub fn lookup_user(spec: &str) -> Result<ImageUser, String> {
 }
 
 /// Runs one exec; returns the exit code. `fds` are the client's stdio (and
-/// for a detached exec, the status file).
-pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
+/// for a detached exec, the status file). The command runs under the
+/// sandbox's `confinement` (installed on this process before it spawns).
+pub fn run(
+    conn: &UnixStream,
+    req: ExecRequest,
+    mut fds: Vec<OwnedFd>,
+    confinement: Confinement,
+) -> i32 {
     let mut status_file = if req.detach_id.is_some() && fds.len() == 4 {
         fds.pop().map(File::from)
     } else {
@@ -122,6 +145,11 @@ pub fn run(conn: &UnixStream, req: ExecRequest, mut fds: Vec<OwnedFd>) -> i32 {
         if let Err(e) = sifbox_sys::loopback_up() {
             return fail(125, format!("bringing up lo for the command: {e}"));
         }
+    }
+    // Last, after what needed the system calls it denies (the network
+    // namespace above), stacked on the fakeroot filter.
+    if let Err(e) = confine(confinement) {
+        return fail(125, format!("installing the seccomp policy: {e}"));
     }
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());

@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::rootfs;
-use crate::spec::{NetMode, SandboxSpec};
+use crate::spec::{Confinement, NetMode, SandboxSpec};
 use crate::{exec, transfer};
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
@@ -101,8 +101,11 @@ pub fn main() -> i32 {
         Ok(fd) => Status(Some(File::from(fd))),
         Err(_) => return 125,
     };
-    // Whatever else the client's caller left open must not reach commands.
-    if let Err(e) = sifbox_sys::cloexec_from(3) {
+    // Whatever else the client's caller left open must not reach the
+    // sandbox: only the status pipe stays (fd 0 is the control pipe).
+    let kept = status.0.as_ref().map(std::os::fd::AsFd::as_fd);
+    let closed = sifbox_sys::close_inherited_fds(kept.as_slice());
+    if let Err(e) = closed {
         status.error(&e.into());
         return 125;
     }
@@ -125,12 +128,19 @@ pub fn main_forked(
     status: OwnedFd,
     listener: UnixListener,
 ) -> i32 {
+    use std::os::fd::AsFd;
     let mut status = Status(Some(File::from(status)));
-    // Carry neither the client's argv nor its environment, and none of its
-    // stdio but stderr; a sandbox that outlives its client logs to its
-    // runtime dir instead.
+    // Carry neither the client's argv nor its environment, none of the
+    // descriptors it had open but the three it handed over, and none of
+    // its stdio but stderr (init drops that too); a sandbox that outlives
+    // its client logs to its runtime dir instead.
+    let keep = [
+        control.as_fd(),
+        listener.as_fd(),
+        status.0.as_ref().map_or(control.as_fd(), AsFd::as_fd),
+    ];
     let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
-        .and_then(|()| sifbox_sys::cloexec_from(3))
+        .and_then(|()| sifbox_sys::close_inherited_fds(&keep))
         .map_err(Error::from)
         .and_then(|()| {
             let null = rustix::fs::open(
@@ -238,6 +248,11 @@ fn outer(
         idmap::write_file(Path::new("/proc/self/uid_map"), &format!("0 {uid} 1\n"))?;
         idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
     }
+    // Our maps are written: from now on only our own code reads our memory
+    // and descriptors (init's nested maps are written through init's proc
+    // files, not ours).
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
 
     // init asks us (over `nest`) to map the nested user namespace it moves
     // into once its mounts are made; only a process outside it may.
@@ -372,6 +387,20 @@ fn init_main(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let spec = &launch.spec;
+    // Nothing of the client's stdin or stdout (the control pipe, when the
+    // supervisor was executed) stays in the sandbox; stderr goes before
+    // the first request is served.
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(errno("opening /dev/null"))?;
+    rustix::stdio::dup2_stdin(&null).map_err(errno("dup2"))?;
+    rustix::stdio::dup2_stdout(&null).map_err(errno("dup2"))?;
+    // A session keyring of the sandbox's own: the caller's (an ssh login's
+    // keys) is out of reach even of commands that may call keyctl.
+    join_keyring(spec)?;
     let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
     if spec.net == NetMode::None {
         flags |= UnshareFlags::NEWNET;
@@ -404,6 +433,8 @@ fn init_main(
         }
     };
     rootfs::pivot(&root)?;
+    // Its fds (the overlay's, /proc's, /dev's) are of no further use.
+    drop(root);
 
     // Move into a nested user namespace, which holds no capability over the
     // mount namespace made above: nothing inside can undo a mount (say, the
@@ -419,13 +450,49 @@ fn init_main(
         ));
     }
     drop(nest);
+    // The maps are written: from here on nothing in the sandbox may read
+    // init's memory or descriptors (ptrace, /proc/1/fd, /proc/1/mem,
+    // pidfd_getfd all need CAP_SYS_PTRACE over the user namespace that
+    // init's memory belongs to, which is the host's: it was forked, never
+    // executed, in there). Workers and transfer processes inherit it.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
+    if launch.oneshot {
+        // The caller's stderr (a terminal, a log file) stays out of reach.
+        rustix::stdio::dup2_stderr(&null).map_err(errno("dup2"))?;
+    }
+    drop(null);
     status.send(&format!("ready {}", exec::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();
     // Idle until the first request: of the pages of sifbox and its
     // libraries that setting up touched, the serve loop needs a few.
     trim();
-    serve(listener)
+    serve(listener, spec.confinement)
+}
+
+/// Joins a fresh session keyring. A full key quota is tolerated under the
+/// default seccomp policy, which denies commands every keyring call anyway.
+fn join_keyring(spec: &SandboxSpec) -> Result<()> {
+    match sifbox_sys::join_new_session_keyring() {
+        Ok(()) => Ok(()),
+        Err(sifbox_sys::Error::JoinKeyring(e)) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(()),
+        Err(sifbox_sys::Error::JoinKeyring(e))
+            if e.raw_os_error() == Some(libc::EDQUOT)
+                && spec.confinement.seccomp == crate::spec::SeccompMode::Default =>
+        {
+            tracing::debug!("no session keyring of the sandbox's own ({e}); commands cannot reach keyrings under the seccomp policy");
+            Ok(())
+        }
+        Err(sifbox_sys::Error::JoinKeyring(e)) if e.raw_os_error() == Some(libc::EDQUOT) => {
+            Err(Error::Host {
+                what: "giving the sandbox a session keyring of its own".into(),
+                source: e,
+                fix: "the user's key quota is full (kernel.keys.maxkeys); raise it, stop other sandboxes, or keep the default seccomp policy (which needs none)".into(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// An exec worker: a child of init that serves execs one after another,
@@ -442,7 +509,7 @@ struct Worker {
 /// A worker's life: jobs arrive on `chan`, each an exec request with the
 /// client's connection as the first fd and the request's own fds after it;
 /// it ends when init closes the channel.
-fn worker_main(chan: &UnixStream) -> i32 {
+fn worker_main(chan: &UnixStream, confinement: Confinement) -> i32 {
     loop {
         // No trim here: the pages of the exec path are what make the next
         // exec fast, also after an agent thought for a while.
@@ -453,7 +520,7 @@ fn worker_main(chan: &UnixStream) -> i32 {
             return 125;
         }
         let conn = UnixStream::from(fds.remove(0));
-        exec::run(&conn, req, fds);
+        exec::run(&conn, req, fds, confinement);
         drop(conn);
         if rustix::io::write(chan, b"d").is_err() {
             return 0;
@@ -481,7 +548,7 @@ fn reusable(req: &ExecRequest) -> bool {
 
 /// The exec server: one connection at a time; each exec runs in a worker
 /// process (reused), each transfer in a process of its own.
-fn serve(listener: UnixListener) -> ! {
+fn serve(listener: UnixListener, confinement: Confinement) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
     let sigchld = rustix::pipe::pipe_with(
@@ -608,7 +675,7 @@ fn serve(listener: UnixListener) -> ! {
                 // The sandbox's last command runs right here, under PID 1,
                 // which adopts whatever it leaves behind; then everything goes.
                 drop(listener);
-                exec::run(&conn, exec, fds);
+                exec::run(&conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
             }
@@ -630,7 +697,7 @@ fn serve(listener: UnixListener) -> ! {
                                 if let Some(id) = sigchld_id {
                                     signal_hook::low_level::unregister(id);
                                 }
-                                exit_now(worker_main(&chan))
+                                exit_now(worker_main(&chan, confinement))
                             }
                             Ok(NewWorker::Parent(w)) => workers.push(w),
                             Err(message) => {
@@ -659,7 +726,7 @@ fn serve(listener: UnixListener) -> ! {
                 Ok(sifbox_sys::Forked::Child) => {
                     drop(listener);
                     drop(workers);
-                    exit_now(serve_in_child(&conn, other, fds))
+                    exit_now(serve_in_child(&conn, other, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
                     if let Request::Exec(ExecRequest {
@@ -730,7 +797,12 @@ fn dispatch(
 }
 
 /// A request served in a process of its own: an exec or a transfer.
-fn serve_in_child(conn: &UnixStream, req: Request, mut fds: Vec<OwnedFd>) -> i32 {
+fn serve_in_child(
+    conn: &UnixStream,
+    req: Request,
+    mut fds: Vec<OwnedFd>,
+    confinement: Confinement,
+) -> i32 {
     let reply = |r: std::io::Result<()>| {
         let ev = match r {
             Ok(()) => Event::Ok {
@@ -744,7 +816,7 @@ fn serve_in_child(conn: &UnixStream, req: Request, mut fds: Vec<OwnedFd>) -> i32
         let _ = protocol::send(conn, &ev, &[]);
     };
     match req {
-        Request::Exec(exec) => exec::run(conn, exec, fds),
+        Request::Exec(exec) => exec::run(conn, exec, fds, confinement),
         Request::Download { path } => {
             let Some(fd) = fds.pop() else { return 125 };
             let name = Path::new(&path)
