@@ -57,8 +57,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--idle", type=int, default=200, metavar="N", help="idle sandboxes for the memory figures (default 200; 0 skips)")
     parser.add_argument("--rootfs", type=Path, default=REPO / "target" / "test-rootfs", help="busybox root filesystem (default target/test-rootfs)")
     parser.add_argument("--sifbox", type=Path, default=default_sifbox(), help="sifbox binary (default: the release build, target/<host triple>/release/sifbox)")
+    parser.add_argument("--baseline", type=Path, metavar="BIN", help="an older sifbox binary whose exec and start run in the same rounds (variants exec-base, start-base)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
+    if args.baseline is not None and not (args.baseline.is_file() and os.access(args.baseline, os.X_OK)):
+        parser.error(f"--baseline {args.baseline}: not an executable file")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.warmup < 0 or args.idle < 0:
@@ -195,12 +198,19 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
     tag = f"bench-{os.getpid()}"
     target = f"{tag}-exec"
     sb.run("start", "--rootfs", str(rootfs), "--name", target)
+    base = Sifbox(args.baseline.resolve(), sb.runtime) if args.baseline else None
+    base_target = f"{tag}-exec-base"
+    if base is not None:
+        base.run("start", "--rootfs", str(rootfs), "--name", base_target)
     commands = {
         "exec": sb.argv("exec", target, "/bin/true"),
         "host": ["/bin/true"],
         "bwrap": [bwrap, "--unshare-all", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "/bin/true"],
         "start": [],  # per round: a fresh name
     }
+    if base is not None:
+        commands["exec-base"] = base.argv("exec", base_target, "/bin/true")
+        commands["start-base"] = []
     names = list(commands)
     samples: dict[str, list[float]] = {name: [] for name in names}
     stop_ms: list[float] = []
@@ -210,17 +220,24 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
             for round_no in range(args.warmup + args.runs):
                 shift = round_no % len(names)
                 for name in names[shift:] + names[:shift]:
-                    if name == "start":
-                        fresh = f"{tag}-start-{round_no}"
-                        ms = time_once(name, sb.argv("start", "--rootfs", str(rootfs), "--name", fresh), sb.env, stderr)
-                        stop_ms.append(time_once("stop", sb.argv("stop", "--timeout", "0", fresh), sb.env, stderr))
+                    if name in ("start", "start-base"):
+                        who = sb if name == "start" else base
+                        fresh = f"{tag}-{name}-{round_no}"
+                        ms = time_once(name, who.argv("start", "--rootfs", str(rootfs), "--name", fresh), sb.env, stderr)
+                        stopped = time_once("stop", who.argv("stop", "--timeout", "0", fresh), sb.env, stderr)
+                        if name == "start":
+                            stop_ms.append(stopped)
                     else:
                         ms = time_once(name, commands[name], sb.env, stderr)
                     if round_no >= args.warmup:
                         samples[name].append(ms)
     finally:
         sb.run("stop", "--timeout", "0", target, check=False)
+        if base is not None:
+            base.run("stop", "--timeout", "0", base_target, check=False)
     commands["start"] = sb.argv("start", "--rootfs", str(rootfs), "--name", f"{tag}-start-N")
+    if base is not None:
+        commands["start-base"] = base.argv("start", "--rootfs", str(rootfs), "--name", f"{tag}-start-base-N")
     stats = {name: dict(summary(values), command=commands[name]) for name, values in samples.items()}
     stats["stop"] = dict(summary(stop_ms[args.warmup:]), command=sb.argv("stop", "--timeout", "0", "NAME"))
     return stats
@@ -332,9 +349,15 @@ def main() -> int:
     ratio_bwrap = stats["exec"]["median_ms"] / stats["bwrap"]["median_ms"]
     print()
     print(f"{'variant':<14} {'runs':>5} {'median ms':>10} {'p95 ms':>9}")
-    for name in ["exec", "host", "bwrap", "start", "stop"]:
+    for name in ["exec", "host", "bwrap", "start", "stop", "exec-base", "start-base"]:
+        if name not in stats:
+            continue
         s = stats[name]
         print(f"{name:<14} {s['runs']:>5} {s['median_ms']:>10.2f} {s['p95_ms']:>9.2f}")
+    for name in ["exec", "start"]:
+        if f"{name}-base" in stats:
+            delta = stats[name]["median_ms"] - stats[f"{name}-base"]["median_ms"]
+            print(f"{name} - baseline (median): {delta:+.2f} ms")
     print(f"{'exec/host':<14} {'':>5} {ratio_host:>9.2f}x {stats['exec']['p95_ms'] / stats['host']['p95_ms']:>8.2f}x")
     print(f"{'exec/bwrap':<14} {'':>5} {ratio_bwrap:>9.2f}x {stats['exec']['p95_ms'] / stats['bwrap']['p95_ms']:>8.2f}x")
     goals = {

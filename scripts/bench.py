@@ -7,7 +7,11 @@ run of each variant per round, the order rotated every round), so that drift
 of the machine (frequency, caches, other load) touches every variant alike.
 Prints median and p95 of each and the ratio sifbox/bwrap.
 
-Usage: scripts/bench.py [--runs N] [--warmup N] [--rootfs DIR] [--sifbox BIN] [--json FILE]
+With --baseline BIN, an older sifbox binary runs as a fourth variant in the
+same rounds (`sifbox-base`), and the difference of the medians is printed:
+the cost of a change, measured without the drift between separate runs.
+
+Usage: scripts/bench.py [--runs N] [--warmup N] [--rootfs DIR] [--sifbox BIN] [--baseline BIN] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,12 +43,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     parser.add_argument("--rootfs", type=Path, default=REPO / "target" / "test-rootfs", help="busybox root filesystem (default target/test-rootfs)")
     parser.add_argument("--sifbox", type=Path, default=default_sifbox(), help="sifbox binary (default: the release build, target/<host triple>/release/sifbox)")
+    parser.add_argument("--baseline", type=Path, metavar="BIN", help="an older sifbox binary to time in the same rounds (variant sifbox-base)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must not be negative")
+    if args.baseline is not None and not (args.baseline.is_file() and os.access(args.baseline, os.X_OK)):
+        parser.error(f"--baseline {args.baseline}: not an executable file")
     return args
 
 
@@ -91,6 +98,8 @@ def time_once(name: str, argv: list[str], stderr) -> float:
 def main() -> int:
     args = parse_args()
     commands = variants(args.rootfs.resolve(), args.sifbox.resolve())
+    if args.baseline is not None:
+        commands["sifbox-base"] = [str(args.baseline.resolve()), *commands["sifbox"][1:]]
     names = list(commands)
     samples: dict[str, list[float]] = {name: [] for name in names}
 
@@ -133,6 +142,10 @@ def main() -> int:
     print(f"{'sifbox/bwrap':<14} {'':>5} {ratio['median']:>9.2f}x {ratio['p95']:>8.2f}x")
     verdict = "met" if ratio["median"] <= GOAL_RATIO else "NOT met"
     print(f"goal sifbox <= {GOAL_RATIO}x bwrap (median): {verdict}")
+    if "sifbox-base" in stats:
+        delta = stats["sifbox"]["median_ms"] - stats["sifbox-base"]["median_ms"]
+        ratio["vs_baseline"] = stats["sifbox"]["median_ms"] / stats["sifbox-base"]["median_ms"]
+        print(f"sifbox - baseline (median): {delta:+.2f} ms ({ratio['vs_baseline']:.2f}x)")
 
     if args.json:
         report = {
