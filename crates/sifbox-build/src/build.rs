@@ -266,7 +266,9 @@ impl Builder<'_> {
             return Ok(r.clone());
         }
         let digest = (self.resolve)(reference)?;
-        let rootfs = import::rootfs(self.store, &digest)?;
+        // With its setuid bits also in a shared store: the image built
+        // from it keeps them.
+        let rootfs = import::build_rootfs(self.store, &digest)?;
         let meta = import::image_meta(self.store, &digest)?;
         let r = StageResult {
             state: FsState {

@@ -9,12 +9,17 @@
 //! that layer. Keys chain: a step's key hashes its parent's key and what the
 //! step does, so a key names one file system state.
 //!
+//! `layers/` is 0700 in every store, also a lab group's shared one: the
+//! layers keep what steps made setuid (and so do the images built from
+//! them), so they are never where another user can run them.
+//!
 //! Publication is by rename under a per-key lock held across processes, so
 //! concurrent builds of one context run each step once and all succeed; a
 //! failed or interrupted step leaves only a work dir that `sifbox gc`
 //! reclaims.
 
 use std::os::fd::AsFd;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -74,8 +79,15 @@ impl<'s> Layers<'s> {
     /// Opens the layer cache of `store`; sandboxes are served by the sifbox
     /// binary at `exe`.
     pub fn new(store: &'s Store, exe: PathBuf, userns: UsernsMode) -> Result<Layers<'s>> {
+        // Private whatever the store's access (see sifbox_image::store):
+        // layers keep the setuid files that steps make, for the images
+        // built from them; no other user may reach them.
         let dir = store.root().join("layers");
-        std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| BuildError::io(&dir, e))?;
         let ids = idmap::resolve(userns, &idmap::Caller::current())?;
         Ok(Layers {
             store,

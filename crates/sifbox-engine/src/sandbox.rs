@@ -221,12 +221,49 @@ impl Sandbox {
         let mut guard = DirGuard(Some(dir.clone()));
         std::fs::create_dir(dir.join("m")).ctx(|| format!("creating {}/m", dir.display()))?;
         if let Writable::Overlay { dir: o } = &spec.writable {
-            for sub in ["upper", "work"] {
-                std::fs::create_dir_all(o.join(sub)).map_err(|e| Error::BadInput {
-                    what: format!("--overlay {}", o.display()),
-                    why: format!("cannot create {sub}/ in it: {e}"),
-                    fix: "pass a writable directory on a local file system".into(),
-                })?;
+            // DIR is the caller's alone (0700): what the sandbox writes in
+            // upper/ (a setuid-root file, under host root) must be out of
+            // other users' reach. upper/ keeps the mode it is made with:
+            // the overlay's root takes it, and it is the sandbox's `/`.
+            let bad = |why: String| Error::BadInput {
+                what: format!("--overlay {}", o.display()),
+                why,
+                fix: "pass a directory of your own on a local file system".into(),
+            };
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(o)
+                .map_err(|e| bad(format!("cannot create it: {e}")))?;
+            let top = rustix::fs::open(
+                o,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| bad(format!("cannot open it: {e}")))?;
+            let st = rustix::fs::fstat(&top).map_err(|e| bad(format!("cannot stat it: {e}")))?;
+            if st.st_uid != rustix::process::geteuid().as_raw() {
+                return Err(bad(format!(
+                    "it belongs to uid {}, who could run what the sandbox writes there",
+                    st.st_uid
+                )));
+            }
+            if st.st_mode & 0o077 != 0 {
+                rustix::fs::fchmod(&top, rustix::fs::Mode::from_raw_mode(0o700))
+                    .map_err(|e| bad(format!("cannot make it private (0700): {e}")))?;
+                tracing::debug!(
+                    "--overlay {}: mode {:04o} made 0700",
+                    o.display(),
+                    st.st_mode & 0o7777
+                );
+            }
+            for (sub, mode) in [("upper", 0o777), ("work", 0o700)] {
+                match rustix::fs::mkdirat(&top, sub, rustix::fs::Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+                }
             }
         }
 

@@ -325,27 +325,40 @@ pub fn image_meta(store: &Store, digest: &Digest) -> Result<ImageMeta> {
     serde_json::from_slice(&bytes).map_err(|e| src_err(&path, e))
 }
 
-/// The unpacked root file system of a stored image, made once.
+/// The unpacked root file system of a stored image, made once (in a
+/// shared store without setuid and setgid bits: see [`Store::publish_rootfs`]).
 pub fn rootfs(store: &Store, digest: &Digest) -> Result<PathBuf> {
     let sif_path = store.sif_path(digest);
-    store.rootfs(digest, |dest| -> Result<()> {
-        let sif = Sif::open(&sif_path).map_err(|e| src_err(&sif_path, e))?;
-        let part = sif
-            .primary_partition()
-            .ok_or_else(|| src_err(&sif_path, "the SIF has no primary system partition"))?;
-        if part.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
-            return Err(src_err(&sif_path, "its root file system is not squashfs"));
-        }
-        squash::unpack_at(
-            sif.file(),
-            part.offset,
-            part.size,
-            dest,
-            &squash::UnpackOptions::for_caller(),
-        )
-        .map_err(|e| src_err(&sif_path, e))?;
-        Ok(())
-    })
+    store.rootfs(digest, |dest| unpack_sif(&sif_path, dest))
+}
+
+/// The unpacked root file system of a stored image as a build's base:
+/// with its setuid and setgid bits, also in a shared store (see
+/// [`Store::build_rootfs`]), so that images built from it keep them.
+pub fn build_rootfs(store: &Store, digest: &Digest) -> Result<PathBuf> {
+    let sif_path = store.sif_path(digest);
+    store.build_rootfs(digest, |dest| unpack_sif(&sif_path, dest))
+}
+
+/// Unpacks the root file system of the SIF at `sif_path` into `dest`,
+/// owned by the caller.
+fn unpack_sif(sif_path: &Path, dest: &Path) -> Result<()> {
+    let sif = Sif::open(sif_path).map_err(|e| src_err(sif_path, e))?;
+    let part = sif
+        .primary_partition()
+        .ok_or_else(|| src_err(sif_path, "the SIF has no primary system partition"))?;
+    if part.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
+        return Err(src_err(sif_path, "its root file system is not squashfs"));
+    }
+    squash::unpack_at(
+        sif.file(),
+        part.offset,
+        part.size,
+        dest,
+        &squash::UnpackOptions::for_caller(),
+    )
+    .map_err(|e| src_err(sif_path, e))?;
+    Ok(())
 }
 
 /// Writes a stored image as a SIF file (atomically).

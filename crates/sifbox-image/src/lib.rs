@@ -5,6 +5,7 @@
 pub mod import;
 pub mod layer;
 pub mod meta;
+pub mod setid;
 pub mod sif;
 pub mod squash;
 pub mod store;

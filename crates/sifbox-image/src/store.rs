@@ -15,7 +15,35 @@
 //! blobs/images/sha256-HEX the blobs an image was made from (for `gc_blobs`)
 //! locks/KEY.lock          cross-process locks (flock) on one piece of work
 //! tmp/                    work in progress; each dir locked by its maker
+//! layers/, build-cache/   the build cache (sifbox-build): steps' layers and
+//!                         `RUN --mount=type=cache` dirs
 //! ```
+//!
+//! # Who can reach it
+//!
+//! An unpacked tree holds the image's setuid files, owned by the caller: as
+//! host root, setuid-root binaries that anyone who can reach them runs as
+//! root on the host. So a store is private ([`Access::Private`], the
+//! default): the root and every dir made in it are 0700 whatever the umask,
+//! files 0600, and a store of an older sifbox (0755) is tightened when its
+//! owner opens it. A store that belongs to someone else is refused (root
+//! writing setuid-root trees into a user's store would hand that user
+//! root).
+//!
+//! [`Access::Group`] is a lab group's shared store: the root, `images/`,
+//! `refs/` and `rootfs/` are 02750 (setgid: the root's group carries), the
+//! SIFs and references 0644 behind them; everything else (work in
+//! progress, locks, sources, blobs, the build cache) stays 0700. Every tree
+//! is stripped of its setuid and setgid bits ([`crate::setid`]) before it is
+//! renamed into `rootfs/`, and a private store that becomes shared has its
+//! trees stripped before `rootfs/` opens up, so no other user can ever run
+//! a setuid file from it. The SIFs keep their bits. The group reads; only
+//! the owner writes (a member finds an image its owner has not unpacked
+//! yet refused with a clear error). A tree is also stripped whenever
+//! `rootfs/` is open to others or the store is not the caller's, so that a
+//! private-mode process publishing into a store that another process has
+//! made shared cannot expose one: publishers hold `locks/store-mode.lock`
+//! shared, the switch to shared holds it exclusively.
 //!
 //! Every result is made under `tmp/`, checked, and renamed into place, so a
 //! crash (SIGKILL included) at any moment leaves either no result or a whole
@@ -25,6 +53,7 @@
 
 use std::fs::File;
 use std::io::{Read as _, Write};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
@@ -43,6 +72,16 @@ pub enum StoreError {
     Ambiguous { reference: String, count: usize },
     #[error("{0:?} is not a valid image name: use NAME[:TAG] with letters, digits, '.', '_', '-' and '/'")]
     BadName(String),
+    #[error("image store {path} belongs to uid {owner}, not to the caller (uid {me}); a private store is its owner's alone")]
+    NotYours { path: PathBuf, owner: u32, me: u32 },
+    #[error("the shared image store {path} is only read by its group; its owner (uid {owner}) writes it")]
+    ReadOnly { path: PathBuf, owner: u32 },
+    #[error("image {digest} is not unpacked in the shared store {path}, which only its owner (uid {owner}) writes: ask them to run it once (`sifbox run {digest} true`)")]
+    NotUnpacked {
+        digest: String,
+        path: PathBuf,
+        owner: u32,
+    },
     #[error("blob {expected}: the bytes received ({size} bytes) have digest {actual}; nothing was stored")]
     BlobMismatch {
         expected: String,
@@ -135,6 +174,39 @@ impl Drop for WorkDir {
         let _ = remove_all(&self.path);
         let _ = std::fs::remove_file(self.path.with_extension("lock"));
     }
+}
+
+/// Replaces `path` with a file holding `data` with mode `mode` (whatever
+/// the umask), atomically.
+fn write_replacing(path: &Path, data: &[u8], mode: u32) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(mode))
+        .map_err(|e| io(&tmp)(e.into()))?;
+    f.write_all(data).map_err(io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// Gives one of the store's own dirs mode `want` unless it has it (the
+/// umask, an older sifbox or the other access left another).
+fn set_dir_mode(path: &Path, want: u32) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let have = std::fs::metadata(path).map_err(io(path))?.mode() & 0o7777;
+    if have != want {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(want)).map_err(io(path))?;
+        tracing::debug!(
+            "image store: {} was {have:04o}, now {want:04o}",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Removes a tree, making read-only dirs writable first.
@@ -298,23 +370,51 @@ pub struct GcReport {
     pub unremovable: Vec<PathBuf>,
 }
 
+/// Who may read a store (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// Only its owner.
+    #[default]
+    Private,
+    /// The owner writes, the store root's group reads and runs images.
+    Group,
+}
+
 /// The store.
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    access: Access,
+    /// The store root's owner (the caller, unless a shared store).
+    owner: u32,
 }
 
-const SUBDIRS: [&str; 9] = [
+const SUBDIRS: [&str; 12] = [
     "images",
     "refs",
     "rootfs",
     "sources",
     "locks",
     "tmp",
+    "blobs",
     "blobs/sha256",
     "blobs/partial",
     "blobs/images",
+    "layers",
+    "build-cache",
 ];
+
+/// What a shared store's group reads: running an image needs its name, its
+/// SIF and its tree. `rootfs` last: it opens up only once its trees are
+/// stripped.
+const GROUP_READS: [&str; 3] = ["images", "refs", "rootfs"];
+
+const PRIVATE_DIR: u32 = 0o700;
+const SHARED_DIR: u32 = 0o2750;
+
+/// The lock publishers of trees hold shared and the switch to a shared
+/// store holds exclusively.
+const MODE_LOCK: &str = "store-mode";
 
 impl Store {
     /// The default location: `$SIFBOX_CACHE`, else `$XDG_CACHE_HOME/sifbox`,
@@ -330,24 +430,149 @@ impl Store {
         home.join(".cache").join("sifbox")
     }
 
-    /// Opens (creating) the store at its default location.
+    /// Opens (creating) the private store at its default location.
     pub fn open_default() -> Result<Store> {
         Store::open(&Store::default_root())
     }
 
-    /// Opens (creating) the store at `root`.
+    /// Opens (creating) the private store at `root`.
     pub fn open(root: &Path) -> Result<Store> {
+        Store::open_with(root, Access::Private)
+    }
+
+    /// Opens (creating) the store at `root` with `access`: its owner gets
+    /// the modes of that access set on the store's own dirs (a private
+    /// store made shared has its trees stripped first). A private store
+    /// must be the caller's; a shared one may be another user's, which is
+    /// then only read.
+    pub fn open_with(root: &Path, access: Access) -> Result<Store> {
+        use std::os::unix::fs::MetadataExt;
+        let me = rustix::process::geteuid().as_raw();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(PRIVATE_DIR)
+            .create(root)
+            .map_err(io(root))?;
+        let meta = std::fs::metadata(root).map_err(io(root))?;
+        if meta.uid() != me && access == Access::Private {
+            return Err(StoreError::NotYours {
+                path: root.to_path_buf(),
+                owner: meta.uid(),
+                me,
+            });
+        }
+        let store = Store {
+            root: root.to_path_buf(),
+            access,
+            owner: meta.uid(),
+        };
+        let mine = store.owner == me;
+        if mine && access == Access::Private {
+            // First: it closes every path into the store at once.
+            set_dir_mode(root, PRIVATE_DIR)?;
+        }
         for d in SUBDIRS {
             let p = root.join(d);
-            std::fs::create_dir_all(&p).map_err(io(&p))?;
+            match std::fs::DirBuilder::new().mode(PRIVATE_DIR).create(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                // A member of a shared store's group cannot write it.
+                Err(_) if !mine => continue,
+                Err(e) => return Err(io(&p)(e)),
+            }
+            if mine && (access == Access::Private || !GROUP_READS.contains(&d)) {
+                set_dir_mode(&p, PRIVATE_DIR)?;
+            }
         }
-        Ok(Store {
-            root: root.to_path_buf(),
-        })
+        if mine && access == Access::Group {
+            store.open_to_group()?;
+        }
+        Ok(store)
+    }
+
+    /// Gives the root and [`GROUP_READS`] the shared mode and the root's
+    /// group. A store whose `rootfs/` the group could not read yet is
+    /// closed first, has its trees stripped and its SIFs and references
+    /// made readable, and opens only then. All under [`MODE_LOCK`]: a
+    /// private-mode process may close `rootfs/` at any moment (which is
+    /// always safe) and then publish a tree with its bits; `rootfs/` is
+    /// opened only by a holder who has just seen it shared or stripped it.
+    fn open_to_group(&self) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let rootfs = self.root.join("rootfs");
+        let _switch = self.lock(MODE_LOCK)?;
+        // 0750 only ever comes from here (setgid may not stick: a chmod by
+        // an owner outside the dir's group drops it). An older sifbox's
+        // 0755 or a private 0700 means trees that may have their bits.
+        let was = std::fs::metadata(&rootfs).map_err(io(&rootfs))?.mode();
+        if was & 0o777 != SHARED_DIR & 0o777 {
+            set_dir_mode(&self.root, PRIVATE_DIR)?;
+            set_dir_mode(&rootfs, PRIVATE_DIR)?;
+            for e in std::fs::read_dir(&rootfs).map_err(io(&rootfs))?.flatten() {
+                let tree = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    let n = crate::setid::strip_tree(&tree).map_err(io(&tree))?;
+                    tracing::debug!(
+                        "image store: {n} setuid/setgid files stripped in {} before the store is shared",
+                        tree.display()
+                    );
+                }
+            }
+            for d in ["images", "refs"] {
+                let dir = self.root.join(d);
+                for e in std::fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_file()) {
+                        let p = e.path();
+                        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
+                            .map_err(io(&p))?;
+                    }
+                }
+            }
+        }
+        let group = std::fs::metadata(&self.root).map_err(io(&self.root))?.gid();
+        set_dir_mode(&self.root, SHARED_DIR)?;
+        for d in GROUP_READS {
+            let p = self.root.join(d);
+            if std::fs::metadata(&p).map_err(io(&p))?.gid() != group {
+                // Made before the store was shared, in a dir without setgid.
+                std::os::unix::fs::chown(&p, None, Some(group)).map_err(io(&p))?;
+            }
+            set_dir_mode(&p, SHARED_DIR)?;
+        }
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Who may read this store.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// The mode of a file in a dir the group of a shared store reads (a
+    /// SIF, a reference): others are kept out by the dirs above.
+    fn shared_file_mode(&self) -> u32 {
+        match self.access {
+            Access::Private => 0o600,
+            Access::Group => 0o644,
+        }
+    }
+
+    /// Whether a tree must lose its setuid and setgid bits before it is
+    /// published: in a shared store, and whenever `rootfs/` is open to
+    /// anyone but its owner or the store is not the caller's (another
+    /// process made it shared, or root writes into a user's store). Hold
+    /// [`MODE_LOCK`] shared while deciding and publishing.
+    fn publishes_stripped(&self) -> Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        if self.access == Access::Group || self.owner != rustix::process::geteuid().as_raw() {
+            return Ok(true);
+        }
+        let rootfs = self.root.join("rootfs");
+        let m = std::fs::metadata(&rootfs).map_err(io(&rootfs))?;
+        Ok(m.mode() & 0o077 != 0 || m.uid() != self.owner)
     }
 
     /// The lock file of `key`, opened (made when missing).
@@ -360,9 +585,31 @@ impl Store {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&path)
-            .map_err(io(&path))?;
+            .map_err(|e| {
+                // A member of a shared store's group cannot write it.
+                match (e.kind(), self.access) {
+                    (std::io::ErrorKind::PermissionDenied, Access::Group) => StoreError::ReadOnly {
+                        path: self.root.clone(),
+                        owner: self.owner,
+                    },
+                    _ => io(&path)(e),
+                }
+            })?;
         Ok((path, file))
+    }
+
+    /// Takes `key`'s lock shared with other holders of it shared.
+    fn lock_shared(&self, key: &str) -> Result<KeyLock> {
+        let (path, file) = self.lock_file(key)?;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared) {
+                Ok(()) => return Ok(KeyLock { _file: file }),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io(&path)(e.into())),
+            }
+        }
     }
 
     /// Takes the exclusive lock on `key`, waiting for another holder.
@@ -389,10 +636,19 @@ impl Store {
         );
         let path = self.root.join("tmp").join(&name);
         let lock_path = path.with_extension("lock");
-        let lock = File::create(&lock_path).map_err(io(&lock_path))?;
+        let lock = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io(&lock_path))?;
         rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| io(&lock_path)(e.into()))?;
-        std::fs::create_dir(&path).map_err(io(&path))?;
+        std::fs::DirBuilder::new()
+            .mode(PRIVATE_DIR)
+            .create(&path)
+            .map_err(io(&path))?;
         Ok(WorkDir { path, _lock: lock })
     }
 
@@ -417,24 +673,80 @@ impl Store {
             let _ = std::fs::remove_file(file);
         } else {
             File::open(file)
-                .and_then(|f| f.sync_all())
+                .and_then(|f| {
+                    rustix::fs::fchmod(
+                        &f,
+                        rustix::fs::Mode::from_raw_mode(self.shared_file_mode()),
+                    )?;
+                    f.sync_all()
+                })
                 .map_err(io(file))?;
             std::fs::rename(file, &dst).map_err(io(&dst))?;
         }
         Ok(digest)
     }
 
-    /// Publishes an unpacked tree for `digest` (if none is there yet).
+    /// Publishes an unpacked tree for `digest` (if none is there yet); in a
+    /// shared store (see [`Store::publishes_stripped`]) the tree loses its
+    /// setuid and setgid bits first.
     pub fn publish_rootfs(&self, tree: &Path, digest: &Digest) -> Result<PathBuf> {
         let dst = self.rootfs_path(digest);
-        if !dst.exists() {
-            match std::fs::rename(tree, &dst) {
-                Ok(()) => {}
-                // Someone else published it first: keep theirs.
-                Err(_) if dst.exists() => {}
-                Err(e) => return Err(io(&dst)(e)),
-            }
+        if dst.exists() {
+            return Ok(dst);
         }
+        let _mode = self.lock_shared(MODE_LOCK)?;
+        if self.publishes_stripped()? {
+            let n = crate::setid::strip_tree(tree).map_err(io(tree))?;
+            tracing::debug!("image store: {n} setuid/setgid files stripped in {digest}");
+        }
+        match std::fs::rename(tree, &dst) {
+            Ok(()) => {}
+            // Someone else published it first: keep theirs.
+            Err(_) if dst.exists() => {}
+            Err(e) => return Err(io(&dst)(e)),
+        }
+        Ok(dst)
+    }
+
+    /// Path of the tree a build starts from when it is `FROM` image `d`
+    /// (see [`Store::build_rootfs`]).
+    pub fn build_rootfs_path(&self, d: &Digest) -> PathBuf {
+        match self.access {
+            Access::Private => self.rootfs_path(d),
+            Access::Group => self
+                .root
+                .join("layers")
+                .join(format!("image-{}", d.file_stem())),
+        }
+    }
+
+    /// The unpacked tree of `digest` with its setuid and setgid bits, for
+    /// builds: what is built from an image keeps them. In a private store
+    /// that is [`Store::rootfs`]; a shared store's trees are stripped, so it
+    /// keeps a private copy under `layers/` (0700, never the group's).
+    pub fn build_rootfs<E>(
+        &self,
+        digest: &Digest,
+        unpack: impl FnOnce(&Path) -> std::result::Result<(), E>,
+    ) -> std::result::Result<PathBuf, E>
+    where
+        E: From<StoreError>,
+    {
+        if self.access == Access::Private {
+            return self.rootfs(digest, unpack);
+        }
+        let dst = self.build_rootfs_path(digest);
+        if dst.is_dir() {
+            return Ok(dst);
+        }
+        let _lock = self.lock(&format!("build-rootfs-{}", digest.hex()))?;
+        if dst.is_dir() {
+            return Ok(dst);
+        }
+        let work = self.work_dir("unpack")?;
+        let tree = work.path().join("rootfs");
+        unpack(&tree)?;
+        std::fs::rename(&tree, &dst).map_err(io(&dst))?;
         Ok(dst)
     }
 
@@ -452,7 +764,16 @@ impl Store {
         if dst.is_dir() {
             return Ok(dst);
         }
-        let _lock = self.lock(&format!("rootfs-{}", digest.hex()))?;
+        let _lock = self
+            .lock(&format!("rootfs-{}", digest.hex()))
+            .map_err(|e| match e {
+                StoreError::ReadOnly { path, owner } => StoreError::NotUnpacked {
+                    digest: digest.to_string(),
+                    path,
+                    owner,
+                },
+                e => e,
+            })?;
         if dst.is_dir() {
             return Ok(dst);
         }
@@ -487,6 +808,7 @@ impl Store {
             .truncate(false)
             .read(true)
             .write(true)
+            .mode(0o600)
             .open(&partial)
             .map_err(io(&partial))?;
         let mut hasher = Sha256::new();
@@ -517,10 +839,8 @@ impl Store {
             .join("blobs")
             .join("images")
             .join(image.file_stem());
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let text: String = blobs.iter().map(|b| format!("{b}\n")).collect();
-        std::fs::write(&tmp, text).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        write_replacing(&path, text.as_bytes(), 0o600)
     }
 
     /// Removes cached blobs that no stored image was made from, and partial
@@ -598,11 +918,7 @@ impl Store {
     pub fn tag(&self, name: &str, digest: &Digest) -> Result<String> {
         let name = normalize_name(name)?;
         let path = self.root.join("refs").join(escape(&name));
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(digest.as_str().as_bytes()).map_err(io(&tmp))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        write_replacing(&path, digest.as_str().as_bytes(), self.shared_file_mode())?;
         Ok(name)
     }
 
@@ -741,9 +1057,7 @@ impl Store {
     /// Records that an import source with `key` produced `digest`.
     pub fn remember_source(&self, key: &str, digest: &Digest) -> Result<()> {
         let path = self.root.join("sources").join(escape(key));
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, digest.as_str()).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))
+        write_replacing(&path, digest.as_str().as_bytes(), 0o600)
     }
 
     /// The digest an import source with `key` produced, if still stored.
@@ -797,6 +1111,22 @@ impl Store {
                 .strip_prefix("sha256-")
                 .and_then(|h| Digest::parse(&format!("sha256:{h}")));
             if d.is_none_or(|d| !images.contains(&d)) {
+                let p = e.path();
+                if remove_all(&p).is_ok() {
+                    report.unpacked_without_image.push(p);
+                } else {
+                    report.unremovable.push(p);
+                }
+            }
+        }
+        // A shared store's private build bases (`layers/image-sha256-HEX`).
+        let layers = self.root.join("layers");
+        for e in std::fs::read_dir(&layers).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let Some(hex) = n.strip_prefix("image-sha256-") else {
+                continue;
+            };
+            if Digest::parse(&format!("sha256:{hex}")).is_none_or(|d| !images.contains(&d)) {
                 let p = e.path();
                 if remove_all(&p).is_ok() {
                     report.unpacked_without_image.push(p);
@@ -1003,6 +1333,122 @@ mod tests {
         s.remove(image.as_str()).expect("rm");
         s.gc_blobs().expect("gc");
         assert!(!s.has_blob(&d));
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777
+    }
+
+    fn chmod(p: &Path, m: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
+    }
+
+    /// A tree as an unpack leaves it: a setuid and a setgid file.
+    fn setid_tree(dest: &Path) -> Result<()> {
+        std::fs::create_dir_all(dest.join("bin")).map_err(io(dest))?;
+        for (name, m) in [("su", 0o4755), ("wall", 0o2755)] {
+            let p = dest.join("bin").join(name);
+            std::fs::write(&p, b"decoy").map_err(io(&p))?;
+            chmod(&p, m);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_private_store_is_0700_and_an_old_one_is_tightened() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("store");
+        let s = Store::open(&root).expect("open");
+        assert_eq!(mode_of(&root), 0o700);
+        for d in SUBDIRS {
+            assert_eq!(mode_of(&root.join(d)), 0o700, "{d}");
+        }
+        let d = make_sif(&s, b"private");
+        assert_eq!(mode_of(&s.sif_path(&d)), 0o600);
+        s.tag("p:1", &d).expect("tag");
+        assert_eq!(mode_of(&root.join("refs/p:1")), 0o600);
+        let w = s.work_dir("x").expect("work");
+        assert_eq!(mode_of(w.path()), 0o700);
+        drop(w);
+        // A private store keeps the bits (sudo works in its sandboxes).
+        let tree = s.rootfs(&d, setid_tree).expect("rootfs");
+        assert_eq!(mode_of(&tree.join("bin/su")), 0o4755);
+        // As an older sifbox left it.
+        chmod(&root, 0o755);
+        chmod(&root.join("rootfs"), 0o755);
+        Store::open(&root).expect("reopen");
+        assert_eq!(mode_of(&root), 0o700);
+        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+    }
+
+    #[test]
+    fn a_shared_store_opens_to_its_group_only_stripped_trees() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("store");
+        // Private first, with a tree that has its bits.
+        let private = Store::open(&root).expect("open");
+        let old = make_sif(&private, b"old");
+        let old_tree = private.rootfs(&old, setid_tree).expect("rootfs");
+        assert_eq!(mode_of(&old_tree.join("bin/su")), 0o4755);
+
+        let s = Store::open_with(&root, Access::Group).expect("open shared");
+        assert_eq!(mode_of(&root), SHARED_DIR);
+        for d in SUBDIRS {
+            let want = if GROUP_READS.contains(&d) {
+                SHARED_DIR
+            } else {
+                PRIVATE_DIR
+            };
+            assert_eq!(mode_of(&root.join(d)), want, "{d}");
+        }
+        // Trees made before the switch lost their bits before it opened.
+        assert_eq!(mode_of(&old_tree.join("bin/su")), 0o755);
+        assert_eq!(mode_of(&old_tree.join("bin/wall")), 0o755);
+        // New trees lose them when published; the SIF keeps its bytes.
+        let d = make_sif(&s, b"new");
+        assert_eq!(mode_of(&s.sif_path(&d)), 0o644);
+        let tree = s.rootfs(&d, setid_tree).expect("rootfs");
+        assert_eq!(mode_of(&tree.join("bin/su")), 0o755);
+        assert_eq!(mode_of(&tree.join("bin/wall")), 0o755);
+        // A build's base keeps them, out of the group's reach.
+        let base = s.build_rootfs(&d, setid_tree).expect("base");
+        assert!(base.starts_with(root.join("layers")), "{}", base.display());
+        assert_eq!(mode_of(&base.join("bin/su")), 0o4755);
+        // A process that still opened the store private publishes into
+        // the shared store stripped all the same.
+        let late = make_sif(&s, b"late");
+        let work = private.work_dir("late").expect("work");
+        setid_tree(&work.path().join("t")).expect("tree");
+        let published = private
+            .publish_rootfs(&work.path().join("t"), &late)
+            .expect("publish");
+        assert_eq!(mode_of(&published.join("bin/su")), 0o755);
+        // gc removes a build base whose image is gone.
+        s.remove(d.as_str()).expect("rm");
+        let r = s.gc().expect("gc");
+        assert!(r.unpacked_without_image.contains(&base), "{r:?}");
+        // Opened private again: closed to the group at once.
+        Store::open(&root).expect("private again");
+        assert_eq!(mode_of(&root), 0o700);
+        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+    }
+
+    #[test]
+    fn an_older_open_store_made_shared_is_stripped_first() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("store");
+        let s = Store::open(&root).expect("open");
+        let d = make_sif(&s, b"old");
+        let tree = s.rootfs(&d, setid_tree).expect("rootfs");
+        // As an older sifbox left it: 0755, whose group bits are those of
+        // a shared rootfs/ but whose trees were never stripped.
+        chmod(&root, 0o755);
+        chmod(&root.join("rootfs"), 0o755);
+        Store::open_with(&root, Access::Group).expect("open shared");
+        assert_eq!(mode_of(&tree.join("bin/su")), 0o755);
+        assert_eq!(mode_of(&root.join("rootfs")), SHARED_DIR);
     }
 
     #[test]

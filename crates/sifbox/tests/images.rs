@@ -10,6 +10,7 @@
 #[allow(dead_code)]
 mod harness;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -440,4 +441,445 @@ fn bad_images_are_clear_errors() {
     out.sifbox_error();
     // Nothing half-made stayed behind.
     assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+}
+
+// ---------------------------------------------------------------------------
+// Who can reach the store and --overlay dirs (issue 12, item 5)
+// ---------------------------------------------------------------------------
+
+/// A dir that every user may enter (as /tmp or a home often is), so that
+/// only the modes sifbox gives its own dirs keep other users out.
+fn open_top(prefix: &str) -> tempfile::TempDir {
+    let top = tempdir(prefix);
+    set_mode(top.path(), 0o755);
+    top
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Runs `args` as the unprivileged user sbtest; `None` (with the reason
+/// printed) unless this test runs as root.
+fn as_other_user(args: &[&OsStr]) -> Option<std::process::Output> {
+    if !is_root() {
+        eprintln!("skipped: running a command as another user needs root");
+        return None;
+    }
+    let out = Command::new("runuser")
+        .args(["-u", "sbtest", "--"])
+        .args(args)
+        .output()
+        .expect("runuser");
+    Some(out)
+}
+
+/// Whether sbtest can reach `p` (None: not checked, see [`as_other_user`]).
+fn other_user_reaches(p: &Path) -> Option<bool> {
+    as_other_user(&[OsStr::new("test"), OsStr::new("-e"), p.as_os_str()])
+        .map(|o| o.status.success())
+}
+
+/// The test rootfs with a setuid and a setgid decoy (as root: owned by
+/// root, a setuid-root file; harmless: a shell script, which the kernel
+/// never runs setuid).
+fn setid_image(top: &Path) -> PathBuf {
+    let tree = top.join("setid-tree");
+    run_tool(Command::new("cp").arg("-a").arg(rootfs()).arg(&tree));
+    for (name, m) in [("suid-decoy", 0o4755), ("sgid-decoy", 0o2755)] {
+        let p = tree.join("usr/bin").join(name);
+        std::fs::write(&p, "#!/bin/sh\necho decoy\n").expect("write");
+        set_mode(&p, m);
+    }
+    tree
+}
+
+/// The one unpacked tree of a store.
+fn only_tree(store: &Path) -> PathBuf {
+    let trees: Vec<PathBuf> = std::fs::read_dir(store.join("rootfs"))
+        .expect("rootfs/")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(trees.len(), 1, "{trees:?}");
+    trees[0].clone()
+}
+
+fn store_cmd(sb: &Sifbox, store: &Path, args: &[&str]) -> Output {
+    sb.cmd(args)
+        .env("SIFBOX_CACHE", store)
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .env_remove("SIFBOX_STORE_SHARED")
+        .output()
+}
+
+/// The store's trees hold the image's setuid files (as host root,
+/// setuid-root ones): the store and every dir in it are 0700, so no other
+/// user can reach them; a 0755 store of an older sifbox is tightened.
+#[test]
+fn the_store_is_private_to_its_owner() {
+    let sb = Sifbox::new();
+    let top = open_top("sifbox-e2e-private.");
+    let image = setid_image(top.path());
+    // Fresh: made by sifbox, parents too, whatever the umask.
+    let store = top.path().join("cache/sifbox");
+    let img = image.to_str().unwrap_or_default();
+    store_cmd(&sb, &store, &["image", "import", img, "--name", "setid:1"]).success();
+    let out = store_cmd(
+        &sb,
+        &store,
+        &["run", "setid:1", "stat", "-c", "%a", "/usr/bin/suid-decoy"],
+    );
+    out.success();
+    assert_eq!(out.stdout, "4755\n", "a private store keeps the bits");
+    assert_eq!(mode(&store), 0o700, "the store root");
+    for d in [
+        "images", "refs", "rootfs", "tmp", "locks", "sources", "blobs", "layers",
+    ] {
+        assert_eq!(mode(&store.join(d)), 0o700, "{d}/");
+    }
+    let decoy = only_tree(&store).join("usr/bin/suid-decoy");
+    assert_eq!(mode(&decoy), 0o4755);
+    for e in std::fs::read_dir(store.join("images"))
+        .expect("images")
+        .flatten()
+    {
+        assert_eq!(mode(&e.path()), 0o600, "{}", e.path().display());
+    }
+    // Another user: the source tree (in a dir anyone enters) is in reach,
+    // the store's copy is not.
+    if let Some(reaches) = other_user_reaches(&image.join("usr/bin/suid-decoy")) {
+        assert!(reaches, "the check itself: sbtest reaches the source tree");
+        assert_eq!(
+            other_user_reaches(&decoy),
+            Some(false),
+            "sbtest reaches {}",
+            decoy.display()
+        );
+    }
+
+    // A store an older sifbox made: 0755 throughout.
+    let old = top.path().join("old");
+    std::fs::create_dir_all(old.join("rootfs/sha256-0")).expect("mkdir");
+    set_mode(&old, 0o755);
+    set_mode(&old.join("rootfs"), 0o755);
+    store_cmd(&sb, &old, &["image", "ls"]).success();
+    assert_eq!(mode(&old), 0o700);
+    assert_eq!(mode(&old.join("rootfs")), 0o700);
+    if let Some(reaches) = other_user_reaches(&old.join("rootfs/sha256-0")) {
+        assert!(!reaches, "sbtest reaches the tightened store");
+    }
+
+    // As root: a store that belongs to another user is refused (root's
+    // setuid-root trees would be theirs to run).
+    if is_root() {
+        let theirs = top.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        let (uid, _) = sbtest_ids();
+        std::os::unix::fs::chown(&theirs, Some(uid), None).expect("chown");
+        store_cmd(&sb, &theirs, &["image", "import", img])
+            .sifbox_error()
+            .stderr_has("belongs to uid")
+            .stderr_has("store.shared");
+        assert_eq!(
+            std::fs::read_dir(&theirs).expect("dir").count(),
+            0,
+            "nothing was written into it"
+        );
+    }
+}
+
+/// sbtest's uid and gid.
+fn sbtest_ids() -> (u32, u32) {
+    let line = std::fs::read_to_string("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("sbtest:"))
+        .map(str::to_string)
+        .expect("a user sbtest");
+    let f: Vec<&str> = line.split(':').collect();
+    (f[2].parse().expect("uid"), f[3].parse().expect("gid"))
+}
+
+/// A lab group's shared store (`store.shared = true`): the group reads
+/// images and runs them, and no tree in it has a setuid or setgid file;
+/// the SIF keeps its bits; a private store that becomes shared is
+/// stripped first.
+#[test]
+fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
+    let sb = Sifbox::new();
+    let top = open_top("sifbox-e2e-shared.");
+    let image = setid_image(top.path());
+    let img = image.to_str().unwrap_or_default();
+    let config = top.path().join("config");
+    std::fs::create_dir_all(config.join("sifbox")).expect("mkdir");
+    std::fs::write(
+        config.join("sifbox/config.toml"),
+        "[store]\nshared = true\n",
+    )
+    .expect("config");
+    let store = top.path().join("lab-store");
+    std::fs::create_dir(&store).expect("mkdir");
+    if is_root() {
+        // The lab's group: sbtest's.
+        std::os::unix::fs::chown(&store, None, Some(sbtest_ids().1)).expect("chgrp");
+    }
+    let shared = |args: &[&str]| {
+        sb.cmd(args)
+            .env("SIFBOX_CACHE", &store)
+            .env("XDG_CONFIG_HOME", &config)
+            .env_remove("SIFBOX_STORE_SHARED")
+            .output()
+    };
+    // Private first: the tree has its bits.
+    store_cmd(&sb, &store, &["image", "import", img, "--name", "setid:1"]).success();
+    store_cmd(&sb, &store, &["run", "setid:1", "true"]).success();
+    let tree = only_tree(&store);
+    assert_eq!(mode(&tree.join("usr/bin/suid-decoy")), 0o4755);
+
+    // Shared from now on.
+    let out = shared(&["run", "setid:1", "stat", "-c", "%a", "/usr/bin/suid-decoy"]);
+    out.success();
+    assert_eq!(out.stdout, "755\n", "no setuid bit inside either");
+    assert_eq!(mode(&store), 0o2750, "the store root");
+    for d in ["images", "refs", "rootfs"] {
+        assert_eq!(mode(&store.join(d)), 0o2750, "{d}/");
+    }
+    for d in ["tmp", "locks", "sources", "blobs", "layers", "build-cache"] {
+        assert_eq!(mode(&store.join(d)), 0o700, "{d}/");
+    }
+    for f in ["usr/bin/suid-decoy", "usr/bin/sgid-decoy"] {
+        assert_eq!(mode(&tree.join(f)) & 0o6000, 0, "{f} was stripped");
+    }
+    // A tree unpacked while shared is stripped too.
+    shared(&["image", "rm", "setid:1"]).success();
+    shared(&["gc"]).success();
+    shared(&["image", "import", img, "--name", "setid:1"]).success();
+    let out = shared(&["run", "setid:1", "cat", "/etc/sifbox-test-rootfs"]);
+    out.success();
+    assert_eq!(out.stdout, "sifbox-test-rootfs v1\n");
+    let tree = only_tree(&store);
+    for f in ["usr/bin/suid-decoy", "usr/bin/sgid-decoy"] {
+        assert_eq!(mode(&tree.join(f)), 0o755, "{f} was stripped");
+    }
+    // The SIF keeps the bits: a private store made from it has them.
+    let sif = top.path().join("setid.sif");
+    shared(&[
+        "image",
+        "export",
+        "setid:1",
+        sif.to_str().unwrap_or_default(),
+    ])
+    .success();
+    let mine = top.path().join("mine");
+    let out = store_cmd(
+        &sb,
+        &mine,
+        &[
+            "run",
+            sif.to_str().unwrap_or_default(),
+            "stat",
+            "-c",
+            "%a",
+            "/usr/bin/suid-decoy",
+        ],
+    );
+    out.success();
+    assert_eq!(out.stdout, "4755\n");
+
+    // A build FROM it starts from a private copy with the bits (under
+    // layers/, 0700), so the image built keeps them.
+    let ctx = top.path().join("ctx");
+    std::fs::create_dir(&ctx).expect("mkdir");
+    std::fs::write(ctx.join("Dockerfile"), "FROM setid:1\nRUN touch /built\n").expect("write");
+    shared(&[
+        "build",
+        "-t",
+        "built:1",
+        "--progress",
+        "quiet",
+        ctx.to_str().unwrap_or_default(),
+    ])
+    .success();
+    // The group's trees (setid:1's and the one the build published) are
+    // stripped.
+    let trees: Vec<PathBuf> = std::fs::read_dir(store.join("rootfs"))
+        .expect("rootfs/")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(trees.len(), 2, "{trees:?}");
+    for t in &trees {
+        assert_eq!(
+            mode(&t.join("usr/bin/suid-decoy")),
+            0o755,
+            "{}",
+            t.display()
+        );
+    }
+    let built = top.path().join("built.sif");
+    shared(&[
+        "image",
+        "export",
+        "built:1",
+        built.to_str().unwrap_or_default(),
+    ])
+    .success();
+    let out = store_cmd(
+        &sb,
+        &mine,
+        &[
+            "run",
+            built.to_str().unwrap_or_default(),
+            "stat",
+            "-c",
+            "%a",
+            "/usr/bin/suid-decoy",
+        ],
+    );
+    out.success();
+    assert_eq!(
+        out.stdout, "4755\n",
+        "the built image keeps the base's bits"
+    );
+
+    // The group (as root: sbtest's group owns the store) reads it and
+    // runs its images, and reaches nothing but what running needs.
+    if is_root() {
+        let (uid, gid) = sbtest_ids();
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::gid(
+                &std::fs::metadata(store.join("rootfs")).expect("stat")
+            ),
+            gid,
+            "the group carries to the dirs made in it"
+        );
+        assert_eq!(
+            other_user_reaches(&tree.join("usr/bin/suid-decoy")),
+            Some(true)
+        );
+        assert_eq!(other_user_reaches(&store.join("tmp/.")), Some(false));
+        assert_eq!(other_user_reaches(&store.join("locks/.")), Some(false));
+        let rt = top.path().join("rt-sbtest");
+        std::fs::create_dir(&rt).expect("mkdir");
+        std::os::unix::fs::chown(&rt, Some(uid), Some(gid)).expect("chown");
+        let bin = harness::sifbox_bin();
+        let member = |args: &[&str]| {
+            let mut all: Vec<&OsStr> = vec![
+                OsStr::new("env"),
+                OsStr::new("-i"),
+                OsStr::new("PATH=/usr/bin:/bin"),
+                OsStr::new("HOME=/nonexistent"),
+                OsStr::new("SIFBOX_STORE_SHARED=1"),
+            ];
+            let cache = format!("SIFBOX_CACHE={}", store.display());
+            let runtime = format!("SIFBOX_RUNTIME={}", rt.display());
+            all.push(OsStr::new(&cache));
+            all.push(OsStr::new(&runtime));
+            all.push(bin.as_os_str());
+            all.extend(args.iter().map(OsStr::new));
+            as_other_user(&all).expect("as root")
+        };
+        let out = member(&["run", "setid:1", "cat", "/etc/sifbox-test-rootfs"]);
+        assert!(
+            out.status.success(),
+            "a member runs the image: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "sifbox-test-rootfs v1\n"
+        );
+        // An image its owner has not unpacked yet: a clear error.
+        let r = rootfs().to_str().unwrap_or_default().to_string();
+        shared(&["image", "import", &r, "--name", "plain:1"]).success();
+        let out = member(&["run", "plain:1", "true"]);
+        assert_eq!(out.status.code(), Some(harness::SIFBOX_ERROR));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("not unpacked") && err.contains("owner"),
+            "{err}"
+        );
+    }
+
+    // The environment wins over the config file; nonsense is an error.
+    sb.cmd(["image", "ls"])
+        .env("SIFBOX_CACHE", &store)
+        .env("XDG_CONFIG_HOME", &config)
+        .env("SIFBOX_STORE_SHARED", "0")
+        .output()
+        .success();
+    assert_eq!(mode(&store), 0o700, "private again: closed at once");
+    sb.cmd(["image", "ls"])
+        .env("SIFBOX_CACHE", &store)
+        .env("SIFBOX_STORE_SHARED", "perhaps")
+        .output()
+        .sifbox_error()
+        .stderr_has("SIFBOX_STORE_SHARED");
+}
+
+/// `--overlay DIR` holds what the sandbox wrote (a setuid file, as host
+/// root a setuid-root one): DIR is made 0700, an existing one tightened,
+/// one of another user refused.
+#[test]
+fn overlay_dirs_are_private() {
+    let sb = Sifbox::new();
+    let top = open_top("sifbox-e2e-ovpriv.");
+    let ov = top.path().join("made/ov");
+    let ov_s = ov.to_str().unwrap_or_default().to_string();
+    sb.run([
+        "--overlay",
+        &ov_s,
+        "sh",
+        "-c",
+        "echo decoy > /decoy && chmod 4755 /decoy",
+    ])
+    .output()
+    .success();
+    assert_eq!(mode(&ov), 0o700, "DIR");
+    assert_eq!(mode(&ov.join("work")), 0o700, "DIR/work");
+    let decoy = ov.join("upper/decoy");
+    assert_eq!(mode(&decoy), 0o4755, "what the sandbox wrote");
+    if let Some(reaches) = other_user_reaches(&top.path().join("made")) {
+        assert!(reaches, "the check itself: sbtest reaches DIR's parent");
+        assert_eq!(
+            other_user_reaches(&decoy),
+            Some(false),
+            "sbtest reaches {}",
+            decoy.display()
+        );
+    }
+    // An existing DIR open to everyone.
+    let old = top.path().join("old");
+    std::fs::create_dir_all(old.join("upper")).expect("mkdir");
+    set_mode(&old, 0o755);
+    sb.run(["--overlay", old.to_str().unwrap_or_default(), "true"])
+        .output()
+        .success();
+    assert_eq!(mode(&old), 0o700);
+    if is_root() {
+        let theirs = top.path().join("theirs");
+        std::fs::create_dir(&theirs).expect("mkdir");
+        std::os::unix::fs::chown(&theirs, Some(sbtest_ids().0), None).expect("chown");
+        sb.run(["--overlay", theirs.to_str().unwrap_or_default(), "true"])
+            .output()
+            .sifbox_error()
+            .stderr_has("belongs to uid");
+    }
+    harness::make_removable(top.path());
 }

@@ -31,7 +31,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         why: e.to_string(),
         fix: "set SIFBOX_CACHE to a writable directory".into(),
     };
-    let opened = Store::open_default().map_err(store_err)?;
+    let opened = crate::cmd::image::open_store()?;
     let mut store = opened.gc().map_err(store_err)?;
     let mut pruned = Vec::new();
     if !store.unremovable.is_empty() || args.build_cache {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use sifbox_engine::Error;
 use sifbox_image::import::{self, SourceKind};
 use sifbox_image::meta::{self, ImageMeta};
-use sifbox_image::store::{Digest, Store};
+use sifbox_image::store::{Access, Digest, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
@@ -47,12 +47,58 @@ fn store_err(e: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Opens the store at its default place, private unless the caller's
+/// config makes it a lab group's shared store ([`store_access`]).
 pub fn open_store() -> sifbox_engine::Result<Store> {
-    Store::open_default().map_err(|e| Error::BadInput {
-        what: format!("image store {}", Store::default_root().display()),
+    let root = Store::default_root();
+    Store::open_with(&root, store_access()?).map_err(|e| Error::BadInput {
+        what: format!("image store {}", root.display()),
+        fix: match e {
+            StoreError::NotYours { .. } => "use a store of your own (unset SIFBOX_CACHE), or, for a lab group's shared store, set `store.shared = true` in ~/.config/sifbox/config.toml (or SIFBOX_STORE_SHARED=1)".into(),
+            _ => "set SIFBOX_CACHE to a writable directory".into(),
+        },
         why: e.to_string(),
-        fix: "set SIFBOX_CACHE to a writable directory".into(),
     })
+}
+
+/// Whether the store is a lab group's shared one: `SIFBOX_STORE_SHARED`
+/// (1/true/yes or 0/false/no), else `[store] shared = BOOL` in
+/// `$XDG_CONFIG_HOME/sifbox/config.toml` (default ~/.config), else private.
+pub(crate) fn store_access() -> sifbox_engine::Result<Access> {
+    let bad = |what: String, why: &str| Error::BadInput {
+        what,
+        why: why.into(),
+        fix: "say true or false (1 or 0)".into(),
+    };
+    if let Ok(v) = std::env::var("SIFBOX_STORE_SHARED") {
+        return match v.as_str() {
+            "" | "0" | "false" | "no" => Ok(Access::Private),
+            "1" | "true" | "yes" => Ok(Access::Group),
+            _ => Err(bad(format!("SIFBOX_STORE_SHARED={v}"), "not a yes or no")),
+        };
+    }
+    let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+    else {
+        return Ok(Access::Private);
+    };
+    let file = dir.join("sifbox/config.toml");
+    let Some(table) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+    else {
+        return Ok(Access::Private);
+    };
+    match table.get("store").and_then(|s| s.get("shared")) {
+        None | Some(toml::Value::Boolean(false)) => Ok(Access::Private),
+        Some(toml::Value::Boolean(true)) => Ok(Access::Group),
+        Some(v) => Err(bad(
+            format!("store.shared = {v} in {}", file.display()),
+            "not a boolean",
+        )),
+    }
 }
 
 pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
