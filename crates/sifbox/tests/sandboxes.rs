@@ -1885,8 +1885,17 @@ fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
     let work = tempdir("sifbox-cp-swap.");
     let hostdir = work.path().join("shared");
     std::fs::create_dir_all(hostdir.join("sub")).expect("mkdir");
-    std::fs::write(hostdir.join("f"), "benign\n").expect("write");
     std::fs::write(hostdir.join("sub/g"), "benign\n").expect("write");
+    // Names to swap, and between them files that take a while to copy:
+    // wherever they come in a walk, some swapped names wait long between
+    // being listed and being opened.
+    let swapped = ["f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7"];
+    for f in swapped {
+        std::fs::write(hostdir.join(f), "benign\n").expect("write");
+    }
+    for big in ["a-big", "f3-big", "g-big", "s-big", "zz-big"] {
+        std::fs::write(hostdir.join(big), vec![b'.'; 1 << 18]).expect("write");
+    }
     let marker = unique("decoy-marker");
     let decoy = work.path().join("decoy");
     std::fs::write(&decoy, format!("{marker}\n")).expect("write");
@@ -1901,12 +1910,20 @@ fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
         decoy.to_str().expect("utf-8"),
         decoy_dir.to_str().expect("utf-8"),
     );
-    let flipper = format!(
-        "cd /shared; while :; do \
-         ln -s {df} l; mv -T l f; echo benign > t; mv -T t f; \
-         mv -T sub sub.real; ln -s {dd} sub; rm sub; mv -T sub.real sub; done"
-    );
-    sandbox.exec(&["-d"], &["sh", "-c", &flipper]).success();
+    let names = swapped.join(" ");
+    let flippers = [
+        format!(
+            "cd /shared; while :; do for f in {names}; do ln -s {df} $f.l; mv -T $f.l $f; done; \
+             for f in {names}; do echo benign > $f.t; mv -T $f.t $f; done; done"
+        ),
+        format!(
+            "cd /shared; while :; do \
+             mv -T sub sub.real; ln -s {dd} sub; rm sub; mv -T sub.real sub; done"
+        ),
+    ];
+    for flipper in &flippers {
+        sandbox.exec(&["-d"], &["sh", "-c", flipper]).success();
+    }
     sandbox.sh("mkdir /dst").success();
 
     let src = hostdir.to_str().expect("utf-8");
@@ -1943,9 +1960,9 @@ fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
     );
     let found = search("/dst");
     assert_eq!(found, "", "the decoy's content got into the sandbox");
-    // The race was on: some uploads saw f as the sandbox's symlink.
+    // The race was on: uploads saw the names as the sandbox's symlinks.
     let kinds = sandbox
-        .sh("find /dst -name f -type l | wc -l; find /dst -name f -type f | wc -l")
+        .sh("find /dst -name 'f?' -type l | wc -l; find /dst -name 'f?' -type f | wc -l")
         .success()
         .stdout
         .clone();
@@ -1954,10 +1971,13 @@ fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
         .map(|c| c.parse().expect("a count"))
         .collect();
     eprintln!(
-        "{uploads} uploads; f a symlink {}, a file {}",
+        "{uploads} uploads; fN a symlink {}, a file {}",
         counts[0], counts[1]
     );
-    assert!(counts[0] > 0, "f was never a symlink in an upload: {kinds}");
+    assert!(
+        counts[0] > 0,
+        "no fN was ever a symlink in an upload: {kinds}"
+    );
     sandbox.stop();
 }
 
