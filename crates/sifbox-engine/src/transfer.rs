@@ -265,12 +265,7 @@ fn placement(dst: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
 /// The relative path of an entry inside the destination: its first
 /// component (`name`) becomes `rename`; anything but plain names is refused.
 fn entry_path(raw: &Path, name: &str, rename: &str) -> std::io::Result<PathBuf> {
-    let refuse = || {
-        std::io::Error::other(format!(
-            "refusing archive entry {}: only plain names below {name} may be unpacked",
-            raw.display()
-        ))
-    };
+    let refuse = || std::io::Error::other(format!("refused: not a plain name below {name}"));
     let mut parts = raw.components().filter(|c| !matches!(c, Component::CurDir));
     match parts.next() {
         Some(Component::Normal(first)) if first == name => {}
@@ -329,12 +324,7 @@ pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> s
             match c {
                 Component::Normal(n) => out.push(n),
                 Component::CurDir => {}
-                _ => {
-                    return Err(std::io::Error::other(format!(
-                        "refusing archive entry {}: only plain relative names may be unpacked",
-                        raw.display()
-                    )))
-                }
+                _ => return Err(std::io::Error::other("refused: not a plain relative name")),
             }
         }
         Ok(out)
@@ -463,7 +453,10 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
             let target = entry.link_name()?.ok_or_else(|| {
                 std::io::Error::other(format!("hard link {} has no target", raw.display()))
             })?;
-            let trel = (self.map)(&target)?;
+            let trel = (self.map)(&target).map_err(|e| {
+                let to = target.display();
+                std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
+            })?;
             let Some(&Written::File { dev, ino }) = self.written.get(&trel) else {
                 return Err(std::io::Error::other(format!(
                     "a hard link to {}, which is not a regular file written earlier in this \
@@ -545,9 +538,9 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
                 let (parent, file) = split(&rel)?;
                 let pdir = walk(&self.root, &parent, false)?;
                 let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let dir = rustix::fs::openat(&pdir, &file, flags, Mode::empty())
-                    .map_err(|e| not_a_dir(e, &rel))?;
-                is_dir(&dir, &rel)?;
+                let dir =
+                    rustix::fs::openat(&pdir, &file, flags, Mode::empty()).map_err(not_a_dir)?;
+                is_dir(&dir)?;
                 rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
                 rustix::fs::futimens(&dir, &times(mtime))?;
                 Ok(())
@@ -596,27 +589,27 @@ fn open_dir(dir: &impl AsFd, name: &Path, make: Option<Mode>) -> std::io::Result
         }
     }
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(|e| not_a_dir(e, name))?;
-    is_dir(&fd, name)?;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(not_a_dir)?;
+    is_dir(&fd)?;
     Ok(fd)
 }
 
-fn not_a_dir(e: Errno, name: &Path) -> std::io::Error {
+/// Callers name the path.
+fn not_a_dir(e: Errno) -> std::io::Error {
     match e {
-        Errno::NOTDIR | Errno::LOOP => std::io::Error::other(format!(
-            "{} is not a directory (a symlink or a file is there; it is not followed)",
-            name.display()
-        )),
+        Errno::NOTDIR | Errno::LOOP => std::io::Error::other(
+            "not a directory (a symlink or a file is there; it is not followed)",
+        ),
         e => e.into(),
     }
 }
 
-fn is_dir(fd: &OwnedFd, name: &Path) -> std::io::Result<()> {
+fn is_dir(fd: &OwnedFd) -> std::io::Result<()> {
     let st = rustix::fs::fstat(fd)?;
     if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
         Ok(())
     } else {
-        Err(not_a_dir(Errno::NOTDIR, name))
+        Err(not_a_dir(Errno::NOTDIR))
     }
 }
 
@@ -627,9 +620,9 @@ fn clear(dir: &OwnedFd, file: &Path) -> std::io::Result<()> {
     match rustix::fs::statat(dir, file, AtFlags::SYMLINK_NOFOLLOW) {
         Err(Errno::NOENT) => Ok(()),
         Err(e) => Err(e.into()),
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => Err(
-            std::io::Error::other(format!("{} is a directory", file.display())),
-        ),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            Err(std::io::Error::other("a directory is in the way"))
+        }
         // Not AT_REMOVEDIR: should a directory be there by now, this fails.
         Ok(_) => Ok(rustix::fs::unlinkat(dir, file, AtFlags::empty())?),
     }
