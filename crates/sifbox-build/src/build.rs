@@ -11,6 +11,7 @@ use std::time::Instant;
 use sha2::{Digest as _, Sha256};
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::spec::{Bind, NetMode, UsernsMode};
+use sifbox_engine::transfer::SetId;
 use sifbox_engine::ExecStatus;
 use sifbox_image::import;
 use sifbox_image::meta::ImageMeta;
@@ -792,7 +793,8 @@ impl Builder<'_> {
                         let dest = t.path().join("src");
                         let path = clean_abs(&source);
                         let sb = self.layers.reader(&st.state)?;
-                        sb.download(&path, &dest)?;
+                        // A private temp dir: the stage's setuid bits stay.
+                        sb.download_with(&path, &dest, SetId::Keep)?;
                         sb.stop(std::time::Duration::ZERO)?;
                         scratch.push(t);
                         (dest, format!("bind:{}:{path}", st.state.key))
@@ -981,7 +983,9 @@ impl Builder<'_> {
                     let abs = clean_abs(p);
                     let slot = t.path().join(i.to_string());
                     std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
-                    sb.download(&abs, &slot)
+                    // A private temp dir, copied on into the image: setuid
+                    // bits stay, as `COPY --from` keeps them.
+                    sb.download_with(&abs, &slot, SetId::Keep)
                         .map_err(|e| self.err(inst, format!("{abs} in {from}: {e}")))?;
                     let name = Path::new(&abs)
                         .file_name()

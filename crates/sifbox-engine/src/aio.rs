@@ -719,7 +719,7 @@ impl AsyncSandbox {
 
     /// Copies `src` in the sandbox (a file or a directory; symlinks are
     /// copied as links and never followed) to `dst` on the host, as
-    /// `docker cp` does.
+    /// `docker cp` does, setuid and setgid bits dropped.
     ///
     /// ```no_run
     /// # async fn demo(sb: sifbox_engine::aio::AsyncSandbox) -> sifbox_engine::Result<()> {

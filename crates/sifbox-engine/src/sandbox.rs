@@ -737,8 +737,17 @@ impl Sandbox {
         written.ctx(|| format!("reading {}", src.display()))
     }
 
-    /// Copies `src` in the sandbox to `dst` on the host (`docker cp` rules).
+    /// Copies `src` in the sandbox to `dst` on the host (`docker cp` rules),
+    /// setuid and setgid bits dropped: the stream is the sandbox's and is
+    /// unpacked as hostile (see [`transfer`]).
     pub fn download(&self, src: &str, dst: &Path) -> Result<()> {
+        self.download_with(src, dst, transfer::SetId::Strip)
+    }
+
+    /// [`Sandbox::download`], keeping setuid and setgid bits with
+    /// `SetId::Keep`: only for a copy that no one else can reach, as a
+    /// sandbox can plant a setuid file that runs as the caller.
+    pub fn download_with(&self, src: &str, dst: &Path, setid: transfer::SetId) -> Result<()> {
         let name = Path::new(src)
             .file_name()
             .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
@@ -755,7 +764,7 @@ impl Sandbox {
         drop(w);
         let dst_owned = dst.to_path_buf();
         let reader = std::thread::spawn(move || {
-            transfer::unpack_tar(File::from(r), &dst_owned, &name, None)
+            transfer::unpack_to_host(File::from(r), &dst_owned, &name, setid)
         });
         let reply = self.reply(&conn);
         let unpacked = reader

@@ -1,36 +1,252 @@
 //! Copying files and directories into and out of a sandbox (`sifbox cp`).
 //!
 //! Both directions move a tar stream through a pipe, so nothing is held
-//! whole in memory. Archives keep symlinks as links (never followed) and
-//! modes and mtimes; unpacking goes through `cap_std::fs::Dir` handles on
-//! the destination, so no entry (a `..`, an absolute name, a symlink placed
-//! earlier in the stream or already in the destination) can write outside
-//! it. The sandbox side runs inside the sandbox; the host side runs as the
-//! caller.
+//! whole in memory. Archives keep symlinks as links (never followed),
+//! modes and mtimes. The sandbox side runs inside the sandbox; the host side
+//! runs as the caller, and there both ends are hostile: a sandbox writes the
+//! stream of a download, and it can change a host directory bound into it
+//! while an upload reads that directory. So no path is ever resolved twice
+//! and nothing below the path the user named is followed:
+//!
+//! - [`write_tar`] opens the source once and walks below it through
+//!   directory fds: each name is opened with `O_PATH | O_NOFOLLOW`, its header
+//!   comes from `fstat` of that fd, a link's target from `readlinkat` on it,
+//!   and data from a reopen (`O_NOFOLLOW`) that must be the same inode. A name
+//!   that changes under the walk is stored as what was opened, or left out
+//!   with a warning.
+//! - Unpacking ([`unpack_tar`], [`unpack_to_host`], [`extract_tar`]) reaches
+//!   every parent from the destination's fd one component at a time with
+//!   `openat(O_NOFOLLOW | O_DIRECTORY)`, so no `..`, absolute name or symlink
+//!   (one placed earlier in the stream or already in the destination) leads
+//!   outside it; entries are created with `*at()` calls and their owners,
+//!   modes and times set on the fd of what was created. Directory modes are
+//!   applied at the end on a reopened fd that is checked to be a directory. A
+//!   path that the stream writes twice with different types, and a hard link
+//!   to anything but a regular file the stream wrote before, are refused.
+//!   On the host, setuid and setgid bits are dropped unless asked for.
 
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
 use cap_std::fs::Dir;
+use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid, CWD};
+use rustix::io::Errno;
+
+/// What becomes of the setuid and setgid bits of unpacked entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetId {
+    /// Kept: inside a sandbox, where a setuid file gives nothing its root
+    /// does not have already, and for copies the caller keeps private.
+    Keep,
+    /// Dropped: downloads to the host, where a setuid file that a sandbox
+    /// planted would run with the rights of whoever owns it (root, when
+    /// root downloads).
+    Strip,
+}
+
+// ---------------------------------------------------------------------------
+// Writing
+// ---------------------------------------------------------------------------
+
+/// One name of a tree being archived, as the fd opened on it shows it.
+enum Node {
+    /// Opened for reading its entries.
+    Dir(OwnedFd),
+    /// Opened for reading, the inode the `O_PATH` fd showed.
+    File(File),
+    Link(OsString),
+    /// A fifo or a device: its header only.
+    Special,
+    /// Cannot be archived; left out.
+    Socket,
+}
+
+/// What [`open_node`] found at a name.
+enum Found {
+    Node(Node, std::fs::Metadata),
+    /// Nothing there (any more).
+    Gone,
+    /// It changed into something else between two opens.
+    Changed,
+}
+
+/// Opens `name` in `dir` without following it (only the final component
+/// is not followed: `name` is one component, except for the source the user
+/// named, whose parents are the user's own path).
+fn open_node(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<Found> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::NOENT) => return Ok(Found::Gone),
+        Err(e) => return Err(e.into()),
+    };
+    let meta = fd.metadata()?;
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let target = rustix::fs::readlinkat(&fd, "", Vec::new())?;
+        let target = OsString::from_vec(target.into_bytes());
+        return Ok(Found::Node(Node::Link(target), meta));
+    }
+    if ft.is_socket() {
+        return Ok(Found::Node(Node::Socket, meta));
+    }
+    if !ft.is_dir() && !ft.is_file() {
+        return Ok(Found::Node(Node::Special, meta));
+    }
+    // An O_PATH fd cannot be read: open the name again, still not
+    // following it, and keep what opens only if it is the same inode.
+    let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    flags |= if ft.is_dir() {
+        OFlags::DIRECTORY
+    } else {
+        OFlags::NONBLOCK | OFlags::NOCTTY
+    };
+    let opened = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::NXIO) => return Ok(Found::Changed),
+        Err(e) => return Err(e.into()),
+    };
+    let now = opened.metadata()?;
+    if now.dev() != meta.dev() || now.ino() != meta.ino() {
+        return Ok(Found::Changed);
+    }
+    let node = if ft.is_dir() {
+        Node::Dir(opened.into())
+    } else {
+        Node::File(opened)
+    };
+    Ok(Found::Node(node, now))
+}
+
+/// Appends the header (and a file's data) of `node` as `name`.
+fn append_node(
+    b: &mut tar::Builder<impl Write>,
+    name: &Path,
+    node: &Node,
+    meta: &std::fs::Metadata,
+) -> std::io::Result<()> {
+    let mut h = tar::Header::new_gnu();
+    h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
+    match node {
+        Node::Dir(_) | Node::Socket => b.append_data(&mut h, name, std::io::empty()),
+        Node::File(f) => {
+            // Exactly the size in the header, whatever the file does
+            // meanwhile: a short read is padded with zeros.
+            let size = meta.len();
+            let data = f.take(size).chain(std::io::repeat(0)).take(size);
+            b.append_data(&mut h, name, data)
+        }
+        Node::Link(target) => b.append_link(&mut h, name, target),
+        Node::Special => {
+            let dev = meta.rdev();
+            h.set_device_major(rustix::fs::major(dev))?;
+            h.set_device_minor(rustix::fs::minor(dev))?;
+            b.append_data(&mut h, name, std::io::empty())
+        }
+    }
+}
+
+/// The entries of the directory `dir`, sorted (archives are deterministic).
+fn names(dir: &OwnedFd) -> std::io::Result<Vec<OsString>> {
+    let mut out = Vec::new();
+    for e in rustix::fs::Dir::new(dir.try_clone()?)? {
+        let e = e?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            out.push(OsStr::from_bytes(n).to_os_string());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A directory being archived: its fd, its name in the archive, the names
+/// of it not yet archived.
+struct Level {
+    fd: OwnedFd,
+    name: PathBuf,
+    rest: std::vec::IntoIter<OsString>,
+}
 
 /// Writes a tar stream of `path` to `out`, its entries named
-/// `name/...` (or `name` for a file), symlinks as links.
+/// `name/...` (or `name` for a file), symlinks as links, in sorted order
+/// (a directory before what it holds). `path` is the user's own: its
+/// parents are followed and it is opened once; nothing below it is followed
+/// (see the module's note).
 pub fn write_tar(path: &Path, name: &str, out: impl Write) -> std::io::Result<()> {
     let mut b = tar::Builder::new(out);
-    b.follow_symlinks(false);
-    let meta = std::fs::symlink_metadata(path)?;
-    if meta.is_dir() {
-        b.append_dir_all(name, path)?;
-    } else {
-        b.append_path_with_name(path, name)?;
+    let at = |e: std::io::Error, p: &Path| {
+        std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+    };
+    // Errors about `path` itself go out bare: callers name it.
+    let (node, meta) = match open_node(CWD, path)? {
+        Found::Node(n, m) => (n, m),
+        Found::Gone => return Err(Errno::NOENT.into()),
+        Found::Changed => return Err(std::io::Error::other("it changed while being opened")),
+    };
+    if matches!(node, Node::Socket) {
+        return Err(std::io::Error::other("a socket cannot be copied"));
+    }
+    let top = PathBuf::from(name);
+    append_node(&mut b, &top, &node, &meta)?;
+    let mut stack = Vec::new();
+    if let Node::Dir(fd) = node {
+        let rest = names(&fd)?.into_iter();
+        stack.push(Level {
+            fd,
+            name: top,
+            rest,
+        });
+    }
+    while let Some(level) = stack.last_mut() {
+        let Some(n) = level.rest.next() else {
+            stack.pop();
+            continue;
+        };
+        let arch = level.name.join(&n);
+        let host = || path.join(arch.strip_prefix(name).unwrap_or(&arch));
+        let (node, meta) = match open_node(level.fd.as_fd(), Path::new(&n)) {
+            Ok(Found::Node(node, meta)) => (node, meta),
+            Ok(Found::Gone) => {
+                tracing::warn!("{}: gone while being copied; left out", host().display());
+                continue;
+            }
+            Ok(Found::Changed) => {
+                tracing::warn!("{}: changed while being copied; left out", host().display());
+                continue;
+            }
+            Err(e) => return Err(at(e, &host())),
+        };
+        if matches!(node, Node::Socket) {
+            tracing::debug!("{}: a socket; left out", host().display());
+            continue;
+        }
+        append_node(&mut b, &arch, &node, &meta).map_err(|e| at(e, &host()))?;
+        if let Node::Dir(fd) = node {
+            let rest = names(&fd).map_err(|e| at(e, &host()))?.into_iter();
+            stack.push(Level {
+                fd,
+                name: arch,
+                rest,
+            });
+        }
     }
     b.into_inner()?.flush()
 }
 
+// ---------------------------------------------------------------------------
+// Unpacking
+// ---------------------------------------------------------------------------
+
 /// Where an unpacked `name` lands: `dst/name` when `dst` is a directory,
-/// else `dst` itself (its parent must exist), as `docker cp` does.
+/// else `dst` itself (its parent must exist), as `docker cp` does. `dst` is
+/// the user's own path: it is followed.
 fn placement(dst: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
     if std::fs::metadata(dst).is_ok_and(|m| m.is_dir()) {
         return Ok((dst.to_path_buf(), name.to_string()));
@@ -49,7 +265,7 @@ fn placement(dst: &Path, name: &str) -> std::io::Result<(PathBuf, String)> {
 /// The relative path of an entry inside the destination: its first
 /// component (`name`) becomes `rename`; anything but plain names is refused.
 fn entry_path(raw: &Path, name: &str, rename: &str) -> std::io::Result<PathBuf> {
-    let refuse = || std::io::Error::other(format!("refusing archive entry {}", raw.display()));
+    let refuse = || std::io::Error::other(format!("refused: not a plain name below {name}"));
     let mut parts = raw.components().filter(|c| !matches!(c, Component::CurDir));
     match parts.next() {
         Some(Component::Normal(first)) if first == name => {}
@@ -66,8 +282,9 @@ fn entry_path(raw: &Path, name: &str, rename: &str) -> std::io::Result<PathBuf> 
 }
 
 /// Unpacks a tar stream made by [`write_tar`] at `dst` (see [`placement`]),
-/// confined to the destination's directory. With `owner`, everything written
-/// is chowned to it.
+/// confined to the destination's directory, setuid and setgid bits kept:
+/// the sandbox side of an upload. With `owner`, everything written is
+/// chowned to it.
 pub fn unpack_tar(
     input: impl Read,
     dst: &Path,
@@ -75,9 +292,24 @@ pub fn unpack_tar(
     owner: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
     let (base, rename) = placement(dst, name)?;
-    let root = Dir::open_ambient_dir(&base, cap_std::ambient_authority())
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", base.display())))?;
-    unpack_with(input, &root, |raw| entry_path(raw, name, &rename), owner)
+    let root = open_root(&base)?;
+    let map = |raw: &Path| entry_path(raw, name, &rename);
+    unpack_with(input, root, map, owner, SetId::Keep)
+}
+
+/// Unpacks a tar stream that a sandbox wrote (a download) at `dst` on the
+/// host (see [`placement`]), confined to the destination's directory,
+/// owned by the caller; `setid` says whether setuid and setgid bits stay.
+pub fn unpack_to_host(
+    input: impl Read,
+    dst: &Path,
+    name: &str,
+    setid: SetId,
+) -> std::io::Result<()> {
+    let (base, rename) = placement(dst, name)?;
+    let root = open_root(&base)?;
+    let map = |raw: &Path| entry_path(raw, name, &rename);
+    unpack_with(input, root, map, None, setid)
 }
 
 /// Unpacks a tar stream whose entries are relative names into the directory
@@ -85,104 +317,334 @@ pub fn unpack_tar(
 /// to `owner` when given, else to the caller (root inside a sandbox).
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
-    let root = Dir::open_ambient_dir(dst, cap_std::ambient_authority())?;
+    let root = open_root(dst)?;
     let relative = |raw: &Path| -> std::io::Result<PathBuf> {
         let mut out = PathBuf::new();
         for c in raw.components() {
             match c {
                 Component::Normal(n) => out.push(n),
                 Component::CurDir => {}
-                _ => {
-                    return Err(std::io::Error::other(format!(
-                        "refusing archive entry {}",
-                        raw.display()
-                    )))
-                }
+                _ => return Err(std::io::Error::other("refused: not a plain relative name")),
             }
         }
         Ok(out)
     };
-    unpack_with(input, &root, relative, owner)
+    unpack_with(input, root, relative, owner, SetId::Keep)
+}
+
+/// The destination directory (the user's path, followed).
+fn open_root(base: &Path) -> std::io::Result<OwnedFd> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    rustix::fs::openat(CWD, base, flags, Mode::empty()).map_err(|e| {
+        let e = std::io::Error::from(e);
+        std::io::Error::new(e.kind(), format!("{}: {e}", base.display()))
+    })
+}
+
+/// What this stream has written at a path.
+#[derive(Debug, Clone, Copy)]
+enum Written {
+    Dir,
+    /// The inode, for hard links to it.
+    File {
+        dev: u64,
+        ino: u64,
+    },
+    Symlink,
+}
+
+impl Written {
+    fn what(self) -> &'static str {
+        match self {
+            Written::Dir => "a directory",
+            Written::File { .. } => "a file",
+            Written::Symlink => "a symlink",
+        }
+    }
+}
+
+/// The state of one unpacking.
+struct Unpacker<M> {
+    root: OwnedFd,
+    map: M,
+    owner: Option<(u32, u32)>,
+    setid: SetId,
+    written: HashMap<PathBuf, Written>,
+    /// Directories and the mode and mtime they get at the end.
+    dirs: HashMap<PathBuf, (u32, u64)>,
 }
 
 fn unpack_with(
     input: impl Read,
-    root: &Dir,
+    root: OwnedFd,
     map: impl Fn(&Path) -> std::io::Result<PathBuf>,
     owner: Option<(u32, u32)>,
+    setid: SetId,
 ) -> std::io::Result<()> {
+    let mut u = Unpacker {
+        root,
+        map,
+        owner,
+        setid,
+        written: HashMap::new(),
+        dirs: HashMap::new(),
+    };
     let mut archive = tar::Archive::new(input);
-    let mut dirs: Vec<(PathBuf, u32, u64)> = Vec::new();
     for entry in archive.entries()? {
         let mut entry = entry?;
         let raw = entry.path()?.into_owned();
-        let rel = map(&raw)?;
+        u.entry(&raw, &mut entry).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("archive entry {}: {e}", raw.display()))
+        })?;
+    }
+    // Read what follows the end-of-archive marker (tar pads its output to
+    // whole records), so that the writer never sees a closed pipe.
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())?;
+    u.finish_dirs()
+}
+
+impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
+    fn entry(&mut self, raw: &Path, entry: &mut tar::Entry<'_, impl Read>) -> std::io::Result<()> {
+        let rel = (self.map)(raw)?;
         if rel.as_os_str().is_empty() {
             // `./`: the destination itself, which exists.
-            continue;
+            return Ok(());
         }
         let header = entry.header();
-        let mode = header.mode().unwrap_or(0o644) & 0o7777;
+        let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
+        if self.setid == SetId::Strip {
+            mode &= !0o6000;
+        }
+        let mode = Mode::from_raw_mode(mode);
         let mtime = header.mtime().unwrap_or(0);
         let kind = header.entry_type();
         let (parent, file) = split(&rel)?;
-        if kind.is_dir() {
-            root.create_dir_all(&rel)?;
-            dirs.push((rel.clone(), mode, mtime));
-            if let Some((uid, gid)) = owner {
-                let (p, f) = split(&rel)?;
-                let pd = open_parent(root, &p)?;
-                chown(&pd, &f, uid, gid)?;
+        let new = if kind.is_dir() {
+            Written::Dir
+        } else if kind.is_symlink() {
+            Written::Symlink
+        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
+            Written::File { dev: 0, ino: 0 }
+        } else {
+            tracing::debug!("skipping special file {}", raw.display());
+            return Ok(());
+        };
+        if let Some(old) = self.written.get(&rel) {
+            if std::mem::discriminant(old) != std::mem::discriminant(&new) {
+                return Err(std::io::Error::other(format!(
+                    "this stream wrote {} there before and now sends {}: refused",
+                    old.what(),
+                    new.what()
+                )));
             }
-            continue;
         }
-        let dir = open_parent(root, &parent)?;
-        // Whatever is there (a symlink above all) is replaced, not followed.
-        if dir.symlink_metadata(&file).is_ok_and(|m| !m.is_dir()) {
-            dir.remove_file(&file)?;
+        if kind.is_dir() {
+            let pdir = walk(&self.root, &parent, true)?;
+            let dir = open_dir(&pdir, &file, Some(Mode::from_raw_mode(0o700)))?;
+            if let Some((uid, gid)) = self.owner {
+                rustix::fs::chownat(&dir, "", ids(uid), gids(gid), AtFlags::EMPTY_PATH)?;
+            }
+            self.written.insert(rel.clone(), Written::Dir);
+            self.dirs.insert(rel, (mode.as_raw_mode(), mtime));
+            return Ok(());
         }
+        let dir = walk(&self.root, &parent, false)?;
+        if kind.is_hard_link() {
+            let target = entry.link_name()?.ok_or_else(|| {
+                std::io::Error::other(format!("hard link {} has no target", raw.display()))
+            })?;
+            let trel = (self.map)(&target).map_err(|e| {
+                let to = target.display();
+                std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
+            })?;
+            let Some(&Written::File { dev, ino }) = self.written.get(&trel) else {
+                return Err(std::io::Error::other(format!(
+                    "a hard link to {}, which is not a regular file written earlier in this \
+                     stream: refused",
+                    target.display()
+                )));
+            };
+            let (tparent, tfile) = split(&trel)?;
+            let tdir = walk(&self.root, &tparent, false)?;
+            clear(&dir, &file)?;
+            rustix::fs::linkat(&tdir, &tfile, &dir, &file, AtFlags::empty())?;
+            // The name may have been swapped since it was written (in a
+            // directory the sandbox also sees): keep the link only if it is
+            // the inode this stream wrote.
+            let st = rustix::fs::statat(&dir, &file, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_dev != dev || st.st_ino != ino {
+                let _ = rustix::fs::unlinkat(&dir, &file, AtFlags::empty());
+                return Err(std::io::Error::other(format!(
+                    "{} changed since this stream wrote it",
+                    target.display()
+                )));
+            }
+            self.written.insert(rel, Written::File { dev, ino });
+            return Ok(());
+        }
+        clear(&dir, &file)?;
         if kind.is_symlink() {
             let target = entry.link_name()?.ok_or_else(|| {
                 std::io::Error::other(format!("symlink {} has no target", raw.display()))
             })?;
             rustix::fs::symlinkat(target.as_ref(), &dir, &file)?;
-        } else if kind.is_hard_link() {
-            let target = entry.link_name()?.ok_or_else(|| {
-                std::io::Error::other(format!("hard link {} has no target", raw.display()))
-            })?;
-            let target = map(&target)?;
-            root.hard_link(&target, &dir, &file)?;
-            continue;
-        } else if kind.is_file() || kind == tar::EntryType::Continuous {
-            let mut f = dir.create(&file)?;
-            std::io::copy(&mut entry, &mut f)?;
-            rustix::fs::fchmod(&f, rustix::fs::Mode::from_raw_mode(mode))?;
-        } else {
-            tracing::debug!("skipping special file {}", raw.display());
-            continue;
+            // By name, not following: exact for the link just made (a name
+            // swapped meanwhile is one the sandbox can change anyway).
+            if let Some((uid, gid)) = self.owner {
+                let nofollow = AtFlags::SYMLINK_NOFOLLOW;
+                rustix::fs::chownat(&dir, &file, ids(uid), gids(gid), nofollow)?;
+            }
+            rustix::fs::utimensat(&dir, &file, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
+            self.written.insert(rel, Written::Symlink);
+            return Ok(());
         }
-        if let Some((uid, gid)) = owner {
-            chown(&dir, &file, uid, gid)?;
-        }
-        set_mtime(&dir, &file, mtime)?;
-    }
-    // Read what follows the end-of-archive marker (tar pads its output to
-    // whole records), so that the writer never sees a closed pipe.
-    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())?;
-    // Directories last, deepest first: their modes may forbid writing and
-    // writing into them moves their mtimes.
-    for (rel, mode, mtime) in dirs.iter().rev() {
-        let (parent, file) = split(rel)?;
-        let dir = open_parent(root, &parent)?;
-        rustix::fs::chmodat(
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let mut f = File::from(rustix::fs::openat(
             &dir,
             &file,
-            rustix::fs::Mode::from_raw_mode(*mode),
-            rustix::fs::AtFlags::empty(),
-        )?;
-        set_mtime(&dir, &file, *mtime)?;
+            flags,
+            Mode::from_raw_mode(0o600),
+        )?);
+        std::io::copy(entry, &mut f)?;
+        // Owner first: chown clears setuid and setgid bits.
+        if let Some((uid, gid)) = self.owner {
+            rustix::fs::fchown(&f, ids(uid), gids(gid))?;
+        }
+        rustix::fs::fchmod(&f, mode)?;
+        rustix::fs::futimens(&f, &times(mtime))?;
+        let st = rustix::fs::fstat(&f)?;
+        self.written.insert(
+            rel,
+            Written::File {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
+        );
+        Ok(())
     }
-    Ok(())
+
+    /// Directories last, deepest first: their modes may forbid writing and
+    /// writing into them moves their mtimes. Each is reopened beneath the
+    /// root without following anything and checked to be a directory.
+    fn finish_dirs(self) -> std::io::Result<()> {
+        let mut dirs: Vec<_> = self.dirs.into_iter().collect();
+        dirs.sort_by(|a, b| {
+            let depth = |p: &Path| p.components().count();
+            depth(&b.0).cmp(&depth(&a.0)).then_with(|| b.0.cmp(&a.0))
+        });
+        for (rel, (mode, mtime)) in dirs {
+            let set = || -> std::io::Result<()> {
+                let (parent, file) = split(&rel)?;
+                let pdir = walk(&self.root, &parent, false)?;
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let dir =
+                    rustix::fs::openat(&pdir, &file, flags, Mode::empty()).map_err(not_a_dir)?;
+                is_dir(&dir)?;
+                rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))?;
+                rustix::fs::futimens(&dir, &times(mtime))?;
+                Ok(())
+            };
+            set().map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("setting the mode of {}: {e}", rel.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// The directory `rel` below `root`, reached one component at a time
+/// without following any symlink (one there is an error, never a way
+/// out). With `make`, missing components are created.
+fn walk(root: &OwnedFd, rel: &Path, make: bool) -> std::io::Result<OwnedFd> {
+    let mut cur: Option<OwnedFd> = None;
+    let mut so_far = PathBuf::new();
+    for c in rel.components() {
+        let Component::Normal(n) = c else {
+            return Err(std::io::Error::other(format!("bad path {}", rel.display())));
+        };
+        so_far.push(n);
+        let base = cur.as_ref().map_or(root.as_fd(), AsFd::as_fd);
+        let mode = make.then(|| Mode::from_raw_mode(0o755));
+        let next = open_dir(&base, Path::new(n), mode)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", so_far.display())))?;
+        cur = Some(next);
+    }
+    match cur {
+        Some(fd) => Ok(fd),
+        None => root.try_clone(),
+    }
+}
+
+/// The directory `name` in `dir` as an `O_PATH` fd, not following a
+/// symlink; made (with `make`'s mode) when missing.
+fn open_dir(dir: &impl AsFd, name: &Path, make: Option<Mode>) -> std::io::Result<OwnedFd> {
+    if let Some(mode) = make {
+        match rustix::fs::mkdirat(dir, name, mode) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::empty()).map_err(not_a_dir)?;
+    is_dir(&fd)?;
+    Ok(fd)
+}
+
+/// Callers name the path.
+fn not_a_dir(e: Errno) -> std::io::Error {
+    match e {
+        Errno::NOTDIR | Errno::LOOP => std::io::Error::other(
+            "not a directory (a symlink or a file is there; it is not followed)",
+        ),
+        e => e.into(),
+    }
+}
+
+fn is_dir(fd: &OwnedFd) -> std::io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
+    if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+        Ok(())
+    } else {
+        Err(not_a_dir(Errno::NOTDIR))
+    }
+}
+
+/// Makes room for a new non-directory `file` in `dir`: whatever
+/// non-directory is there (a symlink above all) is removed, not followed; a
+/// directory is an error.
+fn clear(dir: &OwnedFd, file: &Path) -> std::io::Result<()> {
+    match rustix::fs::statat(dir, file, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(e.into()),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+            Err(std::io::Error::other("a directory is in the way"))
+        }
+        // Not AT_REMOVEDIR: should a directory be there by now, this fails.
+        Ok(_) => Ok(rustix::fs::unlinkat(dir, file, AtFlags::empty())?),
+    }
+}
+
+fn ids(uid: u32) -> Option<Uid> {
+    Some(Uid::from_raw(uid))
+}
+
+fn gids(gid: u32) -> Option<Gid> {
+    Some(Gid::from_raw(gid))
+}
+
+fn times(mtime: u64) -> Timestamps {
+    let t = Timespec {
+        tv_sec: i64::try_from(mtime).unwrap_or(i64::MAX),
+        tv_nsec: 0,
+    };
+    Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
 }
 
 /// Writes a tar stream of `/` as this process sees it: owners numeric,
@@ -304,42 +766,6 @@ fn split(rel: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
     Ok((parent, PathBuf::from(file)))
 }
 
-fn open_parent(root: &Dir, parent: &Path) -> std::io::Result<Dir> {
-    if parent.as_os_str().is_empty() {
-        root.try_clone()
-    } else {
-        root.open_dir(parent)
-    }
-}
-
-fn chown(dir: &Dir, file: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    rustix::fs::chownat(
-        dir.as_fd(),
-        file,
-        Some(rustix::fs::Uid::from_raw(uid)),
-        Some(rustix::fs::Gid::from_raw(gid)),
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )?;
-    Ok(())
-}
-
-fn set_mtime(dir: &Dir, file: &Path, mtime: u64) -> std::io::Result<()> {
-    let t = rustix::fs::Timespec {
-        tv_sec: i64::try_from(mtime).unwrap_or(i64::MAX),
-        tv_nsec: 0,
-    };
-    rustix::fs::utimensat(
-        dir.as_fd(),
-        file,
-        &rustix::fs::Timestamps {
-            last_access: t,
-            last_modification: t,
-        },
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,5 +861,363 @@ mod tests {
             assert!(unpack_tar(&raw[..], &dest, "x", None).is_err(), "{bad}");
         }
         assert!(!out.path().join("evil").exists());
+    }
+
+    // -- Crafted streams: what a hostile sandbox can send to the host. --
+
+    /// One entry of a crafted stream.
+    enum E<'a> {
+        Dir(&'a str, u32),
+        File(&'a str, u32, &'a [u8]),
+        Sym(&'a str, &'a Path),
+        Hard(&'a str, &'a Path),
+    }
+
+    fn stream(entries: &[E<'_>]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for e in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_mtime(1_600_000_000);
+            match e {
+                E::Dir(name, mode) => {
+                    h.set_entry_type(tar::EntryType::Directory);
+                    h.set_mode(*mode);
+                    h.set_size(0);
+                    b.append_data(&mut h, name, std::io::empty()).expect("dir");
+                }
+                E::File(name, mode, data) => {
+                    h.set_mode(*mode);
+                    h.set_size(data.len() as u64);
+                    b.append_data(&mut h, name, *data).expect("file");
+                }
+                E::Sym(name, target) => {
+                    h.set_entry_type(tar::EntryType::Symlink);
+                    h.set_mode(0o777);
+                    h.set_size(0);
+                    b.append_link(&mut h, name, target).expect("symlink");
+                }
+                E::Hard(name, target) => {
+                    h.set_entry_type(tar::EntryType::Link);
+                    h.set_mode(0o644);
+                    h.set_size(0);
+                    b.append_link(&mut h, name, target).expect("hard link");
+                }
+            }
+        }
+        b.into_inner().expect("tar")
+    }
+
+    /// A temp dir with `dest/` (where streams land) and, outside it,
+    /// `decoy/file` (mode 0644) that no stream may touch.
+    struct Scene {
+        t: tempfile::TempDir,
+    }
+
+    const DECOY: &[u8] = b"decoy, never to be changed";
+
+    impl Scene {
+        fn new() -> Scene {
+            let t = tempfile::tempdir().expect("tempdir");
+            std::fs::create_dir(t.path().join("dest")).expect("mkdir");
+            std::fs::create_dir(t.path().join("decoy")).expect("mkdir");
+            std::fs::write(t.path().join("decoy/file"), DECOY).expect("write");
+            std::fs::set_permissions(
+                t.path().join("decoy/file"),
+                std::fs::Permissions::from_mode(0o644),
+            )
+            .expect("chmod");
+            Scene { t }
+        }
+        fn dest(&self) -> PathBuf {
+            self.t.path().join("dest")
+        }
+        fn decoy_dir(&self) -> PathBuf {
+            self.t.path().join("decoy")
+        }
+        fn decoy(&self) -> PathBuf {
+            self.t.path().join("decoy/file")
+        }
+        /// Unpacks as a download to the host does.
+        fn download(&self, data: &[u8]) -> std::io::Result<()> {
+            unpack_to_host(data, &self.dest(), "x", SetId::Strip)
+        }
+        /// The decoy is as it was: content, mode, one link, alone in its dir.
+        #[track_caller]
+        fn assert_decoy_intact(&self) {
+            let md = std::fs::symlink_metadata(self.decoy()).expect("decoy");
+            assert_eq!(md.mode() & 0o7777, 0o644, "decoy mode changed");
+            assert_eq!(md.nlink(), 1, "decoy got a hard link");
+            assert_eq!(std::fs::read(self.decoy()).expect("read"), DECOY);
+            let names: Vec<_> = std::fs::read_dir(self.decoy_dir())
+                .expect("ls")
+                .map(|e| e.expect("entry").file_name())
+                .collect();
+            assert_eq!(names, vec![OsString::from("file")], "decoy dir changed");
+        }
+    }
+
+    #[track_caller]
+    fn assert_refused(r: std::io::Result<()>, entry: &str) {
+        let e = r.expect_err("the stream was unpacked");
+        assert!(
+            e.to_string().contains(&format!("archive entry {entry}")),
+            "the error does not name {entry}: {e}"
+        );
+    }
+
+    #[test]
+    fn dir_then_symlink_of_the_same_name_is_refused() {
+        let s = Scene::new();
+        let decoy_dir = s.decoy_dir();
+        let data = stream(&[
+            E::Dir("x", 0o755),
+            E::Dir("x/d", 0o755),
+            E::Sym("x/d", &decoy_dir),
+            E::File("x/d/pwned", 0o644, b"evil"),
+        ]);
+        assert_refused(s.download(&data), "x/d");
+        s.assert_decoy_intact();
+        assert!(s.dest().join("x/d").is_dir());
+    }
+
+    #[test]
+    fn symlink_then_dir_of_the_same_name_is_refused() {
+        let s = Scene::new();
+        // The link leads back inside, so that a walk that follows it would
+        // not notice: the entry must be refused for its changed type.
+        let data = stream(&[
+            E::Dir("x", 0o755),
+            E::Sym("x/d", Path::new(".")),
+            E::Dir("x/d", 0o755),
+            E::File("x/d/f", 0o644, b"through"),
+        ]);
+        assert_refused(s.download(&data), "x/d");
+        assert!(!s.dest().join("x/f").exists(), "written through x/d");
+        s.assert_decoy_intact();
+    }
+
+    #[test]
+    fn files_never_go_through_a_symlink_to_a_decoy() {
+        let s = Scene::new();
+        let (decoy_dir, decoy) = (s.decoy_dir(), s.decoy());
+        // A file below a symlink to the decoy's directory.
+        let data = stream(&[
+            E::Dir("x", 0o755),
+            E::Sym("x/esc", &decoy_dir),
+            E::File("x/esc/pwned", 0o644, b"evil"),
+        ]);
+        assert_refused(s.download(&data), "x/esc/pwned");
+        s.assert_decoy_intact();
+        // A file of the same name as a symlink to the decoy.
+        let data = stream(&[
+            E::Dir("x", 0o755),
+            E::Sym("x/l", &decoy),
+            E::File("x/l", 0o4755, b"evil"),
+        ]);
+        assert_refused(s.download(&data), "x/l");
+        s.assert_decoy_intact();
+        // One already in the destination is not followed either.
+        let s = Scene::new();
+        std::fs::create_dir(s.dest().join("x")).expect("mkdir");
+        std::os::unix::fs::symlink(s.decoy(), s.dest().join("x/l")).expect("symlink");
+        std::os::unix::fs::symlink(s.decoy_dir(), s.dest().join("x/esc")).expect("symlink");
+        let data = stream(&[E::File("x/l", 0o4755, b"evil")]);
+        s.download(&data).expect("a file replaces the symlink");
+        assert_eq!(std::fs::read(s.dest().join("x/l")).expect("read"), b"evil");
+        let data = stream(&[E::File("x/esc/pwned", 0o644, b"evil")]);
+        assert_refused(s.download(&data), "x/esc/pwned");
+        let data = stream(&[E::Dir("x/esc", 0o4755)]);
+        assert_refused(s.download(&data), "x/esc");
+        s.assert_decoy_intact();
+    }
+
+    /// A directory's mode is applied at the end; by then its name may be a
+    /// symlink (here through a second one, made harmless-looking when the
+    /// directory entry came): the mode must never reach the decoy.
+    #[test]
+    fn dir_modes_never_reach_through_a_symlink() {
+        let s = Scene::new();
+        let decoy = s.decoy();
+        let data = stream(&[
+            E::Dir("x", 0o755),
+            E::Sym("x/e", Path::new(".")),
+            E::Sym("x/d", Path::new("e")),
+            E::Dir("x/d", 0o4755),
+            E::Sym("x/e", &decoy),
+        ]);
+        let r = s.download(&data);
+        s.assert_decoy_intact();
+        assert_refused(r, "x/d");
+    }
+
+    #[test]
+    fn hard_links_only_to_regular_files_written_before() {
+        let s = Scene::new();
+        let outside = format!("{}/../decoy/file", s.dest().display());
+        std::fs::create_dir(s.dest().join("x")).expect("mkdir");
+        std::fs::write(s.dest().join("x/pre"), "already there").expect("write");
+        let decoy = s.decoy();
+        let cases: Vec<(&str, Vec<E<'_>>)> = vec![
+            (
+                "climbs out",
+                vec![E::Hard("x/h", Path::new("x/../../decoy/file"))],
+            ),
+            ("absolute", vec![E::Hard("x/h", &decoy)]),
+            (
+                "absolute with ..",
+                vec![E::Hard("x/h", Path::new(&outside))],
+            ),
+            (
+                "to a later entry",
+                vec![
+                    E::Hard("x/h", Path::new("x/later")),
+                    E::File("x/later", 0o644, b"later"),
+                ],
+            ),
+            (
+                "to a file not from this stream",
+                vec![E::Hard("x/h", Path::new("x/pre"))],
+            ),
+            (
+                "to a symlink of this stream",
+                vec![E::Sym("x/s", &decoy), E::Hard("x/h", Path::new("x/s"))],
+            ),
+            (
+                "to a directory of this stream",
+                vec![E::Dir("x/sub", 0o755), E::Hard("x/h", Path::new("x/sub"))],
+            ),
+        ];
+        for (what, entries) in cases {
+            let r = s.download(&stream(&entries));
+            assert!(r.is_err(), "{what}: unpacked");
+            assert_refused(r, "x/h");
+            assert!(
+                std::fs::symlink_metadata(s.dest().join("x/h")).is_err(),
+                "{what}: x/h made"
+            );
+            s.assert_decoy_intact();
+        }
+        assert_eq!(
+            std::fs::metadata(s.dest().join("x/pre"))
+                .expect("pre")
+                .nlink(),
+            1
+        );
+        // To a file written before: one inode.
+        let data = stream(&[
+            E::File("x/f", 0o640, b"shared"),
+            E::Hard("x/h", Path::new("x/f")),
+        ]);
+        s.download(&data)
+            .expect("a hard link to a file of the stream");
+        let (f, h) = (
+            std::fs::metadata(s.dest().join("x/f")).expect("f"),
+            std::fs::metadata(s.dest().join("x/h")).expect("h"),
+        );
+        assert_eq!((f.ino(), f.nlink()), (h.ino(), 2));
+    }
+
+    #[test]
+    fn setid_bits_are_dropped_on_the_host_unless_kept() {
+        let data = stream(&[
+            E::Dir("x", 0o2755),
+            E::File("x/suid", 0o4755, b"#!/bin/sh\n"),
+            E::File("x/sgid", 0o2711, b"#!/bin/sh\n"),
+            E::File("x/sticky", 0o1777, b""),
+        ]);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").mode() & 0o7777;
+        for (setid, want) in [
+            (SetId::Strip, [0o755, 0o755, 0o711, 0o1777]),
+            (SetId::Keep, [0o2755, 0o4755, 0o2711, 0o1777]),
+        ] {
+            let out = tempfile::tempdir().expect("tempdir");
+            unpack_to_host(&data[..], out.path(), "x", setid).expect("unpack");
+            let d = out.path().join("x");
+            let got = [
+                mode(&d),
+                mode(&d.join("suid")),
+                mode(&d.join("sgid")),
+                mode(&d.join("sticky")),
+            ];
+            assert_eq!(got, want, "{setid:?}");
+        }
+        // The sandbox side of an upload keeps them, also for another owner.
+        let out = tempfile::tempdir().expect("tempdir");
+        let me = (
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
+        unpack_tar(&data[..], out.path(), "x", Some(me)).expect("unpack");
+        assert_eq!(mode(&out.path().join("x/suid")), 0o4755);
+    }
+
+    /// A name below the source that is swapped for a symlink to a decoy (a
+    /// file, and a directory) while the tree is archived, again and again:
+    /// the decoy's content never gets into an archive.
+    #[test]
+    fn write_tar_never_follows_a_name_swapped_for_a_symlink() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        const MARKER: &[u8] = b"decoy-marker-8c1f2e";
+        let t = tempfile::tempdir().expect("tempdir");
+        let (src, decoy) = (t.path().join("src"), t.path().join("decoy"));
+        std::fs::create_dir_all(src.join("d")).expect("mkdir");
+        std::fs::create_dir(&decoy).expect("mkdir");
+        std::fs::write(decoy.join("f"), MARKER).expect("write");
+        std::fs::write(src.join("f"), "benign").expect("write");
+        std::fs::write(src.join("d/f"), "benign").expect("write");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flips = std::sync::Arc::new(AtomicU64::new(0));
+        let flipper = {
+            let (src, decoy) = (src.clone(), decoy.clone());
+            let (stop, flips) = (stop.clone(), flips.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = std::os::unix::fs::symlink(decoy.join("f"), src.join("l"));
+                    let _ = std::fs::rename(src.join("l"), src.join("f"));
+                    let _ = std::fs::write(src.join("t"), "benign");
+                    let _ = std::fs::rename(src.join("t"), src.join("f"));
+                    let _ = std::fs::rename(src.join("d"), src.join("d.real"));
+                    let _ = std::os::unix::fs::symlink(&decoy, src.join("d"));
+                    let _ = std::fs::remove_file(src.join("d"));
+                    let _ = std::fs::rename(src.join("d.real"), src.join("d"));
+                    flips.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        // Until the flipper has swapped the names many times (bounded).
+        let (mut archives, mut links, mut files) = (0, 0, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while (archives < 300 || flips.load(Ordering::Relaxed) < 1000)
+            && std::time::Instant::now() < deadline
+        {
+            let mut buf = Vec::new();
+            write_tar(&src, "src", &mut buf).expect("tar");
+            archives += 1;
+            let mut ar = tar::Archive::new(&buf[..]);
+            for e in ar.entries().expect("entries") {
+                let mut e = e.expect("entry");
+                let path = e.path().expect("path").into_owned();
+                if path == Path::new("src/f") {
+                    if e.header().entry_type().is_symlink() {
+                        links += 1;
+                    } else {
+                        files += 1;
+                    }
+                }
+                let mut data = Vec::new();
+                e.read_to_end(&mut data).expect("read");
+                assert!(
+                    !data.windows(MARKER.len()).any(|w| w == MARKER),
+                    "{} carries the decoy's content",
+                    path.display()
+                );
+            }
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Relaxed);
+        flipper.join().expect("flipper");
+        let flips = flips.load(Ordering::Relaxed);
+        eprintln!("{archives} archives, {flips} flips; src/f a symlink {links}, a file {files}");
+        assert!(links > 0 && files > 0, "the race never happened");
     }
 }

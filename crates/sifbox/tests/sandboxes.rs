@@ -1750,6 +1750,237 @@ fn cp_traversal_is_refused() {
     sb.assert_clean();
 }
 
+/// Every entry below `root` (not following symlinks) with a setuid or
+/// setgid bit.
+fn setid_entries(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("ls {}: {e}", dir.display())) {
+            let p = e.expect("a dir entry").path();
+            let md = std::fs::symlink_metadata(&p).expect("lstat");
+            if md.file_type().is_symlink() {
+                continue;
+            }
+            if md.mode() & 0o6000 != 0 {
+                out.push(p.clone());
+            }
+            if md.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A download of a tree that the sandbox made hostile (setuid files and
+/// directories, symlinks to a decoy's absolute host path) while a process
+/// in it keeps flipping a directory and a file into symlinks to the decoy:
+/// over many downloads no decoy changes, nothing appears outside the
+/// destination, and setuid/setgid bits arrive dropped (kept only with
+/// `--keep-setid`).
+#[test]
+fn cp_download_of_a_hostile_racing_tree_stays_in_its_destination() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-hostile");
+    let n = &sandbox.name;
+    let work = tempdir("sifbox-cp-hostile.");
+    let decoy_dir = work.path().join("decoy");
+    std::fs::create_dir(&decoy_dir).expect("mkdir");
+    let decoy = decoy_dir.join("file");
+    std::fs::write(&decoy, unique("decoy-content")).expect("write");
+    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    set_mtime(&decoy, 1_500_000_000);
+    let hostdir = work.path().join("hostdir");
+    std::fs::create_dir(&hostdir).expect("mkdir");
+    let decoy_before = listing(&decoy_dir);
+    let (dd, df) = (
+        decoy_dir.to_str().expect("utf-8"),
+        decoy.to_str().expect("utf-8"),
+    );
+    sandbox
+        .sh(&format!(
+            "mkdir -p /tree/sub /tree/d && cd /tree && \
+             echo x > suid && chmod 4755 suid && echo x > sgid && chmod 2755 sgid && \
+             echo x > sub/both && chmod 6755 sub/both && chmod 2775 sub && \
+             echo x > d/inner && chmod 4755 d/inner && chmod 4755 d && \
+             echo x > f && chmod 4755 f && \
+             ln -s {df} to-decoy && ln -s {dd} to-decoy-dir && ln -s {df} d/to-decoy"
+        ))
+        .success();
+    let flipper = format!(
+        "cd /tree; while :; do \
+         mv -T d d.real; ln -s {dd} d; rm d; mv -T d.real d; \
+         ln -s {df} l; mv -T l f; echo x > t; chmod 4755 t; mv -T t f; done"
+    );
+    sandbox.exec(&["-d"], &["sh", "-c", &flipper]).success();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut downloads = 0;
+    while downloads < 40 && Instant::now() < deadline {
+        let dst = hostdir.join(downloads.to_string());
+        let out = sandbox.sifbox(&["cp", &format!("{n}:/tree"), dst.to_str().expect("utf-8")]);
+        out.success();
+        downloads += 1;
+        let decoy_now = listing(&decoy_dir);
+        assert_eq!(
+            decoy_now, decoy_before,
+            "download {downloads} changed the decoy"
+        );
+        let mut top: Vec<_> = std::fs::read_dir(work.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        top.sort();
+        assert_eq!(
+            top,
+            ["decoy", "hostdir"],
+            "a download wrote outside its destination"
+        );
+        assert_eq!(
+            setid_entries(&dst),
+            Vec::<PathBuf>::new(),
+            "setuid/setgid bits came to the host"
+        );
+        assert_eq!(
+            std::fs::metadata(dst.join("suid")).expect("suid").mode() & 0o7777,
+            0o755
+        );
+        assert_eq!(
+            std::fs::read_link(dst.join("to-decoy")).expect("a symlink"),
+            decoy
+        );
+    }
+    assert!(downloads >= 10, "only {downloads} downloads in time");
+
+    // Kept when asked for (the copy stays in this test's private dir).
+    let kept = work.path().join("hostdir/kept");
+    sandbox
+        .sifbox(&[
+            "cp",
+            "--keep-setid",
+            &format!("{n}:/tree/suid"),
+            kept.to_str().expect("utf-8"),
+        ])
+        .success();
+    assert_eq!(
+        std::fs::metadata(&kept).expect("kept").mode() & 0o7777,
+        0o4755
+    );
+    // --keep-setid means nothing for an upload.
+    sandbox
+        .sifbox(&["cp", "--keep-setid", df, &format!("{n}:/tmp/x")])
+        .code_is(125);
+    assert_eq!(listing(&decoy_dir), decoy_before);
+    sandbox.stop();
+}
+
+/// An upload of a host directory that is also bound into the sandbox,
+/// where a process keeps swapping a file and a directory for symlinks to a
+/// decoy's absolute host path (a decoy outside the directory, readable by
+/// the caller): over 100 uploads the decoy's content never gets in.
+#[test]
+fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
+    let sb = Sifbox::new();
+    let work = tempdir("sifbox-cp-swap.");
+    let hostdir = work.path().join("shared");
+    std::fs::create_dir_all(hostdir.join("sub")).expect("mkdir");
+    std::fs::write(hostdir.join("sub/g"), "benign\n").expect("write");
+    // Names to swap, and between them files that take a while to copy:
+    // wherever they come in a walk, some swapped names wait long between
+    // being listed and being opened.
+    let swapped = ["f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7"];
+    for f in swapped {
+        std::fs::write(hostdir.join(f), "benign\n").expect("write");
+    }
+    for big in ["a-big", "f3-big", "g-big", "s-big", "zz-big"] {
+        std::fs::write(hostdir.join(big), vec![b'.'; 1 << 18]).expect("write");
+    }
+    let marker = unique("decoy-marker");
+    let decoy = work.path().join("decoy");
+    std::fs::write(&decoy, format!("{marker}\n")).expect("write");
+    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let decoy_dir = work.path().join("decoy-dir");
+    std::fs::create_dir(&decoy_dir).expect("mkdir");
+    std::fs::write(decoy_dir.join("g"), format!("{marker}\n")).expect("write");
+    let bind = format!("{}:/shared", hostdir.to_str().expect("utf-8"));
+    let sandbox = Started::new(&sb, &unique("cp-swap"), &["--bind", &bind], &[]);
+    let n = &sandbox.name;
+    let (df, dd) = (
+        decoy.to_str().expect("utf-8"),
+        decoy_dir.to_str().expect("utf-8"),
+    );
+    let names = swapped.join(" ");
+    let flippers = [
+        format!(
+            "cd /shared; while :; do for f in {names}; do ln -s {df} $f.l; mv -T $f.l $f; done; \
+             for f in {names}; do echo benign > $f.t; mv -T $f.t $f; done; done"
+        ),
+        format!(
+            "cd /shared; while :; do \
+             mv -T sub sub.real; ln -s {dd} sub; rm sub; mv -T sub.real sub; done"
+        ),
+    ];
+    for flipper in &flippers {
+        sandbox.exec(&["-d"], &["sh", "-c", flipper]).success();
+    }
+    sandbox.sh("mkdir /dst").success();
+
+    let src = hostdir.to_str().expect("utf-8");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut uploads = 0;
+    while uploads < 100 && Instant::now() < deadline {
+        sandbox
+            .sifbox(&["cp", src, &format!("{n}:/dst/{uploads}")])
+            .success();
+        uploads += 1;
+    }
+    assert!(uploads >= 20, "only {uploads} uploads in time");
+    // Every regular file that came in (symlinks are not read: inside,
+    // their targets do not exist), after a check that the search finds the
+    // marker where it is.
+    let search = |dir: &str| {
+        sandbox
+            .exec(
+                &[],
+                &[
+                    "find", dir, "-type", "f", "-exec", "grep", "-l", &marker, "{}", "+",
+                ],
+            )
+            .stdout
+            .clone()
+    };
+    sandbox
+        .sh(&format!("mkdir /control && echo {marker} > /control/m"))
+        .success();
+    assert_eq!(
+        search("/control"),
+        "/control/m\n",
+        "the search does not work"
+    );
+    let found = search("/dst");
+    assert_eq!(found, "", "the decoy's content got into the sandbox");
+    // The race was on: uploads saw the names as the sandbox's symlinks.
+    let kinds = sandbox
+        .sh("find /dst -name 'f?' -type l | wc -l; find /dst -name 'f?' -type f | wc -l")
+        .success()
+        .stdout
+        .clone();
+    let counts: Vec<u32> = kinds
+        .split_whitespace()
+        .map(|c| c.parse().expect("a count"))
+        .collect();
+    eprintln!(
+        "{uploads} uploads; fN a symlink {}, a file {}",
+        counts[0], counts[1]
+    );
+    assert!(
+        counts[0] > 0,
+        "no fN was ever a symlink in an upload: {kinds}"
+    );
+    sandbox.stop();
+}
+
 /// 64 MiB in and out, byte for byte.
 #[test]
 fn cp_large_file_round_trip() {

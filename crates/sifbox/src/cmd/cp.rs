@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use sifbox_engine::transfer::SetId;
 use sifbox_engine::Sandbox;
 
 use crate::cmd::options::bad;
@@ -12,6 +13,11 @@ pub struct CpArgs {
     /// For uploads: the user of the image that owns the copy (default root).
     #[arg(long, value_name = "USER")]
     pub owner: Option<String>,
+    /// For downloads: keep setuid and setgid bits, which are dropped by
+    /// default. Dangerous: a sandbox can plant a setuid file that then runs
+    /// on the host as you (as root, when you are root).
+    #[arg(long)]
+    pub keep_setid: bool,
     /// Source: a host path or NAME:/path in a sandbox.
     pub src: String,
     /// Destination: a host path or NAME:/path in a sandbox.
@@ -26,10 +32,18 @@ fn sandbox_side(arg: &str) -> Option<(&str, &str)> {
 }
 
 pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
-    let usage = "usage: sifbox cp [--owner USER] SRC DST, with NAME:/path on exactly one side";
+    let usage = "usage: sifbox cp [--owner USER | --keep-setid] SRC DST, with NAME:/path on \
+                 exactly one side";
     match (sandbox_side(&a.src), sandbox_side(&a.dst)) {
         (None, Some((name, path))) => {
             check_inside(path)?;
+            if a.keep_setid {
+                return Err(bad(
+                    "--keep-setid",
+                    "only applies to copies out of a sandbox (uploads keep the bits)",
+                    usage,
+                ));
+            }
             let sandbox = Sandbox::attach(name)?;
             sandbox.upload(&PathBuf::from(&a.src), path, a.owner.as_deref())?;
         }
@@ -43,7 +57,12 @@ pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
                 ));
             }
             let sandbox = Sandbox::attach(name)?;
-            sandbox.download(path, &PathBuf::from(&a.dst))?;
+            let setid = if a.keep_setid {
+                SetId::Keep
+            } else {
+                SetId::Strip
+            };
+            sandbox.download_with(path, &PathBuf::from(&a.dst), setid)?;
         }
         _ => {
             return Err(bad(
