@@ -1137,12 +1137,7 @@ impl Builder<'_> {
             Some((u, g)) => (u, Some(g)),
             None => (spec, None),
         };
-        let read = |p: &str| {
-            state
-                .lookup(p)
-                .and_then(|h| std::fs::read_to_string(h).ok())
-                .unwrap_or_default()
-        };
+        let read = |p: &str| self.read_image_file(state, p);
         let field = |text: &str, name: &str| -> Option<u32> {
             text.lines()
                 .map(|l| l.split(':').collect::<Vec<_>>())
@@ -1151,7 +1146,7 @@ impl Builder<'_> {
         };
         let uid = match user.parse::<u32>() {
             Ok(n) => n,
-            Err(_) => field(&read("/etc/passwd"), user).ok_or_else(|| {
+            Err(_) => field(&read("/etc/passwd")?, user).ok_or_else(|| {
                 self.err(
                     inst,
                     format!("--chown: user {user:?} is not in the image's /etc/passwd"),
@@ -1162,7 +1157,7 @@ impl Builder<'_> {
             None => uid,
             Some(g) => match g.parse::<u32>() {
                 Ok(n) => n,
-                Err(_) => field(&read("/etc/group"), g).ok_or_else(|| {
+                Err(_) => field(&read("/etc/group")?, g).ok_or_else(|| {
                     self.err(
                         inst,
                         format!("--chown: group {g:?} is not in the image's /etc/group"),
@@ -1171,6 +1166,46 @@ impl Builder<'_> {
             },
         };
         Ok((uid, gid))
+    }
+
+    /// The text of the image file `path` in `state` (empty when there is
+    /// none), at most 16 MiB. Read on the host without following symlinks;
+    /// when a step made one on the way (`/etc/passwd -> ...`), a sandbox of
+    /// the state resolves it inside the image, so that no host file is
+    /// ever read in its place.
+    fn read_image_file(&self, state: &FsState, path: &str) -> Result<String> {
+        const LIMIT: u64 = 16 << 20;
+        let bytes = match state.read_file(path, LIMIT) {
+            Ok(b) => b,
+            Err(_) => {
+                let t = tempfile::Builder::new()
+                    .prefix("sifbox-read.")
+                    .tempdir()
+                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let sb = self.layers.reader(state)?;
+                let got = Self::download_followed(&sb, path, t.path());
+                sb.stop(std::time::Duration::ZERO)?;
+                // The download is in the build's own private dir.
+                got.ok()
+                    .map(|name| t.path().join(name))
+                    .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
+                    .and_then(|p| {
+                        let mut b = Vec::new();
+                        std::fs::File::open(p)
+                            .and_then(|f| {
+                                std::io::Read::read_to_end(
+                                    &mut std::io::Read::take(f, LIMIT),
+                                    &mut b,
+                                )
+                            })
+                            .ok()
+                            .map(|_| b)
+                    })
+            }
+        };
+        Ok(bytes
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default())
     }
 
     /// Turns the target stage into a store image (cached by its state and

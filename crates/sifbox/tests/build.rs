@@ -1240,3 +1240,33 @@ RUN --mount=type=bind,source=link,target=/m cat /m > /bound-link\n";
         "{out}"
     );
 }
+
+#[test]
+fn hostile_stage_passwd_symlink_reads_no_host_file() {
+    let env = Env::new();
+    let decoy = tempdir("sifbox-build-decoy.");
+    let host_passwd = decoy.path().join("passwd");
+    std::fs::write(&host_passwd, "hostonly:x:4242:4242::/:/bin/sh\n").expect("write");
+    env.file("a.txt", "A\n");
+    // A step points the image's /etc/passwd at a host file: `--chown` by
+    // name resolves it inside the image, where it points to nothing.
+    env.file(
+        "Dockerfile",
+        &format!(
+            "FROM busybox\nRUN ln -sf {} /etc/passwd\nCOPY --chown=hostonly a.txt /x\n",
+            host_passwd.display()
+        ),
+    );
+    input_error(&env.build(&[]))
+        .stderr_has("Dockerfile:3")
+        .stderr_has("hostonly");
+    // A symlink inside the image is followed inside it.
+    env.build_ok(
+        "FROM busybox\nRUN cp /etc/passwd /etc/passwd.real && \
+echo 'imguser:x:4343:4343::/:/bin/sh' >> /etc/passwd.real && ln -sf passwd.real /etc/passwd\n\
+COPY --chown=imguser a.txt /owned\n",
+        &["-t", "chowned"],
+    );
+    let want = if keeps_owners() { "4343\n" } else { "0\n" };
+    assert_eq!(env.sh("chowned", "stat -c %u /owned"), want);
+}
