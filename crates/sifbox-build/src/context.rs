@@ -143,8 +143,23 @@ impl Context {
     /// Opens `root`, reading its `.dockerignore` (if any).
     pub fn open(root: &Path) -> Result<Context> {
         let mut ctx = Context::open_plain(root)?;
-        if let Some(bytes) = ctx.read_file(".dockerignore")? {
-            let shown = ctx.tree.show(".dockerignore");
+        let shown = ctx.tree.show(".dockerignore");
+        let bytes = ctx.read_file(".dockerignore")?;
+        if bytes.is_none()
+            && matches!(
+                ctx.tree.lookup(".dockerignore", false, &|_, _| true),
+                Ok(Some(_))
+            )
+        {
+            // A symlink to nothing inside the context: building without the
+            // exclusions it was meant to hold would copy what it excludes.
+            return Err(BuildError::bad(
+                shown.display().to_string(),
+                "a symlink to nothing inside the build context (symlinks are resolved inside it)",
+                "make it a file in the context, or a symlink to one",
+            ));
+        }
+        if let Some(bytes) = bytes {
             let text = String::from_utf8(bytes).map_err(|_| {
                 BuildError::bad(
                     shown.display().to_string(),
@@ -1021,10 +1036,16 @@ mod tests {
         std::fs::remove_file(h.ctx.join(".dockerignore")).expect("rm");
         symlink(h.decoy.join("secret"), h.ctx.join(".dockerignore")).expect("symlink");
         symlink(h.decoy.join("secret"), h.ctx.join("Dockerfile")).expect("symlink");
+        // Not read, and not silently ignored either.
+        let err = Context::open(&h.ctx).expect_err("a .dockerignore out of the context");
+        assert!(err.to_string().contains(".dockerignore"), "{err}");
+        assert!(!err.to_string().contains(MARKER), "{err}");
+        std::fs::remove_file(h.ctx.join(".dockerignore")).expect("rm");
+        symlink("/sub/../.dockerignore.real", h.ctx.join(".dockerignore")).expect("symlink");
+        std::fs::write(h.ctx.join(".dockerignore.real"), "a.txt\n").expect("write");
         let ctx = Context::open(&h.ctx).expect("open");
+        assert!(copy(&ctx, "a.txt").is_err());
         assert!(ctx.read_file("Dockerfile").expect("read").is_none());
-        // Not read: the secret is not excluded.
-        assert!(copy(&ctx, "secret").is_ok());
         std::fs::remove_file(h.ctx.join("Dockerfile")).expect("rm");
         symlink("/a.txt", h.ctx.join("Dockerfile")).expect("symlink");
         assert_eq!(
