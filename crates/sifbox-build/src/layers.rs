@@ -420,18 +420,47 @@ fn has_opaque_ancestor(layer: &Path, rel: &str) -> bool {
 }
 
 /// Removes mount points the sandbox made in `upper` (deepest first) when
-/// they are still empty directories or empty files.
+/// they are still empty directories or empty files. The step could have
+/// replaced a directory on the way by a symlink (`/a -> /host/dir`), so
+/// each stub's parent is opened beneath `upper` without following any
+/// symlink and the stub is removed with `unlinkat` in it: nothing outside
+/// the layer is ever removed.
 fn remove_stubs(upper: &Path, stubs: &[String]) {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    let Ok(root) = rustix::fs::open(
+        upper,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return;
+    };
     let mut sorted: Vec<&String> = stubs.iter().collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.matches('/').count()));
     for s in sorted {
-        let p = upper.join(s.trim_start_matches('/'));
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => {
-                let _ = std::fs::remove_dir(&p);
+        let rel = s.trim_matches('/');
+        let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+        if name.is_empty() || name == "." || name == ".." {
+            continue;
+        }
+        let Ok(dir) = rustix::fs::openat2(
+            &root,
+            parent,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) else {
+            continue;
+        };
+        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                // Fails unless it is empty.
+                let _ = rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR);
             }
-            Ok(m) if m.is_file() && m.len() == 0 => {
-                let _ = std::fs::remove_file(&p);
+            Ok(st)
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && st.st_size == 0 =>
+            {
+                let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
             }
             _ => {}
         }

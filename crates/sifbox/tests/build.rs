@@ -1270,3 +1270,29 @@ COPY --chown=imguser a.txt /owned\n",
     let want = if keeps_owners() { "4343\n" } else { "0\n" };
     assert_eq!(env.sh("chowned", "stat -c %u /owned"), want);
 }
+
+#[test]
+fn hostile_step_removes_no_host_file_through_its_mount_points() {
+    let env = Env::new();
+    let decoy = tempdir("sifbox-build-decoy.");
+    std::fs::create_dir(decoy.path().join("x")).expect("mkdir");
+    std::fs::write(decoy.path().join("e"), "").expect("write");
+    env.file("a.txt", "A\n");
+    // The step moves away the directory holding its mount points and puts
+    // a symlink to the host in its place: the mount points sifbox made are
+    // removed after the step, and must be removed inside the layer only.
+    let df = format!(
+        "FROM busybox\nRUN --mount=type=tmpfs,target=/stubs/x --mount=type=bind,source=a.txt,target=/stubs/e \
+mv /stubs /moved && ln -s {} /stubs\n",
+        decoy.path().display()
+    );
+    env.build_ok(&df, &["-t", "stubs"]);
+    assert!(decoy.path().join("x").is_dir(), "a host dir was removed");
+    assert!(decoy.path().join("e").is_file(), "a host file was removed");
+    // Without the trick, the mount points are gone from the image.
+    env.build_ok(
+        "FROM busybox\nRUN --mount=type=tmpfs,target=/stubs/x --mount=type=bind,source=a.txt,target=/stubs/e true\n",
+        &["-t", "stubs2"],
+    );
+    assert_eq!(env.sh("stubs2", "test -e /stubs || echo gone"), "gone\n");
+}
