@@ -73,15 +73,21 @@ impl Src {
     }
 
     /// The file opened for reading, checked to be the one the lookup found,
-    /// unchanged; never through a symlink.
+    /// unchanged; never through a symlink. Errors name the file.
     pub fn open(&self) -> std::io::Result<std::fs::File> {
-        self.tree.open_file(&self.rel, &self.seen)
+        self.tree
+            .open_file(&self.rel, &self.seen)
+            .map_err(|e| self.named(e))
     }
 
     /// Checks that `f` (from [`Src::open`]) is still unchanged, after
-    /// reading it.
+    /// reading it. Errors name the file.
     pub fn check(&self, f: &std::fs::File) -> std::io::Result<()> {
-        self.tree.check(&self.rel, f, &self.seen)
+        self.tree.check(f, &self.seen).map_err(|e| self.named(e))
+    }
+
+    fn named(&self, e: std::io::Error) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("{}: {e}", self.shown().display()))
     }
 
     /// The host path, for messages.
@@ -246,7 +252,7 @@ impl Context {
         f.read_to_end(&mut out)
             .map_err(|e| BuildError::io(&shown, e))?;
         self.tree
-            .check(&node.rel, &f, &seen)
+            .check(&f, &seen)
             .map_err(|e| BuildError::io(&shown, e))?;
         Ok(Some(out))
     }
@@ -596,9 +602,9 @@ fn too_deep(p: &Path) -> BuildError {
 }
 
 /// Reads all of `src` into `sink`, checking afterwards that it did not
-/// change while it was read.
+/// change while it was read. Errors do not name the file.
 fn read_src(src: &Src, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> std::io::Result<()> {
-    let mut f = src.open()?;
+    let mut f = src.tree.open_file(&src.rel, &src.seen)?;
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = f.read(&mut buf)?;
@@ -607,7 +613,7 @@ fn read_src(src: &Src, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> st
         }
         sink(&buf[..n])?;
     }
-    src.check(&f)
+    src.tree.check(&f, &src.seen)
 }
 
 impl CopyPlan {
@@ -690,7 +696,7 @@ impl CopyPlan {
         let pdir = Dir::open_ambient_dir(parent, cap_std::ambient_authority())?;
         let write_file = |dir: &Dir, name: &Path, e: &Entry| -> std::io::Result<()> {
             let mut out = dir.open_with(name, OpenOptions::new().write(true).create_new(true))?;
-            read_src(&e.src, |b| out.write_all(b))?;
+            read_src(&e.src, |b| out.write_all(b)).map_err(|err| e.src.named(err))?;
             out.set_permissions(Permissions::from_std(std::fs::Permissions::from_mode(
                 e.mode,
             )))

@@ -277,7 +277,7 @@ impl Tree {
 
     /// Opens the regular file at the resolved path `rel` for reading,
     /// without following any symlink, and checks that it is the file that
-    /// was `seen`, unchanged.
+    /// was `seen`, unchanged. Errors do not name the file.
     pub fn open_file(&self, rel: &str, seen: &Seen) -> io::Result<File> {
         let mut tries = 0;
         let fd = loop {
@@ -295,32 +295,34 @@ impl Tree {
                 // The kernel asks for a retry when a rename raced the walk.
                 Err(rustix::io::Errno::AGAIN) if tries < 8 => tries += 1,
                 Err(e) => {
-                    return Err(io::Error::new(
-                        io::Error::from(e).kind(),
-                        format!(
-                            "{}: cannot open it again ({e}): it changed during the build; run the build again",
-                            self.show(rel).display()
-                        ),
-                    ))
+                    use rustix::io::Errno;
+                    // A symlink, or nothing, where the lookup saw a file.
+                    let changed =
+                        matches!(e, Errno::LOOP | Errno::NOENT | Errno::NOTDIR | Errno::XDEV);
+                    let why = if changed {
+                        format!("{e}: it changed during the build; run the build again")
+                    } else {
+                        e.to_string()
+                    };
+                    return Err(io::Error::new(io::Error::from(e).kind(), why));
                 }
                 Ok(fd) => break fd,
             }
         };
         let f = File::from(fd);
-        self.check(rel, &f, seen)?;
+        self.check(&f, seen)?;
         Ok(f)
     }
 
-    /// Checks that the open file `f` (at `rel`) is still what was `seen`.
-    pub fn check(&self, rel: &str, f: &File, seen: &Seen) -> io::Result<()> {
+    /// Checks that the open file `f` is still what was `seen`.
+    pub fn check(&self, f: &File, seen: &Seen) -> io::Result<()> {
         let stat = rustix::fs::fstat(f).map_err(io_err)?;
         if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile
             || Seen::of(&stat) != *seen
         {
-            return Err(io::Error::other(format!(
-                "{} changed during the build; run the build again",
-                self.show(rel).display()
-            )));
+            return Err(io::Error::other(
+                "it changed during the build; run the build again",
+            ));
         }
         Ok(())
     }
