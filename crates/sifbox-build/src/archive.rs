@@ -3,18 +3,18 @@
 
 use std::fs::File;
 use std::io::{self, BufReader, Read};
-use std::path::Path;
+use std::os::unix::fs::FileExt;
 
 use rustix::pipe::{pipe_with, PipeFlags};
 
 const BZIP2_MAGIC: &[u8] = b"BZh";
 const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
 
-/// `path` decompressed.
-pub fn open(path: &Path) -> io::Result<Box<dyn Read + Send>> {
+/// The file `f` (opened by the caller, at its start) decompressed.
+pub fn open(f: File) -> io::Result<Box<dyn Read + Send>> {
     let mut head = [0u8; 6];
-    let n = File::open(path)?.read(&mut head)?;
-    let f = File::open(path)?;
+    // Read at an offset: the file's position stays at its start.
+    let n = f.read_at(&mut head, 0)?;
     let head = &head[..n];
     if head.starts_with(BZIP2_MAGIC) {
         return Ok(Box::new(bzip2::read::MultiBzDecoder::new(BufReader::new(
@@ -38,9 +38,9 @@ pub fn open(path: &Path) -> io::Result<Box<dyn Read + Send>> {
     Ok(Box::new(d))
 }
 
-/// Whether `path` is a tar archive (after decompression).
-pub fn is_tar(path: &Path) -> bool {
-    let Ok(mut d) = open(path) else {
+/// Whether the file `f` is a tar archive (after decompression).
+pub fn is_tar(f: File) -> bool {
+    let Ok(mut d) = open(f) else {
         return false;
     };
     let mut head = [0u8; 512];

@@ -132,19 +132,26 @@ pub fn build(
     } else {
         df_path.display().to_string()
     };
-    let read = if from_stdin {
-        let mut b = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b).map(|_| b)
-    } else {
-        std::fs::read(&df_path)
-    };
-    let bytes = read.map_err(|e| {
+    let unreadable = |why: String| {
         BuildError::bad(
             format!("Dockerfile {file}"),
-            e.to_string(),
+            why,
             "pass the Dockerfile with -f FILE, or put one named Dockerfile in the context",
         )
-    })?;
+    };
+    let bytes = if from_stdin {
+        let mut b = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+            .map_err(|e| unreadable(e.to_string()))?;
+        b
+    } else if opts.dockerfile.is_some() {
+        // The caller's own path.
+        std::fs::read(&df_path).map_err(|e| unreadable(e.to_string()))?
+    } else {
+        // The context's: looked up inside it, as BuildKit does.
+        ctx.read_file("Dockerfile")?
+            .ok_or_else(|| unreadable("No such file or directory (os error 2)".into()))?
+    };
     let df = dockerfile::parse(&bytes).map_err(|e| instruction_error(e.in_file(&file)))?;
     let plan = plan::plan(
         &df,
@@ -771,18 +778,21 @@ impl Builder<'_> {
                 let source = m.source.clone().unwrap_or_default();
                 let (src, key) = match &m.from {
                     None => {
+                        // A private copy, made as BuildKit shows the context:
+                        // the source looked up inside it, .dockerignore
+                        // applied. Writes to it (rw) are thrown away with it.
                         let rel = crate::context::clean_rel(&source);
-                        let p = self.ctx.root().join(&rel);
-                        if !p.exists() {
-                            return Err(self.err(
-                                inst,
-                                format!("--mount source {source:?} is not in the build context"),
-                            ));
-                        }
-                        let plan =
-                            self.ctx
-                                .plan_copy(std::slice::from_ref(&rel), "/", true, None)?;
-                        (p, format!("bind:ctx:{rel}:{}", plan.content_hash()?))
+                        let t = tempfile::Builder::new()
+                            .prefix("sifbox-bind.")
+                            .tempdir()
+                            .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                        let copy = t.path().join("src");
+                        let hash = self
+                            .ctx
+                            .copy_out(&rel, &copy)
+                            .map_err(|e| self.err(inst, e.to_string()))?;
+                        scratch.push(t);
+                        (copy, format!("bind:ctx:{rel}:{hash}"))
                     }
                     Some(from) => {
                         let st = self.state_of(inst, from, results)?;
@@ -800,20 +810,9 @@ impl Builder<'_> {
                         (dest, format!("bind:{}:{path}", st.state.key))
                     }
                 };
+                // Either source is a private copy, removed after the step:
+                // writes to a rw bind are thrown away with it.
                 let readonly = m.readonly;
-                let src = if readonly {
-                    src
-                } else {
-                    // Writes to a rw bind are thrown away: give it a copy.
-                    let t = tempfile::Builder::new()
-                        .prefix("sifbox-bind.")
-                        .tempdir()
-                        .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
-                    let copy = t.path().join("src");
-                    copy_tree(&src, &copy)?;
-                    scratch.push(t);
-                    copy
-                };
                 Ok(Some((
                     Bind {
                         src,
@@ -927,20 +926,15 @@ impl Builder<'_> {
                 };
                 let entries = fetched
                     .iter()
-                    .map(|f| Entry {
-                        name: if into_dir {
+                    .map(|f| {
+                        let name = if into_dir {
                             PathBuf::from(&f.name)
                         } else {
                             PathBuf::from(Path::new(&clean).file_name().unwrap_or_default())
-                        },
-                        src: f.path.clone(),
-                        kind: Kind::File {
-                            size: std::fs::metadata(&f.path).map_or(0, |m| m.len()),
-                        },
-                        mode: chmod.unwrap_or(0o600),
-                        mtime: f.mtime,
+                        };
+                        Entry::own_file(&f.path, name, chmod.unwrap_or(0o600), f.mtime)
                     })
-                    .collect();
+                    .collect::<Result<_>>()?;
                 (CopyPlan { dest_dir, entries }, String::new())
             }
             None if heredocs.is_empty() => {
@@ -957,11 +951,23 @@ impl Builder<'_> {
                     .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
                 let mut names = Vec::new();
                 for h in &heredocs {
+                    // The name becomes a file name here and in the image:
+                    // one plain component, never a path.
+                    if h.name.is_empty()
+                        || h.name == "."
+                        || h.name == ".."
+                        || h.name.contains(['/', '\0'])
+                    {
+                        return Err(self.err(
+                            inst,
+                            format!("heredoc <<{}: the name must be a file name", h.name),
+                        ));
+                    }
                     let p = t.path().join(&h.name);
                     std::fs::write(&p, &h.content).map_err(|e| BuildError::io(&p, e))?;
                     names.push(h.name.clone());
                 }
-                let hctx = Context::open(t.path())?;
+                let hctx = Context::open_plain(t.path())?;
                 let mut plan = hctx.plan_copy(&names, &dest, dest_is_dir, chmod.or(Some(0o644)))?;
                 if !paths.is_empty() {
                     let ctx = self.ctx.with_excludes(&c.exclude)?;
@@ -985,15 +991,12 @@ impl Builder<'_> {
                     std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
                     // A private temp dir, copied on into the image: setuid
                     // bits stay, as `COPY --from` keeps them.
-                    sb.download_with(&abs, &slot, SetId::Keep)
+                    let name = Self::download_followed(&sb, &abs, &slot)
                         .map_err(|e| self.err(inst, format!("{abs} in {from}: {e}")))?;
-                    let name = Path::new(&abs)
-                        .file_name()
-                        .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
                     names.push(format!("{i}/{name}"));
                 }
                 sb.stop(std::time::Duration::ZERO)?;
-                let fctx = Context::open(t.path())?.with_excludes(&c.exclude)?;
+                let fctx = Context::open_plain(t.path())?.with_excludes(&c.exclude)?;
                 let plan = fctx.plan_copy(&names, &dest, dest_is_dir, chmod)?;
                 scratch.push(t);
                 (plan, st.state.key.clone())
@@ -1001,20 +1004,17 @@ impl Builder<'_> {
         };
         let mut plan = plan;
         if is_add && c.from.is_none() {
-            Self::expand_archives(&mut plan);
+            Self::expand_archives(&mut plan)?;
         }
         if !paths.is_empty() || !heredocs.is_empty() {
             // URLs beside local sources: into the destination directory.
             for f in &fetched {
-                plan.entries.push(Entry {
-                    name: PathBuf::from(&f.name),
-                    src: f.path.clone(),
-                    kind: Kind::File {
-                        size: std::fs::metadata(&f.path).map_or(0, |m| m.len()),
-                    },
-                    mode: chmod.unwrap_or(0o600),
-                    mtime: f.mtime,
-                });
+                plan.entries.push(Entry::own_file(
+                    &f.path,
+                    PathBuf::from(&f.name),
+                    chmod.unwrap_or(0o600),
+                    f.mtime,
+                )?);
             }
         }
         let key = chain_key(
@@ -1056,10 +1056,11 @@ impl Builder<'_> {
                 }
                 for a in archives {
                     sb.extract(&dest_dir, owner, move |w| {
-                        let mut d = crate::archive::open(&a.src)?;
+                        let f = a.src.open()?;
+                        let mut d = crate::archive::open(f.try_clone()?)?;
                         let mut w = w;
                         std::io::copy(&mut d, &mut w)?;
-                        Ok(())
+                        a.src.check(&f)
                     })?;
                 }
                 Ok(())
@@ -1071,15 +1072,72 @@ impl Builder<'_> {
         Ok(cached)
     }
 
-    /// ADD: local tar archives (plain, gzip, zstd, bzip2, xz) among the entries are
-    /// unpacked into the destination instead of copied; they are marked by
-    /// an empty name.
-    fn expand_archives(plan: &mut CopyPlan) {
+    /// ADD: local tar archives (plain, gzip, zstd, bzip2, xz) named as
+    /// sources are unpacked into the destination instead of copied (not
+    /// those inside a copied directory, as Docker); they are marked by an
+    /// empty name.
+    fn expand_archives(plan: &mut CopyPlan) -> Result<()> {
         for e in &mut plan.entries {
-            if matches!(e.kind, Kind::File { .. }) && crate::archive::is_tar(&e.src) {
-                e.name = PathBuf::new();
+            if e.top && matches!(e.kind, Kind::File { .. }) {
+                let f = e
+                    .src
+                    .open()
+                    .map_err(|err| BuildError::io(&e.src.shown(), err))?;
+                if crate::archive::is_tar(f) {
+                    e.name = PathBuf::new();
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Downloads `abs` from the stage `sb` into `slot` as `COPY --from`
+    /// reads it: the path is resolved inside the stage (by its own kernel
+    /// walk, the stage's root as `/`), and when it is itself a symlink its
+    /// target is copied, as Docker does. Returns the name it has in `slot`
+    /// (the source's own name).
+    fn download_followed(
+        sb: &sifbox_engine::Sandbox,
+        abs: &str,
+        slot: &Path,
+    ) -> std::result::Result<String, String> {
+        let name = Path::new(abs)
+            .file_name()
+            .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+        let mut path = abs.to_string();
+        for _ in 0..=crate::tree::MAX_LINKS {
+            sb.download_with(&path, slot, SetId::Keep)
+                .map_err(|e| e.to_string())?;
+            // The slot is the build's own private dir: one entry in it.
+            let got = std::fs::read_dir(slot)
+                .map_err(|e| e.to_string())?
+                .next()
+                .ok_or("nothing was downloaded")?
+                .map_err(|e| e.to_string())?;
+            let at = got.path();
+            let meta = std::fs::symlink_metadata(&at).map_err(|e| e.to_string())?;
+            if !meta.file_type().is_symlink() {
+                if got.file_name().to_string_lossy() != name {
+                    std::fs::rename(&at, slot.join(&name)).map_err(|e| e.to_string())?;
+                }
+                return Ok(name);
+            }
+            let target = std::fs::read_link(&at).map_err(|e| e.to_string())?;
+            std::fs::remove_file(&at).map_err(|e| e.to_string())?;
+            let target = target.to_string_lossy();
+            // Relative to the link's directory, as the stage's kernel walks
+            // it (not cleaned here: `..` after a symlinked dir is physical).
+            path = if target.starts_with('/') {
+                target.into_owned()
+            } else {
+                let dir = path.rsplit_once('/').map_or("", |(d, _)| d);
+                format!("{dir}/{target}")
+            };
+        }
+        Err(format!(
+            "more than {} symlinks (a loop?)",
+            crate::tree::MAX_LINKS
+        ))
     }
 
     /// `--chown=USER[:GROUP]` as numeric ids, from the image's
@@ -1090,12 +1148,7 @@ impl Builder<'_> {
             Some((u, g)) => (u, Some(g)),
             None => (spec, None),
         };
-        let read = |p: &str| {
-            state
-                .lookup(p)
-                .and_then(|h| std::fs::read_to_string(h).ok())
-                .unwrap_or_default()
-        };
+        let read = |p: &str| self.read_image_file(state, p);
         let field = |text: &str, name: &str| -> Option<u32> {
             text.lines()
                 .map(|l| l.split(':').collect::<Vec<_>>())
@@ -1104,7 +1157,7 @@ impl Builder<'_> {
         };
         let uid = match user.parse::<u32>() {
             Ok(n) => n,
-            Err(_) => field(&read("/etc/passwd"), user).ok_or_else(|| {
+            Err(_) => field(&read("/etc/passwd")?, user).ok_or_else(|| {
                 self.err(
                     inst,
                     format!("--chown: user {user:?} is not in the image's /etc/passwd"),
@@ -1115,7 +1168,7 @@ impl Builder<'_> {
             None => uid,
             Some(g) => match g.parse::<u32>() {
                 Ok(n) => n,
-                Err(_) => field(&read("/etc/group"), g).ok_or_else(|| {
+                Err(_) => field(&read("/etc/group")?, g).ok_or_else(|| {
                     self.err(
                         inst,
                         format!("--chown: group {g:?} is not in the image's /etc/group"),
@@ -1124,6 +1177,46 @@ impl Builder<'_> {
             },
         };
         Ok((uid, gid))
+    }
+
+    /// The text of the image file `path` in `state` (empty when there is
+    /// none), at most 16 MiB. Read on the host without following symlinks;
+    /// when a step made one on the way (`/etc/passwd -> ...`), a sandbox of
+    /// the state resolves it inside the image, so that no host file is
+    /// ever read in its place.
+    fn read_image_file(&self, state: &FsState, path: &str) -> Result<String> {
+        const LIMIT: u64 = 16 << 20;
+        let bytes = match state.read_file(path, LIMIT) {
+            Ok(b) => b,
+            Err(_) => {
+                let t = tempfile::Builder::new()
+                    .prefix("sifbox-read.")
+                    .tempdir()
+                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let sb = self.layers.reader(state)?;
+                let got = Self::download_followed(&sb, path, t.path());
+                sb.stop(std::time::Duration::ZERO)?;
+                // The download is in the build's own private dir.
+                got.ok()
+                    .map(|name| t.path().join(name))
+                    .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file()))
+                    .and_then(|p| {
+                        let mut b = Vec::new();
+                        std::fs::File::open(p)
+                            .and_then(|f| {
+                                std::io::Read::read_to_end(
+                                    &mut std::io::Read::take(f, LIMIT),
+                                    &mut b,
+                                )
+                            })
+                            .ok()
+                            .map(|_| b)
+                    })
+            }
+        };
+        Ok(bytes
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default())
     }
 
     /// Turns the target stage into a store image (cached by its state and
@@ -1160,24 +1253,6 @@ impl OutputSink for Sink {
 
 fn is_url(s: &str) -> bool {
     s.starts_with("http://") || s.starts_with("https://") || s.starts_with("git@")
-}
-
-/// Copies a tree (for a rw bind mount), symlinks as links.
-fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
-    let m = std::fs::symlink_metadata(src).map_err(|e| BuildError::io(src, e))?;
-    if m.is_dir() {
-        std::fs::create_dir_all(dst).map_err(|e| BuildError::io(dst, e))?;
-        for e in std::fs::read_dir(src).map_err(|e| BuildError::io(src, e))? {
-            let e = e.map_err(|e| BuildError::io(src, e))?;
-            copy_tree(&e.path(), &dst.join(e.file_name()))?;
-        }
-    } else if m.file_type().is_symlink() {
-        let t = std::fs::read_link(src).map_err(|e| BuildError::io(src, e))?;
-        std::os::unix::fs::symlink(t, dst).map_err(|e| BuildError::io(dst, e))?;
-    } else {
-        std::fs::copy(src, dst).map_err(|e| BuildError::io(dst, e))?;
-    }
-    Ok(())
 }
 
 /// The mount points a step's sandbox will create that the state does not

@@ -408,54 +408,55 @@ pub struct WalkEntry {
     pub implied: bool,
 }
 
-/// Walks the context directory `root` (not following symlinks), in
-/// lexical order with each directory before its contents, and returns the
-/// entries `ignore` keeps. An excluded directory is entered only when an
-/// exception may include something below it, and is then listed (as
-/// `implied`) only if something below it is.
+/// Walks the context directory `root` (not following symlinks, through
+/// directory fds: see [`crate::tree`]), in lexical order with each
+/// directory before its contents, and returns the entries `ignore` keeps.
+/// An excluded directory is entered only when an exception may include
+/// something below it, and is then listed (as `implied`) only if something
+/// below it is.
 pub fn walk(root: &Path, ignore: &Ignore) -> io::Result<Vec<WalkEntry>> {
+    let tree = crate::tree::Tree::open(root)?;
     let mut out = Vec::new();
-    walk_dir(root, Path::new(""), ignore, &mut out)?;
+    walk_dir(&tree, &tree.root()?, ignore, &mut out)?;
     Ok(out)
 }
 
-fn walk_dir(root: &Path, rel: &Path, ignore: &Ignore, out: &mut Vec<WalkEntry>) -> io::Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join(rel))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<_>>()?;
-    names.sort();
-    for name in names {
-        let path = rel.join(&name);
-        let rel_str = path.to_string_lossy().into_owned();
-        let ft = std::fs::symlink_metadata(root.join(&path))?.file_type();
-        let kind = if ft.is_dir() {
-            EntryKind::Dir
-        } else if ft.is_file() {
-            EntryKind::File
-        } else if ft.is_symlink() {
-            EntryKind::Symlink
-        } else {
-            EntryKind::Other
+fn walk_dir(
+    tree: &crate::tree::Tree,
+    dir: &crate::tree::Node,
+    ignore: &Ignore,
+    out: &mut Vec<WalkEntry>,
+) -> io::Result<()> {
+    use rustix::fs::FileType;
+    for name in tree.list(dir)? {
+        let node = tree.child(dir, &name)?;
+        let kind = match node.file_type() {
+            FileType::Directory => EntryKind::Dir,
+            FileType::RegularFile => EntryKind::File,
+            FileType::Symlink => EntryKind::Symlink,
+            _ => EntryKind::Other,
         };
+        let rel_str = node.rel.clone();
+        let path = PathBuf::from(&rel_str);
         let is_dir = kind == EntryKind::Dir;
         let excluded = ignore.is_excluded(&rel_str, is_dir);
         if !excluded {
             out.push(WalkEntry {
                 rel: rel_str,
-                path: path.clone(),
+                path,
                 kind,
                 implied: false,
             });
             if is_dir {
-                walk_dir(root, &path, ignore, out)?;
+                walk_dir(tree, &node, ignore, out)?;
             }
         } else if is_dir && ignore.may_reinclude_below(&rel_str) {
             let mut inner = Vec::new();
-            walk_dir(root, &path, ignore, &mut inner)?;
+            walk_dir(tree, &node, ignore, &mut inner)?;
             if !inner.is_empty() {
                 out.push(WalkEntry {
                     rel: rel_str,
-                    path: path.clone(),
+                    path,
                     kind,
                     implied: true,
                 });

@@ -352,6 +352,73 @@ impl FsState {
     }
 }
 
+impl FsState {
+    /// Reads the regular file `path` (absolute, inside the image) of this
+    /// state, at most `limit` bytes, found as [`FsState::lookup`] finds it
+    /// but opened through each layer's directory fd with
+    /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`: a symlink a step
+    /// planted is never followed on the host. `Ok(None)`: not there. An
+    /// error: a symlink (or something not a regular file) is on the way,
+    /// which only a sandbox of the state can resolve.
+    pub fn read_file(&self, path: &str, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+        use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+        use std::io::Read;
+        let rel = path.trim_start_matches('/');
+        if rel.is_empty() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let all: Vec<&Path> = std::iter::once(self.base.as_path())
+            .chain(self.layers.iter().map(PathBuf::as_path))
+            .collect();
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        let open = |dir: &rustix::fd::OwnedFd, flags: OFlags| {
+            rustix::fs::openat2(
+                dir,
+                rel,
+                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+                how,
+            )
+        };
+        for (i, dir) in all.iter().enumerate().rev() {
+            // The layer dir is the store's own path.
+            let root = rustix::fs::open(
+                *dir,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let at = match open(&root, OFlags::PATH) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => {
+                    // An opaque parent dir in this layer hides lower ones.
+                    if i > 0 && has_opaque_ancestor(dir, rel) {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                // A file or a whiteout above hides what is below.
+                Err(rustix::io::Errno::NOTDIR) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let st = rustix::fs::fstat(&at)?;
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::CharacterDevice if st.st_rdev == 0 => return Ok(None),
+                FileType::RegularFile => {}
+                _ => return Err(std::io::Error::other("not a regular file")),
+            }
+            let f = std::fs::File::from(open(&root, OFlags::RDONLY | OFlags::NONBLOCK)?);
+            let now = rustix::fs::fstat(&f)?;
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+                return Err(std::io::Error::other("changed while read"));
+            }
+            let mut out = Vec::new();
+            f.take(limit).read_to_end(&mut out)?;
+            return Ok(Some(out));
+        }
+        Ok(None)
+    }
+}
+
 fn is_whiteout(m: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     m.file_type().is_char_device() && m.rdev() == 0
@@ -379,18 +446,47 @@ fn has_opaque_ancestor(layer: &Path, rel: &str) -> bool {
 }
 
 /// Removes mount points the sandbox made in `upper` (deepest first) when
-/// they are still empty directories or empty files.
+/// they are still empty directories or empty files. The step could have
+/// replaced a directory on the way by a symlink (`/a -> /host/dir`), so
+/// each stub's parent is opened beneath `upper` without following any
+/// symlink and the stub is removed with `unlinkat` in it: nothing outside
+/// the layer is ever removed.
 fn remove_stubs(upper: &Path, stubs: &[String]) {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    let Ok(root) = rustix::fs::open(
+        upper,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return;
+    };
     let mut sorted: Vec<&String> = stubs.iter().collect();
     sorted.sort_by_key(|s| std::cmp::Reverse(s.matches('/').count()));
     for s in sorted {
-        let p = upper.join(s.trim_start_matches('/'));
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => {
-                let _ = std::fs::remove_dir(&p);
+        let rel = s.trim_matches('/');
+        let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+        if name.is_empty() || name == "." || name == ".." {
+            continue;
+        }
+        let Ok(dir) = rustix::fs::openat2(
+            &root,
+            parent,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) else {
+            continue;
+        };
+        match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                // Fails unless it is empty.
+                let _ = rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR);
             }
-            Ok(m) if m.is_file() && m.len() == 0 => {
-                let _ = std::fs::remove_file(&p);
+            Ok(st)
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && st.st_size == 0 =>
+            {
+                let _ = rustix::fs::unlinkat(&dir, name, AtFlags::empty());
             }
             _ => {}
         }

@@ -17,3 +17,4 @@ pub mod layers;
 pub mod progress;
 pub mod remote;
 pub mod steps;
+pub mod tree;

@@ -332,7 +332,7 @@ ADD a.txt /added.txt
          multi/a.txt multi/b.txt chmod.txt chown.txt chown-name.txt usr/local/bin/script.sh link \
          unpacked-bz2/inner/z unpacked-xz/inner/z \
          ctx/a.txt ctx/keep/important.log excl/a.txt w/rel.txt unpacked/inner/z added.txt; do \
-         stat -c '%n %a %u:%g %F' $f; done; cat renamed.txt; readlink link; cat unpacked/inner/z; script.sh; \
+         stat -c '%n %a %u:%g %F' $f; done; cat renamed.txt; cat link; cat unpacked/inner/z; script.sh; \
          ls /ctx | tr '\\n' ' '; echo; ls /ctx/keep; ls /excl; ls /dircontents | tr '\\n' ' '",
     );
     let s = stats(&out);
@@ -359,7 +359,8 @@ ADD a.txt /added.txt
     }
     assert_eq!(s["chmod.txt"], "600 0:0 regular file");
     assert_eq!(s["usr/local/bin/script.sh"], "755 0:0 regular file");
-    assert_eq!(s["link"], "777 0:0 symbolic link");
+    // A source that is a symlink is followed, as Docker does.
+    assert_eq!(s["link"], "644 0:0 regular file");
     for f in [
         "unpacked/inner/z",
         "unpacked-bz2/inner/z",
@@ -379,7 +380,7 @@ ADD a.txt /added.txt
         .lines()
         .filter(|l| !l.contains(" regular file") && !l.contains("symbolic"))
         .collect();
-    assert_eq!(rest[..4], ["A", "a.txt", "Z", "script"], "{out}");
+    assert_eq!(rest[..4], ["A", "A", "Z", "script"], "{out}");
     let ctx_list = rest[4];
     assert!(!ctx_list.contains("ignored.log"), "{out}");
     assert!(
@@ -991,4 +992,307 @@ fn a_non_root_user_owns_what_the_build_gave_it() {
     assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
     let rootfs = env.cache.path().join("rootfs").join(d.replace(':', "-"));
     assert!(!rootfs.exists(), "{} is left", rootfs.display());
+}
+
+// ---- A hostile build context (issue 12) ----
+//
+// The context is made by someone else (an agent, a sandbox): symlinks out
+// of it and aliases of it must not let a build read host files. A decoy dir
+// outside the context holds a marker; no build may copy, bind or hash it,
+// and the marker must never reach an image or the build's output.
+
+/// The marker in the decoy files outside the context.
+const DECOY_MARKER: &str = "SIFBOX-DECOY-a91c3e-OUTSIDE-THE-CONTEXT";
+
+/// A decoy dir outside `env`'s context, `secret` and `sub/secret` holding
+/// the marker; the context gets symlinks to it every way there is.
+fn hostile_context(env: &Env) -> tempfile::TempDir {
+    let decoy = tempdir("sifbox-build-decoy.");
+    std::fs::create_dir_all(decoy.path().join("sub")).expect("mkdir");
+    std::fs::write(decoy.path().join("secret"), DECOY_MARKER).expect("write");
+    std::fs::write(decoy.path().join("sub/secret"), DECOY_MARKER).expect("write");
+    let ctx = env.ctx.path();
+    env.file("a.txt", "A\n");
+    env.file("dir/deep/f", "F\n");
+    let link = |target: &Path, name: &str| {
+        std::os::unix::fs::symlink(target, ctx.join(name)).expect("symlink");
+    };
+    link(decoy.path(), "abs");
+    link(&decoy.path().join("secret"), "abs-file");
+    link(Path::new("../../../../../../../../.."), "up");
+    // A relative way out from a subdirectory.
+    let depth = ctx.join("dir").components().count() - 1;
+    let rel_out = "../".repeat(depth)
+        + decoy
+            .path()
+            .to_str()
+            .expect("utf-8")
+            .trim_start_matches('/');
+    link(Path::new(&rel_out), "dir/out");
+    link(Path::new("loop2"), "loop1");
+    link(Path::new("loop1"), "loop2");
+    decoy
+}
+
+/// Asserts that nothing of the decoy is in `out` (stdout and stderr).
+#[track_caller]
+fn no_marker(out: &Output) {
+    assert!(
+        !out.stdout.contains(DECOY_MARKER) && !out.stderr.contains(DECOY_MARKER),
+        "the decoy leaked:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[test]
+fn hostile_context_symlinks_reach_nothing_outside() {
+    let env = Env::new();
+    let decoy = hostile_context(&env);
+    let d = decoy.path().display().to_string();
+    // Every way out is not found: one clear error, nothing copied.
+    for src in [
+        "abs/secret".to_string(),
+        "abs/sub/secret".into(),
+        "abs".into(),
+        "abs-file".into(),
+        format!("up{d}/secret"),
+        format!("up/{d}"),
+        "dir/out/secret".into(),
+        "dir/out".into(),
+        "ab*/secret".into(),
+        "dir/ou*/secret".into(),
+        "abs/*".into(),
+    ] {
+        env.file("Dockerfile", &format!("FROM busybox\nCOPY {src} /x/\n"));
+        let out = env.build(&[]);
+        no_marker(&out);
+        input_error(&out).stderr_has("Dockerfile:2");
+    }
+    // Nor can a bind mount of the context reach it.
+    for src in ["abs", "abs-file", "dir/out", &format!("up{d}")] {
+        env.file(
+            "Dockerfile",
+            &format!("FROM busybox\nRUN --mount=type=bind,source={src},target=/m cat /m/secret /m > /leak\n"),
+        );
+        let out = env.build(&[]);
+        no_marker(&out);
+        input_error(&out).stderr_has("Dockerfile:2");
+    }
+    // A symlink loop is an error, not a hang.
+    env.file("Dockerfile", "FROM busybox\nCOPY loop1 /x\n");
+    input_error(&env.build(&[])).stderr_has("symlinks");
+    // A heredoc named like a path does not write outside the build's dir.
+    let target = decoy.path().join("written-by-heredoc");
+    env.file(
+        "Dockerfile",
+        &format!(
+            "FROM busybox\nCOPY <<{} /x\nhello\n{}\n",
+            target.display(),
+            target.display()
+        ),
+    );
+    input_error(&env.build(&[])).stderr_has("heredoc");
+    assert!(!target.exists(), "a heredoc was written outside");
+    // The whole context copies: the links as links, nothing of the decoy.
+    let df = "FROM busybox\nCOPY . /ctx/\nCOPY dir /d/\n\
+RUN --mount=type=bind,target=/c cp -a /c /bound\n";
+    env.file("Dockerfile", df);
+    let out = env.build(&["-t", "hostile"]);
+    no_marker(&out);
+    out.success();
+    let out = env.sifbox(&[
+        "run",
+        "hostile",
+        "sh",
+        "-c",
+        "grep -rl SIFBOX-DECOY /ctx /d /bound; readlink /ctx/abs; readlink /d/out; readlink /bound/abs; \
+         cat /ctx/abs/secret /bound/abs/secret /d/out/secret 2>&1; true",
+    ]);
+    out.success();
+    no_marker(&out);
+    let links: Vec<&str> = out.stdout.lines().take(3).collect();
+    assert_eq!(links[0], d, "{}", out.stdout);
+    assert!(
+        links[1].ends_with(d.trim_start_matches('/')),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(links[2], d, "{}", out.stdout);
+}
+
+#[test]
+fn hostile_context_alias_does_not_bypass_dockerignore() {
+    let env = Env::new();
+    env.file("a.txt", "A\n");
+    env.file("secret", DECOY_MARKER);
+    env.file("sub/secret", "not excluded\n");
+    env.file(".dockerignore", "secret\n");
+    std::os::unix::fs::symlink(".", env.ctx.path().join("alias")).expect("symlink");
+    std::os::unix::fs::symlink("/", env.ctx.path().join("root")).expect("symlink");
+    for src in [
+        "secret",
+        "alias/secret",
+        "alias/alias/secret",
+        "root/secret",
+        "alias/secre?",
+    ] {
+        env.file("Dockerfile", &format!("FROM busybox\nCOPY {src} /x\n"));
+        let out = env.build(&[]);
+        no_marker(&out);
+        input_error(&out).stderr_has("Dockerfile:2");
+    }
+    env.file(
+        "Dockerfile",
+        "FROM busybox\nRUN --mount=type=bind,source=alias/secret,target=/m cat /m > /leak\n",
+    );
+    input_error(&env.build(&[])).stderr_has("Dockerfile:2");
+    // Copying or binding the alias gives the context as Docker sends it.
+    let df =
+        "FROM busybox\nCOPY alias /all/\nCOPY root/ /root-alias/\nCOPY alias/*/secret /glob/\n\
+RUN --mount=type=bind,target=/c cp -a /c /bound\n\
+RUN --mount=type=bind,source=alias,target=/c cp -a /c /bound-alias\n";
+    env.file("Dockerfile", df);
+    let out = env.build(&["-t", "aliased"]);
+    no_marker(&out);
+    out.success();
+    let out = env.sifbox(&[
+        "run",
+        "aliased",
+        "sh",
+        "-c",
+        "for d in /all /root-alias /bound /bound-alias; do test -e $d/secret && echo $d/secret; \
+         cat $d/a.txt $d/sub/secret; done; cat /glob/secret; grep -rl SIFBOX-DECOY /all /root-alias /glob /bound /bound-alias; true",
+    ]);
+    out.success();
+    no_marker(&out);
+    assert_eq!(
+        out.stdout,
+        "A\nnot excluded\n".repeat(4) + "not excluded\n",
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn hostile_context_symlinks_inside_it_still_work() {
+    let env = Env::new();
+    env.file("a.txt", "A\n");
+    env.file("dir/deep/f", "F\n");
+    let ctx = env.ctx.path();
+    std::os::unix::fs::symlink("a.txt", ctx.join("link")).expect("symlink");
+    std::os::unix::fs::symlink("link", ctx.join("link2")).expect("symlink");
+    std::os::unix::fs::symlink("/dir/deep", ctx.join("deep-abs")).expect("symlink");
+    std::os::unix::fs::symlink("deep/f", ctx.join("dir/f-link")).expect("symlink");
+    std::os::unix::fs::symlink("../../../../../../a.txt", ctx.join("dir/up-a")).expect("symlink");
+    let df = "FROM busybox AS stage\nRUN echo staged > /real && ln -s /real /lnk && mkdir /d && ln -s /d /dl && echo in-d > /d/x\n\
+FROM busybox\n\
+COPY link /l\nCOPY link2 /l2\nCOPY lin* /globbed/\nCOPY deep-abs/f /through-abs\nCOPY deep-abs /deep-contents/\n\
+COPY dir /dir/\nCOPY dir/up-a /up-a\n\
+COPY --from=stage /lnk /from-link\nCOPY --from=stage /dl /from-dir-link/\n\
+RUN --mount=type=bind,source=link,target=/m cat /m > /bound-link\n";
+    env.file("Dockerfile", df);
+    env.build(&["-t", "inside"]).success();
+    let out = env.sh(
+        "inside",
+        "cd /; for f in l l2 globbed/link globbed/link2 through-abs deep-contents/f dir/f-link up-a from-link \
+         from-dir-link/x bound-link; do stat -c '%n %F' $f; done; \
+         cat l l2 globbed/link through-abs deep-contents/f up-a from-link from-dir-link/x bound-link; \
+         readlink dir/f-link; readlink dir/up-a",
+    );
+    let s = stats(&out);
+    for f in [
+        "l",
+        "l2",
+        "globbed/link",
+        "globbed/link2",
+        "through-abs",
+        "deep-contents/f",
+        "up-a",
+        "from-link",
+        "from-dir-link/x",
+        "bound-link",
+    ] {
+        assert_eq!(
+            s.get(f).map(String::as_str),
+            Some("regular file"),
+            "{f} in\n{out}"
+        );
+    }
+    // Inside a copied directory a symlink stays a symlink.
+    assert_eq!(s["dir/f-link"], "symbolic link", "{out}");
+    let rest: Vec<&str> = out.lines().filter(|l| !l.contains(' ')).collect();
+    assert_eq!(
+        rest,
+        [
+            "A",
+            "A",
+            "A",
+            "F",
+            "F",
+            "A",
+            "staged",
+            "in-d",
+            "A",
+            "deep/f",
+            "../../../../../../a.txt"
+        ],
+        "{out}"
+    );
+}
+
+#[test]
+fn hostile_stage_passwd_symlink_reads_no_host_file() {
+    let env = Env::new();
+    let decoy = tempdir("sifbox-build-decoy.");
+    let host_passwd = decoy.path().join("passwd");
+    std::fs::write(&host_passwd, "hostonly:x:4242:4242::/:/bin/sh\n").expect("write");
+    env.file("a.txt", "A\n");
+    // A step points the image's /etc/passwd at a host file: `--chown` by
+    // name resolves it inside the image, where it points to nothing.
+    env.file(
+        "Dockerfile",
+        &format!(
+            "FROM busybox\nRUN ln -sf {} /etc/passwd\nCOPY --chown=hostonly a.txt /x\n",
+            host_passwd.display()
+        ),
+    );
+    input_error(&env.build(&[]))
+        .stderr_has("Dockerfile:3")
+        .stderr_has("hostonly");
+    // A symlink inside the image is followed inside it.
+    env.build_ok(
+        "FROM busybox\nRUN cp /etc/passwd /etc/passwd.real && \
+echo 'imguser:x:4343:4343::/:/bin/sh' >> /etc/passwd.real && ln -sf passwd.real /etc/passwd\n\
+COPY --chown=imguser a.txt /owned\n",
+        &["-t", "chowned"],
+    );
+    let want = if keeps_owners() { "4343\n" } else { "0\n" };
+    assert_eq!(env.sh("chowned", "stat -c %u /owned"), want);
+}
+
+#[test]
+fn hostile_step_removes_no_host_file_through_its_mount_points() {
+    let env = Env::new();
+    let decoy = tempdir("sifbox-build-decoy.");
+    std::fs::create_dir(decoy.path().join("x")).expect("mkdir");
+    std::fs::write(decoy.path().join("e"), "").expect("write");
+    env.file("a.txt", "A\n");
+    // The step moves away the directory holding its mount points and puts
+    // a symlink to the host in its place: the mount points sifbox made are
+    // removed after the step, and must be removed inside the layer only.
+    let df = format!(
+        "FROM busybox\nRUN --mount=type=tmpfs,target=/stubs/x --mount=type=bind,source=a.txt,target=/stubs/e \
+mv /stubs /moved && ln -s {} /stubs\n",
+        decoy.path().display()
+    );
+    env.build_ok(&df, &["-t", "stubs"]);
+    assert!(decoy.path().join("x").is_dir(), "a host dir was removed");
+    assert!(decoy.path().join("e").is_file(), "a host file was removed");
+    // Without the trick, the mount points are gone from the image.
+    env.build_ok(
+        "FROM busybox\nRUN --mount=type=tmpfs,target=/stubs/x --mount=type=bind,source=a.txt,target=/stubs/e true\n",
+        &["-t", "stubs2"],
+    );
+    assert_eq!(env.sh("stubs2", "test -e /stubs || echo gone"), "gone\n");
 }
