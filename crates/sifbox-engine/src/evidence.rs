@@ -4,8 +4,12 @@
 //! dir without one) and completed when it stops, with timestamps from the
 //! host's clock and from the sandbox's own.
 
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
@@ -13,6 +17,9 @@ use crate::spec::{NetMode, SandboxSpec};
 
 /// File name of the evidence.
 pub const FILE: &str = "sandbox.json";
+
+/// The most of a sandbox.json read back.
+const MAX_RECORD: u64 = 16 << 20;
 
 /// One moment, as the host and the sandbox saw it (Unix nanoseconds).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,15 +129,30 @@ impl Evidence {
 
     /// Writes the record to `path`, in place: the file may be bound
     /// read-only into the sandbox, and a bind follows the file, not its name.
+    /// A symlink at `path` is not followed.
     pub fn write(&self, path: &Path) -> Result<()> {
         let data = serde_json::to_vec_pretty(self)
             .map_err(|e| Error::io("encoding sandbox.json", std::io::Error::other(e)))?;
-        std::fs::write(path, data).ctx(|| format!("writing {}", path.display()))
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .and_then(|mut f| f.write_all(&data))
+            .ctx(|| format!("writing {}", path.display()))
     }
 
     /// Adds the stop times to the record at `path`.
     pub fn record_stop(path: &Path, inside_unix_ns: u64) -> Result<()> {
-        let data = std::fs::read(path).ctx(|| format!("reading {}", path.display()))?;
+        let mut data = Vec::new();
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .and_then(|f| f.take(MAX_RECORD).read_to_end(&mut data))
+            .ctx(|| format!("reading {}", path.display()))?;
         let mut ev: Evidence = serde_json::from_slice(&data).map_err(|e| Error::BadInput {
             what: path.display().to_string(),
             why: format!("not a sandbox.json: {e}"),
@@ -144,31 +166,128 @@ impl Evidence {
     }
 }
 
-/// Makes a logs dir for a sandbox: `dir` (absolute afterwards) with
-/// `agent/`, `verifier/` and `artifacts/` writable by any user (the
-/// sandbox's commands may run as any user of the image), and an empty
+/// The subdirs of a logs dir, for the agent's logs, the verifier's (and
+/// its reward) and what the agent leaves for inspection.
+pub const SUBDIRS: [&str; 3] = ["agent", "verifier", "artifacts"];
+
+/// A logs dir made by [`prepare_logs_dir`], held open. The sandbox can
+/// replace anything below it (it is bound at /logs): the host makes files
+/// there only with `*at()` calls on these fds, never through a path.
+#[derive(Debug)]
+pub struct LogsDir {
+    /// Absolute.
+    pub path: PathBuf,
+    pub dir: OwnedFd,
+    pub agent: OwnedFd,
+    pub verifier: OwnedFd,
+    pub artifacts: OwnedFd,
+}
+
+/// Makes a logs dir for a sandbox: `dir` (made 0755 when missing) with
+/// [`SUBDIRS`] 0755, owned by the caller (root inside the sandbox; give
+/// them to a user of the image with `Sandbox::chown`), and an empty
 /// sandbox.json to be bound read-only (see [`logs_binds`]) and filled once
-/// the sandbox is ready. Returns the absolute path.
-pub fn prepare_logs_dir(dir: &Path) -> Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::path::absolute(dir).ctx(|| format!("logs dir {}", dir.display()))?;
-    for sub in ["", "agent", "verifier", "artifacts"] {
-        let d = dir.join(sub);
-        std::fs::create_dir_all(&d).map_err(|e| Error::BadInput {
-            what: format!("logs dir {}", dir.display()),
-            why: format!("cannot create {}: {e}", d.display()),
-            fix: "pass a directory you can write".into(),
+/// the sandbox is ready. `dir` may be one an earlier sandbox had at /logs:
+/// a subdir that is not a directory (a symlink it planted, say) is
+/// refused, never followed, and one left writable by everyone is made
+/// 0755.
+pub fn prepare_logs_dir(dir: &Path) -> Result<LogsDir> {
+    use std::os::unix::fs::DirBuilderExt;
+    let path = std::path::absolute(dir).ctx(|| format!("logs dir {}", dir.display()))?;
+    let bad = |why: String, fix: &str| Error::BadInput {
+        what: format!("logs dir {}", path.display()),
+        why,
+        fix: fix.into(),
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&path)
+        .map_err(|e| {
+            bad(
+                format!("cannot create it: {e}"),
+                "pass a directory you can write",
+            )
         })?;
-        if !sub.is_empty() {
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777))
-                .ctx(|| format!("making {} writable", d.display()))?;
-        }
-    }
+    // The dir itself is the caller's choice (and cannot be replaced from
+    // inside: it is the mount's root there); what is below it can be.
+    let root = rustix::fs::open(
+        &path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        bad(
+            format!("cannot open it: {e}"),
+            "pass a directory you can read",
+        )
+    })?;
+    let [agent, verifier, artifacts] = SUBDIRS;
+    let (agent, verifier, artifacts) = (
+        logs_subdir(&root, &path, agent)?,
+        logs_subdir(&root, &path, verifier)?,
+        logs_subdir(&root, &path, artifacts)?,
+    );
     // Made now so that it can be bound read-only; filled once the sandbox
     // is ready.
-    let evidence = dir.join(FILE);
-    std::fs::write(&evidence, b"{}\n").ctx(|| format!("creating {}", evidence.display()))?;
-    Ok(dir)
+    match rustix::fs::unlinkat(&root, FILE, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(Error::io(format!("removing {}/{FILE}", path.display()), e)),
+    }
+    let evidence = rustix::fs::openat(
+        &root,
+        FILE,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .ctx(|| format!("creating {}/{FILE}", path.display()))?;
+    std::fs::File::from(evidence)
+        .write_all(b"{}\n")
+        .ctx(|| format!("writing {}/{FILE}", path.display()))?;
+    Ok(LogsDir {
+        path,
+        dir: root,
+        agent,
+        verifier,
+        artifacts,
+    })
+}
+
+/// Makes (or finds) the subdir `sub` of the logs dir `root` at `path`, and
+/// opens it without following a symlink there.
+fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str) -> Result<OwnedFd> {
+    let bad = |why: String| Error::BadInput {
+        what: format!("logs dir {}", path.display()),
+        why,
+        fix: format!(
+            "remove {}, or pass another logs dir",
+            path.join(sub).display()
+        ),
+    };
+    match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+    }
+    let fd = rustix::fs::openat(
+        root,
+        sub,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        bad(format!(
+            "{sub} in it is not a directory ({e}): a symlink or a file, left by an earlier sandbox?"
+        ))
+    })?;
+    let st = rustix::fs::fstat(&fd).ctx(|| format!("{}/{sub}", path.display()))?;
+    if st.st_mode & 0o022 != 0 {
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)).map_err(|e| {
+            bad(format!(
+                "{sub}/ in it is writable by other users and cannot be made 0755 ({e})"
+            ))
+        })?;
+    }
+    Ok(fd)
 }
 
 /// The binds of a logs dir made by [`prepare_logs_dir`]: the dir at
@@ -187,4 +306,90 @@ pub fn logs_binds(dir: &Path) -> Vec<crate::spec::Bind> {
             readonly: true,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p)
+            .expect("stat")
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    #[test]
+    fn a_fresh_logs_dir_is_0755_and_held_open() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let dir = d.path().join("a/logs");
+        let logs = prepare_logs_dir(&dir).expect("prepare");
+        assert_eq!(logs.path, dir);
+        for sub in SUBDIRS {
+            assert_eq!(
+                mode(&dir.join(sub)) & 0o022,
+                0,
+                "{sub} is writable by others"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join(FILE)).expect("read"),
+            "{}\n"
+        );
+        // The fds are the dirs.
+        let st = rustix::fs::fstat(&logs.verifier).expect("fstat");
+        let md = std::fs::metadata(dir.join("verifier")).expect("stat");
+        assert_eq!(st.st_ino, std::os::unix::fs::MetadataExt::ino(&md));
+    }
+
+    #[test]
+    fn a_reused_logs_dir_follows_no_planted_symlink() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let dir = d.path().join("logs");
+        prepare_logs_dir(&dir).expect("prepare");
+        // What an earlier sandbox could leave: agent/ a symlink to a host
+        // dir (a decoy), artifacts/ made writable by everyone.
+        let decoy = d.path().join("decoy");
+        std::fs::create_dir(&decoy).expect("mkdir");
+        std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::fs::remove_dir(dir.join("agent")).expect("rmdir");
+        std::os::unix::fs::symlink(&decoy, dir.join("agent")).expect("symlink");
+        std::fs::set_permissions(
+            dir.join("artifacts"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .expect("chmod");
+        let e = prepare_logs_dir(&dir).expect_err("a symlinked agent/ is refused");
+        assert!(
+            matches!(&e, Error::BadInput { why, .. } if why.contains("agent") && why.contains("not a directory")),
+            "{e}"
+        );
+        assert_eq!(mode(&decoy), 0o700, "the decoy's mode changed");
+        std::fs::remove_file(dir.join("agent")).expect("rm");
+        prepare_logs_dir(&dir).expect("prepare");
+        assert_eq!(mode(&dir.join("artifacts")), 0o755);
+        // sandbox.json a symlink: replaced, not written through.
+        let target = d.path().join("target.json");
+        std::fs::write(&target, "keep").expect("write");
+        std::fs::remove_file(dir.join(FILE)).expect("rm");
+        std::os::unix::fs::symlink(&target, dir.join(FILE)).expect("symlink");
+        prepare_logs_dir(&dir).expect("prepare");
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
+        assert!(std::fs::symlink_metadata(dir.join(FILE))
+            .expect("stat")
+            .is_file());
+    }
+
+    #[test]
+    fn the_record_is_not_written_through_a_symlink() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let target = d.path().join("target");
+        std::fs::write(&target, "keep").expect("write");
+        let link = d.path().join(FILE);
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        assert!(Evidence::record_stop(&link, 1).is_err());
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
+    }
 }

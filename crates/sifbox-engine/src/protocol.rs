@@ -65,6 +65,11 @@ pub enum Request {
     /// Give the copy of the root file system at `dst` (bound in from the
     /// host) the owners of the original, where they are not root's.
     MirrorOwners { dst: String },
+    /// Give `path` itself (never what a symlink there points to) to `user`
+    /// of the image (`name`, `uid`, `uid:gid` or `name:group`; the user's
+    /// group when none is named): a logs dir bound in from the host, which
+    /// an unprivileged caller cannot chown to the sandbox's other ids.
+    Chown { path: String, user: String },
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },

@@ -848,6 +848,19 @@ impl Sandbox {
         .map(drop)
     }
 
+    /// Gives `path` inside the sandbox (not followed) to `user` of the
+    /// image (see [`Request::Chown`]).
+    pub fn chown(&self, path: &str, user: &str) -> Result<()> {
+        self.request(
+            &Request::Chown {
+                path: path.to_string(),
+                user: user.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
     /// Sends one request and waits for its `ok` (or error).
     fn request(&self, req: &Request, fds: &[BorrowedFd<'_>]) -> Result<u64> {
         let conn = self.connect()?;

@@ -857,6 +857,12 @@ fn serve_in_child(
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
             i32::from(failed)
         }
+        Request::Chown { path, user } => {
+            let r = chown_nofollow(&path, &user);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
         Request::MirrorOwners { dst } => {
             let r = transfer::mirror_owners(Path::new(&dst));
             let failed = r.is_err();
@@ -872,6 +878,21 @@ fn serve_in_child(
         }
         _ => 125,
     }
+}
+
+/// `lchown(path)` to `user` of the image: the last component is not
+/// followed, so a symlink planted there is chowned itself, and the lookup
+/// happens inside the sandbox, where it reaches nothing of the host.
+fn chown_nofollow(path: &str, user: &str) -> std::io::Result<()> {
+    let u = exec::lookup_user(user).map_err(std::io::Error::other)?;
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        path,
+        Some(rustix::fs::Uid::from_raw(u.uid)),
+        Some(rustix::fs::Gid::from_raw(u.gid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)
 }
 
 /// Signals a detached exec (whose subreaper is `anchor`): SIGKILL reaches

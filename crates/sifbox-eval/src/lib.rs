@@ -15,6 +15,7 @@ pub mod error;
 pub mod glob;
 pub mod result;
 pub mod reward;
+pub mod rollout_dir;
 pub mod runner;
 pub mod task;
 pub mod template;

@@ -2,14 +2,19 @@
 //! or `verifier/reward.txt` in the rollout's dir.
 //!
 //! The sandbox could write anything there, symlinks and FIFOs included:
-//! files are opened below the rollout dir without following any symlink,
-//! must be regular files, and are read up to a limit.
+//! files are opened below the rollout dir's fd without following any
+//! symlink, must be regular files owned by one of the sandbox's ids (a
+//! file of another host user was not written by the verifier), and are
+//! read up to a limit.
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use sifbox_engine::spec::IdMapping;
+
+/// The reward files, in the order they are looked for.
+const FILES: [&str; 2] = ["reward.json", "reward.txt"];
 
 /// The largest reward file read.
 const MAX_REWARD_FILE: u64 = 1 << 20;
@@ -31,7 +36,7 @@ pub enum Reward {
 }
 
 /// Opens `rel` below `dir` without following symlinks.
-fn open_beneath(dir: &OwnedFd, rel: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat2(
         dir,
         rel,
@@ -41,17 +46,39 @@ fn open_beneath(dir: &OwnedFd, rel: &str, flags: OFlags) -> rustix::io::Result<O
     )
 }
 
-fn open_dir(dir: &Path) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+/// Whether host uid `uid` is one of the sandbox's (the outside side of its
+/// uid map).
+pub fn uid_mapped(uid: u32, ids: &IdMapping) -> bool {
+    ids.uid
+        .iter()
+        .any(|r| uid >= r.outside && u64::from(uid - r.outside) < u64::from(r.count))
 }
 
-/// Reads `verifier/NAME` below `rollout_dir`: None when absent, an error
-/// text when it is not a small regular file.
-fn read_file(dir: &OwnedFd, name: &str) -> Option<Result<String, String>> {
+/// The sandbox's uid map as the host sees it: `0→1001, 1-65536→100000-165535`.
+fn describe(ids: &IdMapping) -> String {
+    ids.uid
+        .iter()
+        .map(|r| {
+            let last = |base: u32| u64::from(base) + u64::from(r.count.saturating_sub(1));
+            if r.count <= 1 {
+                format!("{}→{}", r.inside, r.outside)
+            } else {
+                format!(
+                    "{}-{}→{}-{}",
+                    r.inside,
+                    last(r.inside),
+                    r.outside,
+                    last(r.outside)
+                )
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Reads `verifier/NAME` below the rollout dir `dir`: None when absent, an
+/// error text when it is not a small regular file of the sandbox's ids.
+fn read_file(dir: BorrowedFd<'_>, name: &str, ids: &IdMapping) -> Option<Result<String, String>> {
     let rel = format!("verifier/{name}");
     let fd = match open_beneath(dir, &rel, OFlags::RDONLY | OFlags::NONBLOCK) {
         Ok(fd) => fd,
@@ -59,8 +86,17 @@ fn read_file(dir: &OwnedFd, name: &str) -> Option<Result<String, String>> {
         Err(e) => return Some(Err(format!("{rel}: cannot open it ({e}); a symlink?"))),
     };
     match rustix::fs::fstat(&fd) {
-        Ok(st) if rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() => {}
-        Ok(_) => return Some(Err(format!("{rel} is not a regular file"))),
+        Ok(st) if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() => {
+            return Some(Err(format!("{rel} is not a regular file")))
+        }
+        Ok(st) if !uid_mapped(st.st_uid, ids) => {
+            return Some(Err(format!(
+                "{rel} belongs to host uid {}, which is none of the sandbox's ids ({}): a file that another user of the host put there is not taken as the reward",
+                st.st_uid,
+                describe(ids)
+            )))
+        }
+        Ok(_) => {}
         Err(e) => return Some(Err(format!("{rel}: {e}"))),
     }
     let mut text = String::new();
@@ -116,13 +152,10 @@ pub fn parse_txt(text: &str) -> Result<f64, String> {
     }
 }
 
-/// Reads the reward the verifier left in `rollout_dir`.
-pub fn read(rollout_dir: &Path) -> Reward {
-    let dir = match open_dir(rollout_dir) {
-        Ok(d) => d,
-        Err(e) => return Reward::Invalid(format!("{}: {e}", rollout_dir.display())),
-    };
-    if let Some(text) = read_file(&dir, "reward.json") {
+/// Reads the reward the verifier left in the rollout dir `dir` (an fd of
+/// it); `ids`: the sandbox's id mapping.
+pub fn read(dir: BorrowedFd<'_>, ids: &IdMapping) -> Reward {
+    if let Some(text) = read_file(dir, FILES[0], ids) {
         return match text.and_then(|t| parse_json(&t)) {
             Ok((value, all)) => Reward::Found {
                 value,
@@ -132,7 +165,7 @@ pub fn read(rollout_dir: &Path) -> Reward {
             Err(e) => Reward::Invalid(e),
         };
     }
-    match read_file(&dir, "reward.txt") {
+    match read_file(dir, FILES[1], ids) {
         None => Reward::Missing,
         Some(text) => match text.and_then(|t| parse_txt(&t)) {
             Ok(value) => Reward::Found {
@@ -145,27 +178,20 @@ pub fn read(rollout_dir: &Path) -> Reward {
     }
 }
 
-/// Removes reward files from `verifier/` (what an agent may have left
-/// there before the verifier runs); returns whether there were any.
-pub fn clear(rollout_dir: &Path) -> bool {
-    let Ok(dir) = open_dir(rollout_dir) else {
-        return false;
-    };
-    let Ok(verifier) = open_beneath(&dir, "verifier", OFlags::RDONLY | OFlags::DIRECTORY) else {
-        return false;
-    };
-    let mut any = false;
-    for name in ["reward.json", "reward.txt"] {
-        if rustix::fs::unlinkat(&verifier, name, rustix::fs::AtFlags::empty()).is_ok() {
-            any = true;
-        }
-    }
-    any
+/// Whether the verifier dir `verifier` (an fd of it) holds a reward file
+/// (of any kind, not followed): what an agent may leave there.
+pub fn present(verifier: BorrowedFd<'_>) -> bool {
+    FILES
+        .iter()
+        .any(|f| rustix::fs::statat(verifier, *f, AtFlags::SYMLINK_NOFOLLOW).is_ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sifbox_engine::spec::{IdRange, UsernsMode};
+    use std::os::fd::AsFd;
+    use std::path::Path;
 
     fn rollout() -> tempfile::TempDir {
         let d = tempfile::tempdir().expect("tempdir");
@@ -173,29 +199,61 @@ mod tests {
         d
     }
 
+    fn mapping(outside: u32, count: u32) -> IdMapping {
+        let r = vec![IdRange {
+            inside: 0,
+            outside,
+            count,
+        }];
+        IdMapping {
+            mode: UsernsMode::Single,
+            uid: r.clone(),
+            gid: r,
+            external: false,
+        }
+    }
+
+    /// A mapping whose root is the caller, as in every sandbox.
+    fn mine() -> IdMapping {
+        mapping(rustix::process::geteuid().as_raw(), 1)
+    }
+
+    fn read_in(dir: &Path, ids: &IdMapping) -> Reward {
+        let fd = crate::rollout_dir::open_dir_nofollow(dir).expect("open");
+        read(fd.as_fd(), ids)
+    }
+
+    fn read_at(dir: &Path) -> Reward {
+        read_in(dir, &mine())
+    }
+
+    fn present_at(dir: &Path) -> bool {
+        let fd = crate::rollout_dir::open_dir_nofollow(&dir.join("verifier")).expect("open");
+        present(fd.as_fd())
+    }
+
     #[test]
     fn json_is_preferred_and_txt_works() {
         let d = rollout();
-        assert_eq!(read(d.path()), Reward::Missing);
+        assert_eq!(read_at(d.path()), Reward::Missing);
+        assert!(!present_at(d.path()));
         std::fs::write(d.path().join("verifier/reward.txt"), " 0.5\n").expect("write");
         assert!(
-            matches!(read(d.path()), Reward::Found { value, source: "reward.txt", .. } if value == 0.5)
+            matches!(read_at(d.path()), Reward::Found { value, source: "reward.txt", .. } if value == 0.5)
         );
+        assert!(present_at(d.path()));
         std::fs::write(
             d.path().join("verifier/reward.json"),
             r#"{"reward": 1, "tests": 3}"#,
         )
         .expect("write");
-        match read(d.path()) {
+        match read_at(d.path()) {
             Reward::Found { value, source, all } => {
                 assert_eq!((value, source), (1.0, "reward.json"));
                 assert_eq!(all.expect("all")["tests"], 3);
             }
             other => panic!("{other:?}"),
         }
-        assert!(clear(d.path()));
-        assert_eq!(read(d.path()), Reward::Missing);
-        assert!(!clear(d.path()));
     }
 
     #[test]
@@ -217,7 +275,8 @@ mod tests {
         let secret = d.path().join("secret");
         std::fs::write(&secret, "0.99").expect("write");
         std::os::unix::fs::symlink(&secret, d.path().join("verifier/reward.txt")).expect("symlink");
-        assert!(matches!(read(d.path()), Reward::Invalid(e) if e.contains("symlink")));
+        assert!(matches!(read_at(d.path()), Reward::Invalid(e) if e.contains("symlink")));
+        assert!(present_at(d.path()), "a planted symlink counts");
         std::fs::remove_file(d.path().join("verifier/reward.txt")).expect("rm");
         // The verifier dir itself replaced by a symlink.
         std::fs::remove_dir(d.path().join("verifier")).expect("rmdir");
@@ -225,8 +284,7 @@ mod tests {
         std::fs::create_dir(&elsewhere).expect("mkdir");
         std::fs::write(elsewhere.join("reward.txt"), "1").expect("write");
         std::os::unix::fs::symlink(&elsewhere, d.path().join("verifier")).expect("symlink");
-        assert!(matches!(read(d.path()), Reward::Invalid(_)));
-        assert!(!clear(d.path()));
+        assert!(matches!(read_at(d.path()), Reward::Invalid(_)));
         assert!(elsewhere.join("reward.txt").exists());
         // A FIFO does not block the reader.
         std::fs::remove_file(d.path().join("verifier")).expect("rm");
@@ -239,6 +297,66 @@ mod tests {
             0,
         )
         .expect("mkfifo");
-        assert!(matches!(read(d.path()), Reward::Invalid(e) if e.contains("regular")));
+        assert!(matches!(read_at(d.path()), Reward::Invalid(e) if e.contains("regular")));
+    }
+
+    #[test]
+    fn a_reward_file_of_a_user_outside_the_mapping_is_refused() {
+        let d = rollout();
+        std::fs::write(d.path().join("verifier/reward.txt"), "1\n").expect("write");
+        let me = rustix::process::geteuid().as_raw();
+        // The file is the caller's; a mapping without the caller stands for
+        // a sandbox whose ids do not include the file's owner (as a file
+        // that another local user planted would be).
+        let others = mapping(me.wrapping_add(1000), 65536);
+        match read_in(d.path(), &others) {
+            Reward::Invalid(e) => {
+                assert!(
+                    e.contains(&format!("host uid {me}"))
+                        && e.contains("none of the sandbox's ids"),
+                    "{e}"
+                );
+                assert!(
+                    e.contains(&format!("0-65535→{}-", me.wrapping_add(1000))),
+                    "{e}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_file(d.path().join("verifier/reward.txt")).expect("rm");
+        std::fs::write(d.path().join("verifier/reward.json"), "0.5").expect("write");
+        assert!(
+            matches!(read_in(d.path(), &others), Reward::Invalid(e) if e.contains("reward.json belongs"))
+        );
+        // The same file in a sandbox whose ids hold its owner: taken.
+        assert!(matches!(read_at(d.path()), Reward::Found { value, .. } if value == 0.5));
+        let full = IdMapping {
+            uid: vec![
+                IdRange {
+                    inside: 0,
+                    outside: me.wrapping_add(7),
+                    count: 1,
+                },
+                IdRange {
+                    inside: 1,
+                    outside: me,
+                    count: 3,
+                },
+            ],
+            ..mine()
+        };
+        assert!(matches!(read_in(d.path(), &full), Reward::Found { .. }));
+    }
+
+    #[test]
+    fn uid_mapping_bounds() {
+        let ids = mapping(100_000, 65536);
+        assert!(!uid_mapped(99_999, &ids));
+        assert!(uid_mapped(100_000, &ids));
+        assert!(uid_mapped(165_535, &ids));
+        assert!(!uid_mapped(165_536, &ids));
+        let edge = mapping(u32::MAX, 1);
+        assert!(uid_mapped(u32::MAX, &edge));
+        assert!(!uid_mapped(0, &edge));
     }
 }

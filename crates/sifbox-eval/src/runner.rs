@@ -12,6 +12,13 @@
 //!   summary.json
 //! ```
 //!
+//! OUT/JOB is the caller's alone (0700). A rollout dir is 0755; `agent/`
+//! and `artifacts/` belong to the agent's user inside the sandbox,
+//! `verifier/` to the verifier's, so only the sandbox's ids write there.
+//! Everything below a rollout dir is touched by fd only (see
+//! [`crate::rollout_dir`]), and `verifier/` is re-made before the verifier
+//! runs.
+//!
 //! A rollout: the environment's image (built once per job and shared by
 //! the rollouts that need it; sifbox-build's step cache makes an unchanged
 //! build a cache hit), a sandbox with the rollout's dir at /logs, the
@@ -20,7 +27,8 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -29,7 +37,7 @@ use std::time::{Duration, Instant};
 use sifbox_build::build::BuildOptions;
 use sifbox_build::error::BuildError;
 use sifbox_build::progress::Progress;
-use sifbox_engine::evidence::ImageRef;
+use sifbox_engine::evidence::{ImageRef, LogsDir};
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::spec::{self, IdMapping, NetMode, UsernsMode, Writable};
 use sifbox_engine::{idmap, ExecStatus, Sandbox, SandboxSpec, StartOptions};
@@ -43,6 +51,7 @@ use crate::result::{
     RolloutResult, Status, Summary, RESULT_FILE, SUMMARY_FILE,
 };
 use crate::reward::{self, Reward};
+use crate::rollout_dir;
 use crate::task::{EnvSource, NetworkMode, Task, DEFAULT_STORAGE_MB};
 use crate::template;
 
@@ -279,7 +288,13 @@ fn valid_job_name(s: &str) -> bool {
     crate::task::valid_name(s)
 }
 
-/// Makes (or, resuming, opens) the job's dir; returns its name and path.
+/// Makes a dir of the caller's alone (0700).
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().mode(0o700).create(path)
+}
+
+/// Makes (or, resuming, opens) the job's dir, private to the caller (0700,
+/// and so is `--out` when sifbox makes it); returns its name and path.
 fn job_dir(opts: &EvalOptions) -> Result<(String, PathBuf)> {
     if let Some(name) = &opts.job {
         if !valid_job_name(name) {
@@ -296,20 +311,29 @@ fn job_dir(opts: &EvalOptions) -> Result<(String, PathBuf)> {
             "pass --job NAME with the name of the job to continue (a directory in --out)",
         ));
     }
-    std::fs::create_dir_all(&opts.out).map_err(|e| {
-        EvalError::bad(
-            format!("--out {}", opts.out.display()),
-            format!("cannot create it: {e}"),
-            "pass a directory you can write",
-        )
-    })?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&opts.out)
+        .map_err(|e| {
+            EvalError::bad(
+                format!("--out {}", opts.out.display()),
+                format!("cannot create it: {e}"),
+                "pass a directory you can write",
+            )
+        })?;
     let out = std::path::absolute(&opts.out)
         .map_err(|e| EvalError::io(format!("--out {}", opts.out.display()), e))?;
     if let Some(name) = &opts.job {
         let dir = out.join(name);
-        match std::fs::create_dir(&dir) {
+        match private_dir(&dir) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && opts.resume => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && opts.resume => {
+                // A job of an older sifbox may be open to others.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| EvalError::io(format!("making {} private", dir.display()), e))?;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(EvalError::bad(
                     format!("job {}", dir.display()),
@@ -329,7 +353,7 @@ fn job_dir(opts: &EvalOptions) -> Result<(String, PathBuf)> {
             format!("{base}-{n}")
         };
         let dir = out.join(&name);
-        match std::fs::create_dir(&dir) {
+        match private_dir(&dir) {
             Ok(()) => return Ok((name, dir)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(EvalError::io(format!("creating {}", dir.display()), e)),
@@ -454,7 +478,7 @@ pub fn run(
         let mut row = Vec::new();
         for attempt in 1..=opts.attempts {
             let kept = if opts.resume {
-                RolloutResult::load(&dir.join(rollout_dir_name(&t.name, attempt)))
+                rollout_dir::load_result(&dir.join(rollout_dir_name(&t.name, attempt)))
                     .filter(|r| r.status.is_final() && r.agent == agent_label)
             } else {
                 None
@@ -806,21 +830,34 @@ fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -> RolloutRe
     let prepared = fresh_dir(&ctx.dir, &dir)
         .map_err(|e| format!("clearing {}: {e}", dir.display()))
         .and_then(|()| sifbox_engine::evidence::prepare_logs_dir(&dir).map_err(|e| e.to_string()))
-        .and_then(|_| {
+        .and_then(|logs| {
             // A placeholder, bound read-only: nothing in the sandbox can
             // plant a result.
-            write_json(&dir.join(RESULT_FILE), &r).map_err(|e| e.to_string())
+            rollout_dir::write_json_at(logs.dir.as_fd(), RESULT_FILE, &r)
+                .map(|()| logs)
+                .map_err(|e| format!("writing {}/{RESULT_FILE}: {e}", dir.display()))
         });
-    if let Err(e) = prepared {
-        r.fail(ErrorClass::Infra, e);
-        return finish(ctx, r, &dir, t0);
-    }
-    run_rollout(ctx, task, env, &dir, &mut r);
-    finish(ctx, r, &dir, t0)
+    let mut logs = match prepared {
+        Ok(logs) => logs,
+        Err(e) => {
+            r.fail(ErrorClass::Infra, e);
+            let fd = rollout_dir::open_dir_nofollow(&dir).ok();
+            return finish(ctx, r, &dir, fd.as_ref(), t0);
+        }
+    };
+    run_rollout(ctx, task, env, &mut logs, &mut r);
+    finish(ctx, r, &dir, Some(&logs.dir), t0)
 }
 
-/// Sets the final status and times, and writes result.json.
-fn finish(ctx: &Ctx<'_>, mut r: RolloutResult, dir: &Path, t0: Instant) -> RolloutResult {
+/// Sets the final status and times, and writes result.json into the
+/// rollout dir `fd` (at `dir`), when there is one.
+fn finish(
+    ctx: &Ctx<'_>,
+    mut r: RolloutResult,
+    dir: &Path,
+    fd: Option<&OwnedFd>,
+    t0: Instant,
+) -> RolloutResult {
     r.timings_ms.total = ms(t0.elapsed());
     r.overhead_ms = r.timings_ms.overhead();
     r.finished_at = now_rfc3339();
@@ -834,9 +871,9 @@ fn finish(ctx: &Ctx<'_>, mut r: RolloutResult, dir: &Path, t0: Instant) -> Rollo
     if r.status == Status::InfraError && ctx.cancel.is_cancelled() {
         r.status = Status::Interrupted;
     }
-    if dir.is_dir() {
-        if let Err(e) = write_json(&dir.join(RESULT_FILE), &r) {
-            tracing::warn!("{}: {e}", dir.display());
+    if let Some(fd) = fd {
+        if let Err(e) = rollout_dir::write_json_at(fd.as_fd(), RESULT_FILE, &r) {
+            tracing::warn!("{}/{RESULT_FILE}: {e}", dir.display());
         }
     }
     r
@@ -852,7 +889,13 @@ fn interrupted(ctx: &Ctx<'_>, r: &mut RolloutResult) -> bool {
     }
 }
 
-fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut RolloutResult) {
+fn run_rollout(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    r: &mut RolloutResult,
+) {
     if interrupted(ctx, r) {
         return;
     }
@@ -865,7 +908,7 @@ fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut Ro
         Err(e) => e.log.clone(),
     };
     if let Some(log) = log {
-        if std::fs::copy(&log, dir.join("build.log")).is_ok() {
+        if rollout_dir::copy_in(logs.dir.as_fd(), "build.log", &log).is_ok() {
             r.build_log = Some("build.log".into());
         }
     }
@@ -905,7 +948,8 @@ fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut Ro
     let short: String = task.name.chars().take(60).collect();
     let name = format!("eval-{short}-{:x}-{n}", std::process::id());
     r.sandbox = Some(name.clone());
-    let mut binds = sifbox_engine::evidence::logs_binds(dir);
+    let dir = logs.path.clone();
+    let mut binds = sifbox_engine::evidence::logs_binds(&dir);
     binds.push(spec::Bind {
         src: dir.join(RESULT_FILE),
         dst: PathBuf::from("/logs").join(RESULT_FILE),
@@ -929,7 +973,7 @@ fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut Ro
     let opts = StartOptions {
         oneshot: true,
         fork_when_possible: false,
-        evidence_dir: Some(dir.to_path_buf()),
+        evidence_dir: Some(dir.clone()),
         image: Some(ImageRef {
             reference: image.reference.clone(),
             digest: Some(image.digest.to_string()),
@@ -979,7 +1023,7 @@ fn run_rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, dir: &Path, r: &mut Ro
         ctx,
         task,
         env,
-        dir,
+        logs,
         &image,
         &running,
         r,
@@ -1004,24 +1048,13 @@ fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutRe
     }
 }
 
-/// Creates a log file of a phase on the host side of /logs.
-fn log_file(dir: &Path, rel: &str) -> std::io::Result<File> {
-    let p = dir.join(rel);
-    // Made before the sandbox ran anything there: a fresh file of ours.
-    let _ = std::fs::remove_file(&p);
-    std::fs::OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .open(p)
-}
-
 #[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
 #[allow(clippy::too_many_lines, reason = "the phases of a rollout, in order")]
 fn phases(
     ctx: &Ctx<'_>,
     task: &Task,
     env: &TaskEnv,
-    dir: &Path,
+    logs: &mut LogsDir,
     image: &Image,
     run: &Running<'_>,
     r: &mut RolloutResult,
@@ -1039,6 +1072,33 @@ fn phases(
             r.fail(ErrorClass::Infra, format!("{what}: {e}"));
         }
     };
+    // The agent's log, made while agent/ is still the caller's (after the
+    // chown below, an unprivileged caller could not create files there).
+    let agent_log = match &ctx.opts.agent {
+        Agent::Nop => None,
+        Agent::Oracle => Some("oracle.txt"),
+        Agent::Command(_) => Some("command.txt"),
+    };
+    let agent_out = match agent_log
+        .map(|name| rollout_dir::create_file(logs.agent.as_fd(), name).map_err(|e| (name, e)))
+        .transpose()
+    {
+        Ok(f) => f,
+        Err((name, e)) => return infra(r, &format!("creating agent/{name}"), &e),
+    };
+    // The agent's logs subdirs go to its user before anything runs in the
+    // sandbox (the sandbox's root does it: an unprivileged caller cannot
+    // chown to the sandbox's other ids on the host). verifier/ stays
+    // root's until it is re-made for the verifier.
+    let t = Instant::now();
+    for sub in ["agent", "artifacts"] {
+        if let Some(u) = &agent_user {
+            if let Err(e) = sb.chown(&format!("/logs/{sub}"), u) {
+                return infra(r, &format!("giving /logs/{sub} to the user {u}"), &e);
+            }
+        }
+    }
+    r.timings_ms.setup += ms(t.elapsed());
 
     // Set-up: the task's workdir, the healthcheck, the instruction.
     let t = Instant::now();
@@ -1105,7 +1165,6 @@ fn phases(
             Some((
                 vec!["bash".to_string(), "/solution/solve.sh".to_string()],
                 with_env(&run.base_env, &[&env.solution]),
-                "agent/oracle.txt",
             ))
         }
         Agent::Command(cmd) => {
@@ -1118,19 +1177,14 @@ fn phases(
             Some((
                 vec!["/bin/sh".to_string(), "-c".to_string(), cmd.clone()],
                 env,
-                "agent/command.txt",
             ))
         }
     };
     r.timings_ms.setup += ms(t.elapsed());
-    if let Some((argv, agent_env, out)) = agent {
+    if let (Some((argv, agent_env)), Some(out)) = (agent, agent_out) {
         if interrupted(ctx, r) {
             return;
         }
-        let out = match log_file(dir, out) {
-            Ok(f) => f,
-            Err(e) => return infra(r, &format!("creating {out}"), &e),
-        };
         let ran = run.exec(
             &run.cwd,
             argv,
@@ -1174,19 +1228,34 @@ fn phases(
         return;
     }
     let t = Instant::now();
-    if reward::clear(dir) {
-        r.notes.push(
-            "a reward file was there before the verifier ran (left by the agent?); it was removed"
-                .into(),
-        );
+    // verifier/ afresh: whatever the agent left there (reward files, a
+    // symlink out of the rollout dir, planted files) goes, unfollowed.
+    let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
+    match rollout_dir::remake_verifier(logs.dir.as_fd(), &remove_inside) {
+        Ok(remade) => {
+            logs.verifier = remade.dir;
+            r.notes.extend(remade.notes);
+        }
+        Err(e) => {
+            if !interrupted(ctx, r) {
+                r.fail(ErrorClass::VerifierFailed, e);
+            }
+            return;
+        }
+    }
+    // The verifier's log, made while the new dir is the caller's.
+    let out = match rollout_dir::create_file(logs.verifier.as_fd(), "test-stdout.txt") {
+        Ok(f) => f,
+        Err(e) => return infra(r, "creating verifier/test-stdout.txt", &e),
+    };
+    if let Some(u) = &verifier_user {
+        if let Err(e) = sb.chown("/logs/verifier", u) {
+            return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
+        }
     }
     if let Err(e) = sb.upload(&task.tests, "/tests", verifier_user.as_deref()) {
         return infra(r, "uploading the tests", &e);
     }
-    let out = match log_file(dir, "verifier/test-stdout.txt") {
-        Ok(f) => f,
-        Err(e) => return infra(r, "creating verifier/test-stdout.txt", &e),
-    };
     r.timings_ms.setup += ms(t.elapsed());
     let ran = run.exec(
         &run.cwd,
@@ -1225,7 +1294,7 @@ fn phases(
         }
         ExecStatus::Exited { .. } => {}
     }
-    match reward::read(dir) {
+    match reward::read(logs.dir.as_fd(), &ctx.ids) {
         Reward::Found { value, source, all } => {
             r.reward = Some(value);
             r.reward_source = Some(source.to_string());

@@ -730,3 +730,237 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
 }
+
+// ===========================================================================
+// Hostile solutions (issue 12): the agent is root in its sandbox, where
+// the rollout dir is bound at /logs; it tries to make the host write
+// outside the rollout dir, and to forge the reward.
+// ===========================================================================
+
+fn mode_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
+        .mode()
+        & 0o7777
+}
+
+/// Every path below `dir` (symlinks not followed).
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
+            let p = e.expect("entry").path();
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                todo.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn hostile_solutions_write_nothing_outside_the_rollout_and_forge_no_reward() {
+    let env = Env::with_evalbase();
+    // The decoy: an absolute host path the solutions point their symlinks
+    // at, holding files named like the ones sifbox writes.
+    let decoy = env.path("decoy");
+    std::fs::create_dir_all(decoy.join("verifier")).expect("mkdir");
+    for f in [
+        "test-stdout.txt",
+        "oracle.txt",
+        "reward.txt",
+        "result.json",
+        "verifier/test-stdout.txt",
+    ] {
+        std::fs::write(decoy.join(f), "decoy\n").expect("writing the decoy");
+    }
+    let d = decoy.display().to_string();
+    let verifier = "#!/bin/bash\necho verifier-ran\necho 0.5 > /logs/verifier/reward.txt\n";
+    // (a) The logs subdirs replaced by symlinks to the decoy.
+    env.task(
+        "a-symlinks",
+        "",
+        &format!(
+            "#!/bin/bash\nfor s in verifier agent artifacts; do rm -rf /logs/$s; ln -s {d} /logs/$s; done\nls -l /logs\n"
+        ),
+        verifier,
+    );
+    // (b) A process left running that keeps moving verifier/ away and
+    // planting symlinks and reward files while the verifier runs; the
+    // verifier ends it before it writes its reward.
+    env.task(
+        "b-lingering",
+        "",
+        &format!(
+            r#"#!/bin/bash
+plant() {{
+  i=0
+  while :; do
+    i=$((i+1))
+    mv -f /logs/verifier /logs/moved.$i
+    ln -sfn {d} /logs/verifier
+    ln -sfn {d}/test-stdout.txt /logs/moved.$i/test-stdout.txt
+    echo 1.0 > /logs/moved.$i/reward.txt
+    sleep 0.02
+  done
+}}
+plant </dev/null >/dev/null 2>&1 &
+echo $! > /tmp/planter.pid
+sleep 0.1
+"#
+        ),
+        "#!/bin/bash\nsleep 0.5\nkill -9 $(cat /tmp/planter.pid)\nsleep 0.3\nmv /logs/verifier /logs/verifier.planted\nmkdir /logs/verifier\necho verifier-ran\necho 0.5 > /logs/verifier/reward.txt\n",
+    );
+    // (c) Reward files planted before the verifier, and a subdir the host
+    // may not empty (files of another id of the sandbox, read-only).
+    env.task(
+        "c-planted-reward",
+        "",
+        "#!/bin/bash\necho 1.0 > /logs/verifier/reward.txt\necho '{\"reward\": 1}' > /logs/verifier/reward.json\nmkdir -p /logs/verifier/sub\necho 1.0 > /logs/verifier/sub/reward.txt\nchown -R 4242:4242 /logs/verifier/sub\nchmod 0555 /logs/verifier/sub\n",
+        "#!/bin/bash\nleft=$(ls -A /logs/verifier)\n[[ $left == test-stdout.txt ]] || { echo \"left: $left\"; exit 1; }\necho 0.5 > /logs/verifier/reward.txt\n",
+    );
+    // (d) The records overwritten, unmounted, removed, renamed.
+    env.task(
+        "d-records",
+        "",
+        r#"#!/bin/bash
+forged='{"reward": 1.0, "status": "ok", "forged": true}'
+for f in result.json sandbox.json; do
+  echo "$forged" > /logs/$f
+  umount /logs/$f
+  umount -l /logs/$f
+  rm -f /logs/$f
+  mv /logs/$f /logs/$f.old
+  echo "$forged" > /logs/$f
+done
+exit 0
+"#,
+        verifier,
+    );
+    // (e) An agent of its own user, left running: it must not reach the
+    // verifier's dir at all.
+    env.task(
+        "e-other-user",
+        "[agent]\nuser = \"user\"\n",
+        "#!/bin/bash\n( while :; do rm -f /logs/verifier/reward.txt; echo 1.0 > /logs/verifier/reward.txt; mv /logs/verifier /logs/mine; sleep 0.02; done ) </dev/null >/dev/null 2>&1 &\nsleep 0.1\n",
+        "#!/bin/bash\necho 0.5 > /logs/verifier/reward.txt\nsleep 0.5\n",
+    );
+    let outside_before = harness::snapshot(env.dir.path())
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with("out"))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    let tasks = env.path("tasks").display().to_string();
+    let out = env.eval(&["--job", "h", "--jobs", "3", &tasks]).output();
+    out.success();
+
+    let outside_after = harness::snapshot(env.dir.path())
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with("out"))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(
+        harness::snapshot_diff(&outside_before, &outside_after),
+        "",
+        "files outside the job changed (the decoy is {d})"
+    );
+    let job = env.out().join("h");
+    assert_eq!(mode_of(&env.out()), 0o700, "--out made by eval");
+    assert_eq!(mode_of(&job), 0o700, "the job dir");
+    let rollouts = [
+        "a-symlinks__1",
+        "b-lingering__1",
+        "c-planted-reward__1",
+        "d-records__1",
+        "e-other-user__1",
+    ];
+    let mut top: Vec<String> = std::fs::read_dir(&job)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    let mut want: Vec<String> = [".lock", "job.json", "summary.json"]
+        .iter()
+        .chain(rollouts.iter())
+        .map(|s| (*s).to_string())
+        .collect();
+    want.sort();
+    assert_eq!(top, want, "what the job dir holds");
+    for rollout in rollouts {
+        let r = env.result("h", rollout);
+        assert_eq!(outcome(&r), ok(0.5), "{rollout}: {r:#}\n{}", out.stderr);
+        assert_eq!(r["reward_source"], "reward.txt", "{rollout}: {r:#}");
+        let dir = job.join(rollout);
+        assert_eq!(mode_of(&dir) & 0o022, 0, "{rollout} is writable by others");
+        for sub in ["agent", "verifier", "artifacts"] {
+            let p = dir.join(sub);
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+                assert_eq!(
+                    mode_of(&p) & 0o002,
+                    0,
+                    "{rollout}/{sub} is writable by anyone"
+                );
+            }
+        }
+        let ev = env.json(&format!("h/{rollout}/sandbox.json"));
+        assert!(
+            ev["name"].as_str().is_some_and(|n| n.starts_with("eval-")),
+            "{rollout}: {ev}"
+        );
+        assert!(ev["stopped"].is_object(), "{rollout}: {ev}");
+        let tmp: Vec<_> = tree(&dir)
+            .into_iter()
+            .filter(|p| {
+                let n = p.file_name().unwrap_or_default().to_string_lossy();
+                n.starts_with(".verifier.left-") || n.contains(".tmp-")
+            })
+            .collect();
+        assert!(tmp.is_empty(), "{rollout}: left behind {tmp:?}");
+    }
+    // Where nothing moved it, the verifier's output is in verifier/. (The
+    // lingering planter may move the fresh dir or unlink the file in it:
+    // the host's writes then go to that file still, never through its
+    // symlinks.)
+    for rollout in ["a-symlinks__1", "d-records__1"] {
+        let p = job.join(rollout).join("verifier/test-stdout.txt");
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+            "verifier-ran\n"
+        );
+    }
+    let notes = |rollout: &str| -> Vec<String> {
+        env.result("h", rollout)["notes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let a = notes("a-symlinks__1");
+    assert!(
+        a.iter().any(|n| n.contains("verifier/ was a symlink")),
+        "{a:?}"
+    );
+    assert_eq!(
+        notes("c-planted-reward__1"),
+        ["a reward file was there before the verifier ran (left by the agent?); it was removed"]
+    );
+    assert!(
+        notes("e-other-user__1").is_empty(),
+        "{:?}",
+        notes("e-other-user__1")
+    );
+    // The agent's logs are kept, symlinks and all.
+    assert!(std::fs::symlink_metadata(job.join("a-symlinks__1/agent"))
+        .is_ok_and(|m| m.file_type().is_symlink()));
+    let d = env.result("h", "d-records__1");
+    assert!(d.get("forged").is_none(), "{d:#}");
+    let ev = std::fs::read_to_string(job.join("d-records__1/sandbox.json")).expect("read");
+    assert!(!ev.contains("forged"), "{ev}");
+}

@@ -2357,16 +2357,18 @@ fn evidence_in_logs_dir() {
     // ps points at it.
     assert_eq!(ps(&sb)[0]["evidence"], path.to_str().expect("utf-8"));
 
-    // /logs inside: agent/, verifier/, artifacts/, writable by any user.
+    // /logs inside: agent/, verifier/, artifacts/, 0755 and the sandbox
+    // root's (no --user, --logs-owner or USER in the image): root writes
+    // there, no other user does.
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::metadata(logs.join(sub)).expect("stat");
-        assert_eq!(md.mode() & 0o777, 0o777, "{sub} on the host");
+        assert_eq!(md.mode() & 0o777, 0o755, "{sub} on the host");
         sandbox
-            .exec(&["-u", "user"], &["touch", &format!("/logs/{sub}/x")])
+            .exec(&[], &["touch", &format!("/logs/{sub}/x")])
             .success();
         sandbox
             .exec(&["-u", "4242:4242"], &["touch", &format!("/logs/{sub}/y")])
-            .success();
+            .code_is(1);
         assert!(
             logs.join(sub).join("x").is_file(),
             "{sub}/x not on the host"
@@ -2395,6 +2397,129 @@ fn evidence_in_logs_dir() {
     );
     // The logs outlive the sandbox.
     assert!(logs.join("agent/x").is_file());
+    sb.assert_clean();
+}
+
+/// `--logs-owner` (and `--user`, its default) gives the logs subdirs to a
+/// user of the image, and only that user (and root) writes there.
+#[test]
+fn logs_owner_gets_the_logs_subdirs() {
+    let sb = Sifbox::new();
+    let parent = tempdir("sifbox-logs-owner.");
+    let logs = parent.path().join("logs");
+    let sandbox = Started::new(
+        &sb,
+        &unique("logs-owner"),
+        &[
+            "--logs",
+            logs.to_str().expect("utf-8"),
+            "--logs-owner",
+            "user",
+        ],
+        &[],
+    );
+    for sub in ["agent", "verifier", "artifacts"] {
+        let out = sandbox.exec(&[], &["stat", "-c", "%u:%g %a", &format!("/logs/{sub}")]);
+        assert_eq!(out.success().stdout, "1000:1000 755\n", "{sub}");
+        sandbox
+            .exec(&["-u", "user"], &["touch", &format!("/logs/{sub}/x")])
+            .success();
+        sandbox
+            .exec(&["-u", "4242:4242"], &["touch", &format!("/logs/{sub}/y")])
+            .code_is(1);
+        let md = std::fs::metadata(logs.join(sub)).expect("stat");
+        assert_eq!(
+            md.mode() & 0o002,
+            0,
+            "{sub} is writable by anyone on the host"
+        );
+    }
+    sandbox.stop();
+    // `run --user` gives them to that user too.
+    let logs2 = parent.path().join("logs2");
+    sb.cmd([
+        "run",
+        "--rootfs",
+        rootfs().to_str().expect("utf-8"),
+        "--logs",
+        logs2.to_str().expect("utf-8"),
+        "--user",
+        "user",
+        "touch",
+        "/logs/agent/x",
+    ])
+    .output()
+    .success();
+    assert!(logs2.join("agent/x").is_file());
+    // A user the image does not have: one clear error, nothing left.
+    let logs3 = parent.path().join("logs3");
+    sb.cmd([
+        "run",
+        "--rootfs",
+        rootfs().to_str().expect("utf-8"),
+        "--logs",
+        logs3.to_str().expect("utf-8"),
+        "--logs-owner",
+        "nosuchuser",
+        "true",
+    ])
+    .output()
+    .sifbox_error()
+    .stderr_has("--logs-owner nosuchuser");
+    harness::make_removable(parent.path());
+    sb.assert_clean();
+}
+
+/// A logs dir used again: what the earlier sandbox left in it (agent/ a
+/// symlink to a host dir, artifacts/ made writable by everyone) is refused
+/// or fixed, never followed.
+#[test]
+fn a_reused_logs_dir_follows_no_symlink_the_sandbox_left() {
+    let sb = Sifbox::new();
+    let parent = tempdir("sifbox-logs-reuse.");
+    let logs = parent.path().join("logs");
+    let decoy = parent.path().join("decoy");
+    std::fs::create_dir(&decoy).expect("mkdir");
+    std::fs::write(decoy.join("keep"), "keep").expect("write");
+    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let before = harness::snapshot(&decoy);
+    let decoy_mode = std::fs::metadata(&decoy).expect("stat").mode();
+    let run = |cmd: &str| {
+        sb.cmd([
+            "run",
+            "--rootfs",
+            rootfs().to_str().expect("utf-8"),
+            "--logs",
+            logs.to_str().expect("utf-8"),
+            "sh",
+            "-c",
+            cmd,
+        ])
+        .output()
+    };
+    run(&format!(
+        "rm -rf /logs/agent && ln -s {} /logs/agent && chmod 0777 /logs/artifacts",
+        decoy.display()
+    ))
+    .success();
+    let out = run("true");
+    out.sifbox_error().stderr_has("agent");
+    assert_eq!(
+        std::fs::metadata(&decoy).expect("stat").mode(),
+        decoy_mode,
+        "the decoy's mode changed"
+    );
+    assert_eq!(
+        harness::snapshot_diff(&before, &harness::snapshot(&decoy)),
+        ""
+    );
+    std::fs::remove_file(logs.join("agent")).expect("rm");
+    run("true").success();
+    for sub in ["agent", "verifier", "artifacts"] {
+        let md = std::fs::symlink_metadata(logs.join(sub)).expect("stat");
+        assert!(md.is_dir(), "{sub}");
+        assert_eq!(md.mode() & 0o777, 0o755, "{sub}");
+    }
     sb.assert_clean();
 }
 

@@ -108,10 +108,15 @@ pub struct SandboxArgs {
     #[command(flatten)]
     pub env: EnvArgs,
     /// Bind DIR at /logs, with agent/, verifier/ and artifacts/ in it
-    /// writable by any user; sandbox.json is written there. DIR outlives
-    /// the sandbox.
+    /// (0755, owned by --logs-owner); sandbox.json is written there. DIR
+    /// outlives the sandbox.
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
+    /// The user of the image that owns (and alone, besides root, may write)
+    /// the --logs subdirs (default: --user, else the image's USER, else
+    /// root).
+    #[arg(long, value_name = "USER", requires = "logs")]
+    pub logs_owner: Option<String>,
     /// Make a host path visible inside: SRC[:DST[:ro|rw]] (repeatable).
     #[arg(long, value_name = "SRC:DST[:ro]")]
     pub bind: Vec<String>,
@@ -171,6 +176,9 @@ pub struct Planned {
     pub env: Vec<(String, String)>,
     /// The logs dir (absolute), when asked for.
     pub logs: Option<PathBuf>,
+    /// The user of the image to give the logs subdirs to, once the
+    /// sandbox runs (None: they stay root's).
+    pub logs_owner: Option<String>,
     /// The image, for the evidence.
     pub image: ImageRef,
     /// What commands default to, from the image.
@@ -198,7 +206,8 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         .logs
         .as_deref()
         .map(sifbox_engine::evidence::prepare_logs_dir)
-        .transpose()?;
+        .transpose()?
+        .map(|l| l.path);
     if let Some(dir) = &logs {
         binds.extend(sifbox_engine::evidence::logs_binds(dir));
     }
@@ -266,6 +275,9 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
             .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty())),
         source_env_scripts: image.env_scripts,
     };
+    let logs_owner = logs
+        .as_ref()
+        .and(a.logs_owner.clone().or_else(|| defaults.user.clone()));
     let image = ImageRef {
         reference: image.reference.clone(),
         digest: image.digest.as_ref().map(ToString::to_string),
@@ -275,6 +287,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         spec,
         env,
         logs,
+        logs_owner,
         image,
         defaults,
     })
@@ -290,6 +303,29 @@ fn random_hex() -> String {
         buf[..4].copy_from_slice(&nanos.to_le_bytes());
     }
     buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Gives the logs subdirs of a sandbox started with `--logs` to their
+/// owner (a user of the image; the sandbox's root chowns them, which an
+/// unprivileged caller could not do on the host). Done before any command
+/// runs, so that nothing inside has had a chance to replace them.
+pub fn own_logs(
+    sandbox: &sifbox_engine::Sandbox,
+    owner: Option<&str>,
+) -> sifbox_engine::Result<()> {
+    let Some(owner) = owner else {
+        return Ok(());
+    };
+    for sub in sifbox_engine::evidence::SUBDIRS {
+        sandbox.chown(&format!("/logs/{sub}"), owner).map_err(|e| {
+            bad(
+                &format!("--logs-owner {owner}"),
+                &format!("cannot give /logs/{sub} to it: {e}"),
+                "name a user of the image (--logs-owner NAME|UID[:GID]), or leave the logs dir to root",
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// The argv to run for `argv` under `defaults`: through the image's env

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::{Error, Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, command_for, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, command_for, own_logs, resolve_image, SandboxArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -85,6 +85,7 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
         });
     }
 
+    own_logs(&sandbox, planned.logs_owner.as_deref())?;
     let req = ExecRequest {
         argv: command_for(args, &planned.defaults),
         env: planned.env,

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use sifbox_engine::{Error, Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, own_logs, resolve_image, SandboxArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct StartArgs {
@@ -53,6 +53,7 @@ pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
     let deadline = started + Duration::from_secs_f64(a.ready_timeout);
     sandbox.wait_ready_until(deadline)?;
     sandbox.ping()?;
+    own_logs(&sandbox, planned.logs_owner.as_deref())?;
     sandbox.set_base_env(&planned.env)?;
     sandbox.set_exec_defaults(&planned.defaults)?;
     let name = sandbox.name().to_string();
