@@ -248,11 +248,6 @@ fn outer(
         idmap::write_file(Path::new("/proc/self/uid_map"), &format!("0 {uid} 1\n"))?;
         idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
     }
-    // Our maps are written: from now on only our own code reads our memory
-    // and descriptors (init's nested maps are written through init's proc
-    // files, not ours).
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
-        .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
 
     // init asks us (over `nest`) to map the nested user namespace it moves
     // into once its mounts are made; only a process outside it may.
@@ -360,6 +355,13 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
                     }
                     // On failure init reads EOF and reports it.
                 }
+                // Every map is written (not before: init is forked from
+                // us, and a non-dumpable parent would make its children's
+                // /proc files, its uid_map too, host root's): from now on
+                // only our own code reads our memory and descriptors.
+                let _ = rustix::process::set_dumpable_behavior(
+                    rustix::process::DumpableBehavior::NotDumpable,
+                );
                 // All that is left to do is wait: the pages of setting up
                 // need not stay mapped.
                 sifbox_sys::drop_clean_file_pages();
