@@ -141,15 +141,21 @@ def children(pid: int) -> list[int]:
 
 
 def rollup(pid: int) -> tuple[int, int]:
-    """(Rss, Pss) of pid in kB, from /proc/PID/smaps_rollup."""
+    """(Rss, Pss) of pid in kB, from /proc/PID/smaps_rollup. sifbox's
+    supervisors are non-dumpable, so only root may read their smaps; for
+    other users Rss comes from statm and Pss is reported as 0."""
     rss = pss = 0
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key == "Rss":
-                rss = int(rest.split()[0])
-            elif key == "Pss":
-                pss = int(rest.split()[0])
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == "Rss":
+                    rss = int(rest.split()[0])
+                elif key == "Pss":
+                    pss = int(rest.split()[0])
+    except PermissionError:
+        with open(f"/proc/{pid}/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
     return rss, pss
 
 

@@ -966,14 +966,18 @@ fn twenty_concurrent_execs() {
     sb.assert_clean();
 }
 
-/// Resident set of a host process in KiB (from /proc/PID/smaps_rollup).
+/// Resident set of a host process in KiB, from /proc/PID/statm (sifbox's
+/// supervisors are non-dumpable, so their smaps are root's to read; statm
+/// is anyone's).
 fn rss_kb(pid: i32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_else(|e| panic!("reading smaps_rollup of {pid}: {e}"));
-    text.lines()
-        .find_map(|l| l.strip_prefix("Rss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no Rss in smaps_rollup of {pid}: {text}"))
+    let text = std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .unwrap_or_else(|e| panic!("reading statm of {pid}: {e}"));
+    let pages: u64 = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no resident pages in statm of {pid}: {text}"));
+    pages * u64::try_from(rustix::param::page_size()).unwrap_or(4096) / 1024
 }
 
 /// Execs run one after another in one warm worker process (the parent of
