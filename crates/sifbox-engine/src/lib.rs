@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
+pub mod seccomp;
 pub mod spec;
 pub mod supervisor;
 pub mod transfer;
