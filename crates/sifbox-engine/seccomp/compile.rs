@@ -458,7 +458,7 @@ pub const BPF_JA: u16 = 0x05;
 
 /// What a range of system call numbers gets in [`single_program`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Leaf {
+pub enum Leaf {
     /// One answer for the whole range.
     Ret(u32),
     /// A conditional system call: seccompiler's code for its argument
@@ -497,7 +497,7 @@ fn checks_block(
 
 /// A binary search over `ranges` (sorted starts; each range ends where the
 /// next starts, the last at the largest number), with the number in A.
-fn search(ranges: &[(u32, Leaf)]) -> Result<Vec<sock_filter>, String> {
+pub fn search(ranges: &[(u32, Leaf)]) -> Result<Vec<sock_filter>, String> {
     let i = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     match ranges {
         [] => Err("no range".into()),

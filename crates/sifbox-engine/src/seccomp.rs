@@ -581,6 +581,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_search_jumps_over_long_branches() {
+        // Leaves longer than a conditional jump reaches (255 instructions)
+        // need the JA form; today's policy never does, so build one.
+        use compile::Leaf;
+        let ret = |k| seccompiler::sock_filter {
+            code: compile::BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let ranges = vec![
+            (0, Leaf::Checks(vec![ret(1); 300])),
+            (10, Leaf::Ret(2)),
+            (20, Leaf::Checks(vec![ret(3); 600])),
+            (30, Leaf::Ret(4)),
+            (31, Leaf::Checks(vec![ret(5); 256])),
+            (40, Leaf::Ret(6)),
+        ];
+        let mut prog = vec![seccompiler::sock_filter {
+            code: compile::BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }];
+        prog.extend(compile::search(&ranges).expect("search"));
+        assert!(prog.iter().any(|i| i.code == compile::BPF_JA));
+        for nr in 0..60u32 {
+            let want = match nr {
+                0..=9 => 1,
+                10..=19 => 2,
+                20..=29 => 3,
+                30 => 4,
+                31..=39 => 5,
+                _ => 6,
+            };
+            let data = Data {
+                nr,
+                arch: 0,
+                args: [0; 6],
+            };
+            assert_eq!(run(&prog, &data), want, "nr {nr}");
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn the_single_program_agrees_on_random_arguments(
