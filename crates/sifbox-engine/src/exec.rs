@@ -149,7 +149,7 @@ pub fn run(
     // Last, after what needed the system calls it denies (the network
     // namespace above), stacked on the fakeroot filter.
     if let Err(e) = confine(confinement) {
-        return fail(125, format!("installing the seccomp policy: {e}"));
+        return fail(125, e.to_string());
     }
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());

@@ -11,8 +11,11 @@ use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
 
 /// The system calls made to succeed without effect.
 const FAKED: &[i64] = &[
+    // chown and lchown exist on x86_64 only (aarch64 has fchownat alone).
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_chown,
     libc::SYS_fchown,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_lchown,
     libc::SYS_fchownat,
     libc::SYS_setuid,
