@@ -7,8 +7,10 @@
 //! cannot read is reported as `null` (or an error string), never a panic.
 //!
 //! Usage: `sifbox-probe [--check-path P]... [--write-test P]...
-//! [--connect HOST:PORT]... [--sleep SECS]`
+//! [--connect HOST:PORT]... [--sleep SECS]`, or `sifbox-probe attack
+//! NAME...` for the hostile suite's attempts (see `attack`).
 
+mod attack;
 mod parse;
 
 use std::ffi::OsString;
@@ -91,7 +93,24 @@ fn parse_args<I: IntoIterator<Item = OsString>>(argv: I) -> Result<Cli, String> 
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args_os().skip(1)) {
+    let mut argv = std::env::args_os().skip(1).peekable();
+    if argv.peek().is_some_and(|a| a == "attack") {
+        let names: Vec<String> = argv
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return match attack::run(&names) {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sifbox-probe: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let args = match parse_args(argv) {
         Ok(Cli::Run(a)) => a,
         Ok(Cli::Help) => {
             println!("{USAGE}");

@@ -1,0 +1,671 @@
+//! The hostile suite (issue 12): what a command inside a sandbox, running
+//! as root there and knowing sifbox's source, would try against the host,
+//! each attempt a test that failed on the main branch before the defence
+//! and must stay contained.
+//!
+//! The attacks do no harm when they succeed: they aim at decoy files and
+//! dirs this test makes, write host-wide settings back with the value they
+//! have, and never touch a real host file. Most attempts run inside the
+//! sandbox as modes of the probe (`sifbox-probe attack NAME...`, see
+//! crates/sifbox-probe/src/attack.rs), which reports each one as contained
+//! or not; the rest are driven from here. Like every end-to-end suite they
+//! run as root and as the unprivileged user (scripts/test.sh).
+//!
+//! Sections:
+//!  1. the supervisor (fds, memory, ptrace, pidfd_getfd, the caller's stdio)
+//!  2. images that would steer root assembly (/proc, /dev, /sys symlinks)
+//!  3. host state (keyrings, tmpfs sizes, mountinfo)
+//!  4. the kernel's attack surface (the seccomp policy)
+//!  5. build steps
+
+#[path = "e2e/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use harness::{rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output, Sifbox};
+
+// ===========================================================================
+// Helpers
+// ===========================================================================
+
+/// A decoy: a dir with a secret file, readable by this test's user, that
+/// an attack would reach; its snapshot tells whether anything changed.
+struct Decoy {
+    dir: tempfile::TempDir,
+    secret: String,
+}
+
+impl Decoy {
+    fn new() -> Decoy {
+        let dir = tempdir("sifbox-decoy.");
+        let secret = unique("decoy-secret");
+        std::fs::write(dir.path().join("secret"), &secret).expect("writing the decoy");
+        Decoy { dir, secret }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Runs `sh -c SCRIPT` on the host with this test's runtime dir; the
+/// script can open descriptors (`9<DIR`) before it execs sifbox.
+fn host_sh(sb: &Sifbox, script: &str) -> Output {
+    sb.program("/bin/sh", ["-c", script]).output()
+}
+
+/// [`host_sh`] for a script that leaves a sandbox running.
+fn host_sh_starting(sb: &Sifbox, script: &str) -> Output {
+    sb.program("/bin/sh", ["-c", script])
+        .no_clean_check()
+        .output()
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn bin() -> String {
+    shell_quote(&sifbox_bin().display().to_string())
+}
+
+fn root_arg() -> String {
+    shell_quote(&rootfs().display().to_string())
+}
+
+/// The attacks of a probe report, as (name, contained, detail).
+fn attacks(report: &Value) -> Vec<(String, bool, String)> {
+    report["attacks"]
+        .as_object()
+        .unwrap_or_else(|| panic!("no attacks in the report: {report}"))
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v["contained"].as_bool().unwrap_or(false),
+                v["detail"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Asserts that every attack of the report was contained.
+#[track_caller]
+fn assert_contained(report: &Value) {
+    let escaped: Vec<String> = attacks(report)
+        .into_iter()
+        .filter(|(_, ok, _)| !ok)
+        .map(|(n, _, d)| format!("{n}: {d}"))
+        .collect();
+    assert!(
+        escaped.is_empty(),
+        "attacks that got through:\n{}",
+        escaped.join("\n")
+    );
+}
+
+/// A long-lived sandbox, stopped when dropped.
+struct Started<'a> {
+    sb: &'a Sifbox,
+    name: String,
+}
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .sb
+            .cmd(["stop", "--timeout", "1", &self.name])
+            .no_clean_check()
+            .output();
+    }
+}
+
+/// `sifbox start` through a shell that holds `9<decoy` open (and any
+/// further `redirects`), so the supervisor is forked with them.
+fn start_with_fds<'a>(sb: &'a Sifbox, decoy: &Decoy, opts: &str) -> Started<'a> {
+    let name = unique("hostile");
+    host_sh_starting(
+        sb,
+        &format!(
+            "exec {} start --rootfs {} --name {name} {opts} 9<{}",
+            bin(),
+            root_arg(),
+            shell_quote(&decoy.path().display().to_string())
+        ),
+    )
+    .success();
+    Started { sb, name }
+}
+
+// ===========================================================================
+// 1. The supervisor
+// ===========================================================================
+
+const SUPERVISOR_ATTACKS: &[&str] = &[
+    "supervisor-fds",
+    "supervisor-mem",
+    "supervisor-environ",
+    "supervisor-pidfd-getfd",
+    "supervisor-ptrace",
+];
+
+/// A one-shot run whose caller holds a directory open as fd 9: nothing of
+/// sifbox's inside (init runs the command) lets the command read that fd,
+/// its memory or its other fds (the audit read the host's files through
+/// /proc/1/fd/9).
+#[test]
+fn the_supervisor_of_a_run_is_out_of_reach() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let out = host_sh(
+        &sb,
+        &format!(
+            "exec {} run --rootfs {} -- sifbox-probe attack {} 9<{}",
+            bin(),
+            root_arg(),
+            SUPERVISOR_ATTACKS.join(" "),
+            shell_quote(&decoy.path().display().to_string())
+        ),
+    );
+    out.success();
+    assert_contained(&out.json());
+    assert!(!out.stdout.contains(&decoy.secret));
+}
+
+/// The same for a long-lived sandbox (init, its exec workers), as root and
+/// as a user of the image, and for a one-off exec process (--timeout and
+/// -u use the same workers; a fake-ids exec gets a process of its own).
+#[test]
+fn the_supervisor_and_workers_of_a_started_sandbox_are_out_of_reach() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let started = start_with_fds(&sb, &decoy, "");
+    // A secret that travels with an exec: the attack would read it from
+    // the next request.
+    let secret = unique("api-key");
+    for extra in [&[][..], &["-u", "1000"][..], &["--timeout", "30"][..]] {
+        let mut args = vec!["exec", "-e", "API_KEY"];
+        args.extend_from_slice(extra);
+        args.extend([started.name.as_str(), "--", "sifbox-probe", "attack"]);
+        args.extend_from_slice(SUPERVISOR_ATTACKS);
+        let out = sb
+            .cmd(&args)
+            .env("API_KEY", &secret)
+            .no_clean_check()
+            .output();
+        out.success();
+        assert_contained(&out.json());
+        assert!(!out.stdout.contains(&decoy.secret));
+    }
+}
+
+/// The caller's stderr (a terminal, a log file) is not reachable through
+/// init's /proc/1/fd/2: a command can neither read nor append to it (its
+/// own stderr, the caller's by design, is pointed elsewhere first).
+#[test]
+fn the_callers_stderr_is_out_of_reach() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let log = decoy.path().join("caller-stderr.log");
+    std::fs::write(&log, "before\n").expect("log");
+    let marker = unique("appended");
+    let out = host_sh(
+        &sb,
+        &format!(
+            "{} run --rootfs {} -- sh -c 'exec 2>/dev/null; echo {marker} >> /proc/1/fd/2; cat /proc/1/fd/2; true' 2>>{}",
+            bin(),
+            root_arg(),
+            shell_quote(&log.display().to_string())
+        ),
+    );
+    out.success();
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        !text.contains(&marker),
+        "the command appended to the caller's stderr: {text}"
+    );
+    assert!(
+        !out.stdout.contains("before"),
+        "the command read the caller's stderr"
+    );
+}
+
+/// A pipe the caller of `sifbox start` passed (any fd, here 5) reaches EOF
+/// as soon as start returns: no process of the sandbox holds it (the audit
+/// found a reader hanging until `stop`).
+#[test]
+fn a_pipe_given_to_start_is_not_held_by_the_sandbox() {
+    let sb = Sifbox::new();
+    let name = unique("pipe");
+    let t = Instant::now();
+    // The shell's stdout is our pipe; `start` gets it as fd 5 (and as
+    // stdout); `cat` sees EOF only once nothing holds it.
+    let out = host_sh_starting(
+        &sb,
+        &format!(
+            "( {} start --rootfs {} --name {name} 5>&1 >/dev/null; echo started ) | cat",
+            bin(),
+            root_arg(),
+        ),
+    );
+    let took = t.elapsed();
+    sb.cmd(["stop", "--timeout", "1", &name]).output().success();
+    out.success();
+    assert!(out.stdout.contains("started"), "{}", out.stdout);
+    assert!(
+        took < Duration::from_secs(20),
+        "the pipe was held for {took:?}"
+    );
+}
+
+// ===========================================================================
+// 2. Images that would steer root assembly
+// ===========================================================================
+
+/// A copy of the test rootfs with `path` replaced by a symlink to
+/// `target` (or by an empty file when `target` is None).
+fn crafted_rootfs(dir: &Path, path: &str, target: Option<&Path>) -> PathBuf {
+    let root = dir.join("root");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(rootfs())
+        .arg(&root)
+        .status()
+        .expect("cp");
+    assert!(st.success(), "copying the test rootfs");
+    let p = root.join(path);
+    if p.is_dir() {
+        std::fs::remove_dir_all(&p).expect("rm");
+    } else {
+        let _ = std::fs::remove_file(&p);
+    }
+    match target {
+        Some(t) => std::os::unix::fs::symlink(t, &p).expect("symlink"),
+        None => std::fs::write(&p, b"").expect("file"),
+    }
+    root
+}
+
+/// A foreign SIF (mksquashfs + siftool, as Apptainer's tools make them) of
+/// the tree `root`.
+fn foreign_sif(dir: &Path, root: &Path) -> PathBuf {
+    let part = dir.join("root.sqfs");
+    let sif = dir.join("crafted.sif");
+    let run = |cmd: &mut Command| {
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/install-deps.sh installs it)"));
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(Command::new("mksquashfs").arg(root).arg(&part).args([
+        "-comp",
+        "gzip",
+        "-noappend",
+        "-quiet",
+    ]));
+    run(Command::new("siftool").arg("new").arg(&sif));
+    run(Command::new("siftool")
+        .args([
+            "add",
+            "--datatype",
+            "4",
+            "--parttype",
+            "2",
+            "--partfs",
+            "1",
+            "--partarch",
+            "2",
+        ])
+        .arg(&sif)
+        .arg(&part));
+    sif
+}
+
+/// Starting `image` fails with one clear error naming `path`, leaves
+/// nothing behind, and does not touch the decoy.
+#[track_caller]
+fn refused(sb: &Sifbox, env: &[(&str, &Path)], image: &Path, path: &str, decoy: &Decoy) {
+    let before = snapshot(decoy.path());
+    // A store of its own (a SIF is imported into it).
+    let cache = tempdir("sifbox-crafted-store.");
+    let mut inv = sb
+        .cmd(["run", &image.display().to_string(), "true"])
+        .env("SIFBOX_CACHE", cache.path());
+    for (k, v) in env {
+        inv = inv.env(k, v);
+    }
+    let out = inv.output();
+    out.sifbox_error();
+    out.stderr_has(&format!("the image's {path}"));
+    let diff = snapshot_diff(&before, &snapshot(decoy.path()));
+    assert!(diff.is_empty(), "the decoy changed:\n{diff}");
+    harness::make_removable(cache.path());
+}
+
+/// An image whose /proc is an absolute symlink (the audit mounted proc
+/// through it while the read-only covers were skipped: /proc/sys became
+/// writable) is refused, as a rootfs dir and as a foreign SIF.
+#[test]
+fn an_image_with_a_symlinked_proc_is_refused() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let dir = tempdir("sifbox-crafted.");
+    let cache = tempdir("sifbox-crafted-store.");
+    let root = crafted_rootfs(dir.path(), "proc", Some(decoy.path()));
+    refused(&sb, &[], &root, "/proc is a symbolic link", &decoy);
+    let sif = foreign_sif(dir.path(), &root);
+    refused(
+        &sb,
+        &[("SIFBOX_CACHE", cache.path())],
+        &sif,
+        "/proc is a symbolic link",
+        &decoy,
+    );
+    harness::make_removable(cache.path());
+}
+
+/// An image whose /dev is an absolute symlink (the audit had the
+/// supervisor create and truncate null, zero, tty... in that host dir) is
+/// refused; so is a /dev that is a file, and a /sys that climbs out.
+#[test]
+fn an_image_with_a_symlinked_dev_or_sys_is_refused() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let cache = tempdir("sifbox-crafted-store.");
+    let dir = tempdir("sifbox-crafted.");
+    let root = crafted_rootfs(dir.path(), "dev", Some(decoy.path()));
+    refused(&sb, &[], &root, "/dev is a symbolic link", &decoy);
+    let sif = foreign_sif(dir.path(), &root);
+    refused(
+        &sb,
+        &[("SIFBOX_CACHE", cache.path())],
+        &sif,
+        "/dev is a symbolic link",
+        &decoy,
+    );
+    assert!(!decoy.path().join("null").exists());
+
+    let dir = tempdir("sifbox-crafted.");
+    let root = crafted_rootfs(dir.path(), "dev", None);
+    refused(&sb, &[], &root, "/dev is not a directory", &decoy);
+
+    let dir = tempdir("sifbox-crafted.");
+    let up = format!("../../../../../../..{}", decoy.path().display());
+    let root = crafted_rootfs(dir.path(), "sys", Some(Path::new(&up)));
+    refused(&sb, &[], &root, "/sys is a symbolic link", &decoy);
+    harness::make_removable(cache.path());
+}
+
+/// Host-wide knobs stay read-only, also for a sandbox of host root (whose
+/// root is host uid 0: a writable core_pattern would run code as host
+/// root), and the covers can neither be remounted nor unmounted.
+#[test]
+fn host_wide_knobs_stay_read_only() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run([
+            "--",
+            "sifbox-probe",
+            "attack",
+            "proc-sys-write",
+            "proc-sysrq",
+            "proc-masked",
+            "remount",
+            "unmount-covers",
+            "mount-new",
+        ])
+        .output();
+    out.success();
+    assert_contained(&out.json());
+}
+
+// ===========================================================================
+// 3. Host state
+// ===========================================================================
+
+/// The host's session keyring id, from the probe run on the host.
+fn host_keyring_id() -> Option<String> {
+    let probe = rootfs().join("usr/bin/sifbox-probe");
+    let out = Command::new(&probe)
+        .args(["attack", "keyring"])
+        .output()
+        .expect("running the probe on the host");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("probe report");
+    let detail = report["attacks"]["keyring"]["detail"].as_str()?.to_string();
+    detail.strip_prefix("session keyring ").map(str::to_string)
+}
+
+/// The caller's session keyring (an ssh login's keys) is not the
+/// sandbox's: the default policy denies keyctl outright, and without any
+/// filter the command finds a fresh keyring of the sandbox's own.
+#[test]
+fn the_callers_session_keyring_is_not_shared() {
+    let sb = Sifbox::new();
+    let out = sb.run(["--", "sifbox-probe", "attack", "keyring"]).output();
+    out.success();
+    assert_contained(&out.json());
+    let out = sb
+        .run([
+            "--seccomp",
+            "unconfined",
+            "--",
+            "sifbox-probe",
+            "attack",
+            "keyring",
+        ])
+        .output();
+    out.success();
+    let inside = out.json()["attacks"]["keyring"]["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if let Some(host) = host_keyring_id() {
+        assert!(
+            !inside.ends_with(&format!(" {host}")),
+            "the sandbox sees the caller's session keyring {host}: {inside}"
+        );
+    }
+}
+
+/// /dev/shm has a size (64 MiB by default, --shm-size), /tmp is part of
+/// the writable layer and bounded by --tmpfs-size (the audit found both
+/// unbounded RAM tmpfs, 12 GiB each).
+#[test]
+fn tmpfs_mounts_have_sizes() {
+    let sb = Sifbox::new();
+    let kib = |out: &Output, mount: &str| -> u64 {
+        out.stdout
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(mount))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no size of {mount} in {}", out.stdout))
+    };
+    let out = sb.run(["--", "df", "-k", "/dev/shm"]).output();
+    out.success();
+    assert_eq!(kib(&out, "/dev/shm"), 64 * 1024);
+    let out = sb
+        .run(["--shm-size", "8m", "--", "df", "-k", "/dev/shm"])
+        .output();
+    out.success();
+    assert_eq!(kib(&out, "/dev/shm"), 8 * 1024);
+    // Writing 32 MiB into /tmp of a 16 MiB writable layer fails.
+    let out = sb
+        .run([
+            "--tmpfs-size",
+            "16",
+            "--",
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/tmp/fill bs=1048576 count=32 2>&1; echo rc=$?",
+        ])
+        .output();
+    out.success();
+    assert!(out.stdout.contains("No space left"), "{}", out.stdout);
+    assert!(!out.stdout.contains("rc=0"), "{}", out.stdout);
+    // Bad sizes are bad input.
+    sb.run(["--shm-size", "lots", "--", "true"])
+        .output()
+        .usage_error();
+}
+
+/// No host path of the image's layers, the writable layer or the runtime
+/// dir shows in the sandbox's mountinfo (the audit read the overlay's
+/// lower and upper host paths there).
+#[test]
+fn mountinfo_shows_no_host_paths() {
+    let sb = Sifbox::new();
+    let out = sb.run(["--", "cat", "/proc/self/mountinfo"]).output();
+    out.success();
+    let image = rootfs().display().to_string();
+    let runtime = sb.runtime().display().to_string();
+    for line in out.stdout.lines() {
+        assert!(
+            !line.contains(&image),
+            "the image's host path shows: {line}"
+        );
+        assert!(!line.contains(&runtime), "the runtime dir shows: {line}");
+    }
+}
+
+// ===========================================================================
+// 4. The kernel's attack surface
+// ===========================================================================
+
+/// The default policy denies what no ordinary program needs (keyctl, bpf,
+/// userfaultfd, perf_event_open, io_uring, kexec, modules,
+/// open_by_handle_at) and new user namespaces; the same calls reach the
+/// kernel with --seccomp unconfined, so the policy is what stops them.
+#[test]
+fn the_default_seccomp_policy_denies_kernel_attack_surface() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run(["--", "sifbox-probe", "attack", "syscalls", "new-userns"])
+        .output();
+    out.success();
+    assert_contained(&out.json());
+    let out = sb
+        .run([
+            "--seccomp",
+            "unconfined",
+            "--",
+            "sifbox-probe",
+            "attack",
+            "syscalls",
+        ])
+        .output();
+    out.success();
+    let (_, contained, detail) = attacks(&out.json()).remove(0);
+    assert!(
+        !contained,
+        "without the filter some of these calls must reach the kernel: {detail}"
+    );
+}
+
+/// `--allow-userns` lets commands make a user namespace (bubblewrap,
+/// Chromium's sandbox), still under the rest of the policy.
+#[test]
+fn allow_userns_opts_in_to_nested_namespaces() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run([
+            "--allow-userns",
+            "--",
+            "sifbox-probe",
+            "attack",
+            "new-userns",
+            "syscalls",
+        ])
+        .output();
+    out.success();
+    let report = out.json();
+    let by_name: Vec<(String, bool, String)> = attacks(&report);
+    let userns = by_name
+        .iter()
+        .find(|(n, ..)| n == "new-userns")
+        .expect("new-userns");
+    assert!(
+        !userns.1,
+        "a user namespace could not be made: {}",
+        userns.2
+    );
+    let calls = by_name
+        .iter()
+        .find(|(n, ..)| n == "syscalls")
+        .expect("syscalls");
+    assert!(calls.1, "the rest of the policy is off: {}", calls.2);
+}
+
+// ===========================================================================
+// 5. Build steps
+// ===========================================================================
+
+/// A RUN step of `sifbox build` cannot read a directory its caller held
+/// open (the audit read host files through /proc/1/fd/9 from a build).
+#[test]
+fn a_build_step_cannot_reach_the_builders_fds() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let cache = tempdir("sifbox-hostile-build.");
+    let ctx = tempdir("sifbox-hostile-ctx.");
+    let env_cache = cache.path().display().to_string();
+    let out = sb
+        .cmd([
+            "image",
+            "import",
+            &rootfs().display().to_string(),
+            "--name",
+            "busybox",
+        ])
+        .env("SIFBOX_CACHE", &env_cache)
+        .output();
+    out.success();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM busybox\nRUN for p in /proc/[0-9]*; do cat $p/fd/9/secret; ls $p/fd/9/; done 2>/dev/null; sifbox-probe attack supervisor-fds supervisor-ptrace > /probe.json\n",
+    )
+    .expect("Dockerfile");
+    let out = sb
+        .program(
+            "/bin/sh",
+            [
+                "-c",
+                &format!(
+                    "exec {} build --progress plain -t hostile-build:1 {} 9<{}",
+                    bin(),
+                    shell_quote(&ctx.path().display().to_string()),
+                    shell_quote(&decoy.path().display().to_string())
+                ),
+            ],
+        )
+        .env("SIFBOX_CACHE", &env_cache)
+        .timeout(Duration::from_secs(120))
+        .output();
+    out.success();
+    assert!(!out.stdout.contains(&decoy.secret) && !out.stderr.contains(&decoy.secret));
+    let report = sb
+        .cmd(["run", "hostile-build:1", "cat", "/probe.json"])
+        .env("SIFBOX_CACHE", &env_cache)
+        .output();
+    report.success();
+    assert_contained(&report.json());
+    let _ = sb
+        .cmd(["image", "rm", "hostile-build:1", "busybox"])
+        .env("SIFBOX_CACHE", &env_cache)
+        .output();
+    let _ = sb
+        .cmd(["gc", "--build-cache"])
+        .env("SIFBOX_CACHE", &env_cache)
+        .output();
+    harness::make_removable(cache.path());
+}
