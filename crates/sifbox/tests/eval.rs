@@ -964,3 +964,40 @@ exit 0
     let ev = std::fs::read_to_string(job.join("d-records__1/sandbox.json")).expect("read");
     assert!(!ev.contains("forged"), "{ev}");
 }
+
+/// User namespaces inside are denied by default and opted in per task
+/// (`[metadata.sifbox] allow_userns = true`) or per job (`--allow-userns`).
+#[test]
+fn user_namespaces_are_opted_in_per_task_or_per_job() {
+    let env = Env::with_evalbase();
+    // The agent records whether it could make a user namespace; the
+    // verifier turns that into the reward.
+    let solve = "#!/bin/sh\nif unshare -U true 2>/dev/null; then echo yes > /tmp/userns; else echo no > /tmp/userns; fi\n";
+    let test = "#!/bin/sh\nif [ \"$(cat /tmp/userns)\" = yes ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n";
+    env.task("plain", "", solve, test);
+    env.task(
+        "opted-in",
+        "[metadata.sifbox]\nallow_userns = true\n",
+        solve,
+        test,
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "one", &tasks]).output().success();
+    assert_eq!(outcome(&env.result("one", "plain__1")), ok(0.0));
+    assert_eq!(outcome(&env.result("one", "opted-in__1")), ok(1.0));
+    env.eval(&["--job", "all", "--allow-userns", &tasks])
+        .output()
+        .success();
+    assert_eq!(outcome(&env.result("all", "plain__1")), ok(1.0));
+    // A wrong type is bad input, before anything runs.
+    env.task(
+        "bad",
+        "[metadata.sifbox]\nallow_userns = \"yes\"\n",
+        solve,
+        test,
+    );
+    env.eval(&["--job", "bad", &tasks])
+        .output()
+        .sifbox_error()
+        .stderr_has("[metadata.sifbox]");
+}
