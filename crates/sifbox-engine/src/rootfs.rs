@@ -946,17 +946,26 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
         .map(|fd| overlay_escape(&fd_path(fd)))
         .collect::<Vec<_>>()
         .join(":");
-    let overlay = |userxattr: bool| -> std::result::Result<OwnedFd, Error> {
+    let root_target = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
+        .map_err(sys_err("opening m/root"))?;
+    // The new mount API first, one layer per `lowerdir+` (Linux 6.8: no
+    // limit on the number of layers, where an fsconfig string holds 256
+    // bytes); else mount(2), whose options hold a page (some 200 layers
+    // named by fd).
+    let upper_s = overlay_escape(&fd_path(&upper));
+    let work_s = overlay_escape(&fd_path(&work));
+    let new_api = |userxattr: bool| -> std::result::Result<(), Error> {
         let ctx =
             fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC).map_err(sys_err("fsopen(overlay)"))?;
         let _ = fsconfig_set_string(&ctx, "source", "sifbox-overlay");
-        let set = |k: &str, v: String| {
-            fsconfig_set_string(&ctx, k, v.as_str())
-                .map_err(|e| fs_error(&ctx, format!("overlay {k}"), e))
+        let set = |k: &str, v: &str| {
+            fsconfig_set_string(&ctx, k, v).map_err(|e| fs_error(&ctx, format!("overlay {k}"), e))
         };
-        set("lowerdir", lower.clone())?;
-        set("upperdir", overlay_escape(&fd_path(&upper)))?;
-        set("workdir", overlay_escape(&fd_path(&work)))?;
+        for fd in &lowers {
+            set("lowerdir+", &overlay_escape(&fd_path(fd)))?;
+        }
+        set("upperdir", &upper_s)?;
+        set("workdir", &work_s)?;
         if userxattr {
             // We are always in a user namespace here, where overlayfs
             // cannot use trusted.* xattrs: ask for user.* ones.
@@ -964,20 +973,43 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
                 .map_err(|e| fs_error(&ctx, "overlay userxattr".into(), e))?;
         }
         fsconfig_create(&ctx).map_err(|e| fs_error(&ctx, "creating the overlay".into(), e))?;
-        fsmount(&ctx, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
-            .map_err(|e| fs_error(&ctx, "fsmount(overlay)".into(), e))
+        let ovl = fsmount(&ctx, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+            .map_err(|e| fs_error(&ctx, "fsmount(overlay)".into(), e))?;
+        attach(&ovl, root_target.as_fd(), "the overlay root")
     };
-    let ovl = overlay(true).or_else(|_| overlay(false)).map_err(|e| {
-        Error::Setup(format!(
-            "mounting the overlay root (image {}): {e}; run `sifbox doctor` to see whether overlayfs works in a user namespace here",
-            spec.rootfs.display()
-        ))
-    })?;
-    let root_target = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
-        .map_err(sys_err("opening m/root"))?;
-    attach(&ovl, root_target.as_fd(), "the overlay root")?;
+    let legacy = |userxattr: bool| -> std::result::Result<(), Error> {
+        let mut opts = format!("lowerdir={lower},upperdir={upper_s},workdir={work_s}");
+        if userxattr {
+            opts.push_str(",userxattr");
+        }
+        let data = std::ffi::CString::new(opts)
+            .map_err(|_| Error::Setup("a NUL in the overlay options".into()))?;
+        rustix::mount::mount(
+            "sifbox-overlay",
+            fd_path(&root_target).as_path(),
+            "overlay",
+            rustix::mount::MountFlags::empty(),
+            Some(data.as_c_str()),
+        )
+        .map_err(sys_err("mount(overlay)"))
+    };
+    new_api(true)
+        .or_else(|e| {
+            tracing::debug!("the mount API's overlay failed ({e}); using mount(2)");
+            legacy(true)
+        })
+        .or_else(|_| legacy(false))
+        .map_err(|e| {
+            Error::Setup(format!(
+                "mounting the overlay root (image {}): {e}; run `sifbox doctor` to see whether overlayfs works in a user namespace here",
+                spec.rootfs.display()
+            ))
+        })?;
+    // The overlay is what m/root shows now.
+    let fd = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
+        .map_err(sys_err("opening the overlay root"))?;
     Ok(NewRoot {
-        fd: ovl,
+        fd,
         mounts: HashMap::new(),
     })
 }

@@ -892,9 +892,16 @@ impl Sandbox {
     }
 
     fn connect(&self) -> Result<UnixStream> {
-        connect(&self.dir).map_err(|e| Error::Protocol {
-            name: self.name.clone(),
-            why: format!("cannot reach its control socket: {e}"),
+        connect(&self.dir).map_err(|e| {
+            // A sandbox still setting up whose supervisor gave up has closed
+            // the socket: its own reason is on the status pipe.
+            if let Err(setup) = self.wait_ready() {
+                return setup;
+            }
+            Error::Protocol {
+                name: self.name.clone(),
+                why: format!("cannot reach its control socket: {e}"),
+            }
         })
     }
 

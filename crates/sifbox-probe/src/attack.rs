@@ -179,7 +179,10 @@ fn supervisor_mem() -> Outcome {
             // A prefix is proof enough (pagemap spans the whole address
             // space).
             let mut buf = [0u8; 256];
-            if fs::File::open(&p).and_then(|mut f| f.read(&mut buf)).is_ok_and(|n| n > 0) {
+            if fs::File::open(&p)
+                .and_then(|mut f| f.read(&mut buf))
+                .is_ok_and(|n| n > 0)
+            {
                 got.push(format!("read {p}"));
             }
         }

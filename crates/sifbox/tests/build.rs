@@ -1098,12 +1098,12 @@ fn hostile_context_symlinks_reach_nothing_outside() {
     let df = "FROM busybox\nCOPY . /ctx/\nCOPY dir /d/\n\
 RUN --mount=type=bind,target=/c cp -a /c /bound\n";
     env.file("Dockerfile", df);
-    let out = env.build(&["-t", "hostile"]);
+    let out = env.build(&["-t", "hostile-ctx:1"]);
     no_marker(&out);
     out.success();
     let out = env.sifbox(&[
         "run",
-        "hostile",
+        "hostile-ctx:1",
         "sh",
         "-c",
         "grep -rl SIFBOX-DECOY /ctx /d /bound; readlink /ctx/abs; readlink /d/out; readlink /bound/abs; \
