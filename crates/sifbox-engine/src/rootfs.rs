@@ -365,10 +365,13 @@ fn sys_err(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> Error {
 /// The root being assembled: the overlay mount and the mounts made on it.
 #[derive(Debug)]
 pub struct NewRoot {
-    /// The overlay's mount fd (its root directory).
+    /// The overlay's root directory.
     fd: OwnedFd,
     /// The mounts of [`Base`]s other than the root, once made.
     mounts: HashMap<Base, OwnedFd>,
+    /// The first empty read-only tmpfs that masks a directory: the others
+    /// are clones of it (one superblock for all).
+    empty: Option<OwnedFd>,
 }
 
 impl NewRoot {
@@ -453,16 +456,38 @@ fn open_beneath<Fd: AsFd>(base: Fd, path: &Path, extra: OFlags) -> rustix::io::R
     )
 }
 
-/// The parent (opened strictly beneath `base`) and the last name of `at`.
-fn split_beneath<'a>(base: BorrowedFd<'_>, at: &'a At) -> Result<(OwnedFd, &'a std::ffi::OsStr)> {
+/// The directory a step's entry is made in: the base itself for a name
+/// right beneath it, else one opened beneath it.
+enum Parent<'a> {
+    Base(BorrowedFd<'a>),
+    Opened(OwnedFd),
+}
+
+impl AsFd for Parent<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Parent::Base(b) => *b,
+            Parent::Opened(o) => o.as_fd(),
+        }
+    }
+}
+
+/// The parent (strictly beneath `base`) and the last name of `at`.
+fn split_beneath<'a, 'b>(
+    base: BorrowedFd<'b>,
+    at: &'a At,
+) -> Result<(Parent<'b>, &'a std::ffi::OsStr)> {
     let name = at
         .path
         .file_name()
         .ok_or_else(|| Error::Setup(format!("{}: not a creatable name", at.shown())))?;
     let parent = at.path.parent().unwrap_or(Path::new(""));
+    if parent.as_os_str().is_empty() {
+        return Ok((Parent::Base(base), name));
+    }
     let fd = open_beneath(base, parent, OFlags::DIRECTORY)
         .map_err(sys_err(format!("opening the parent of {}", at.shown())))?;
-    Ok((fd, name))
+    Ok((Parent::Opened(fd), name))
 }
 
 /// The image's own directory at `at` (no symlink on the way), made when
@@ -772,23 +797,36 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
             let what = format!("masking {}", at.shown());
             let st = rustix::fs::fstat(&target).map_err(sys_err(&what))?;
             let tree = if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-                make_fs(
-                    &Fs::Tmpfs {
-                        mode: 0o555,
-                        size: 4096,
-                    },
-                    Attrs {
-                        readonly: true,
-                        ..Attrs::NOSUID_NODEV_NOEXEC
-                    },
-                    &what,
-                )?
+                match &root.empty {
+                    Some(empty) => open_tree(
+                        empty,
+                        "",
+                        OpenTreeFlags::OPEN_TREE_CLONE
+                            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                            | OpenTreeFlags::AT_EMPTY_PATH,
+                    )
+                    .map_err(sys_err(format!("{what}: cloning the empty mount")))?,
+                    None => make_fs(
+                        &Fs::Tmpfs {
+                            mode: 0o555,
+                            size: 4096,
+                        },
+                        Attrs {
+                            readonly: true,
+                            ..Attrs::NOSUID_NODEV_NOEXEC
+                        },
+                        &what,
+                    )?,
+                }
             } else {
                 let t = clone_host(Path::new("/dev/null"), &what).map_err(|(_, e)| e)?;
                 readonly(&t, &what)?;
                 t
             };
             attach(&tree, target.as_fd(), &what)?;
+            if root.empty.is_none() && FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                root.empty = Some(tree);
+            }
         }
         Step::MakeDir { at, mode } => {
             let Some(base) = root.base(at.base) else {
@@ -1011,6 +1049,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
     Ok(NewRoot {
         fd,
         mounts: HashMap::new(),
+        empty: None,
     })
 }
 
@@ -1219,6 +1258,7 @@ mod tests {
         let root = NewRoot {
             fd,
             mounts: HashMap::new(),
+            empty: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(
