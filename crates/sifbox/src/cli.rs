@@ -69,6 +69,32 @@ struct ExecCli {
     args: cmd::exec::ExecArgs,
 }
 
+/// `sifbox run` alone, parsed exactly as the subcommand of [`Cli`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "sifbox run",
+    bin_name = "sifbox run",
+    about = "Run one command in a fresh sandbox, then tear it down",
+    long_about = None,
+)]
+struct RunCli {
+    #[command(flatten)]
+    args: cmd::run::RunArgs,
+}
+
+/// `sifbox start` alone, parsed exactly as the subcommand of [`Cli`].
+#[derive(Debug, Parser)]
+#[command(
+    name = "sifbox start",
+    bin_name = "sifbox start",
+    about = "Start a sandbox that runs until `sifbox stop`; prints its name once ready",
+    long_about = None,
+)]
+struct StartCli {
+    #[command(flatten)]
+    args: cmd::start::StartArgs,
+}
+
 /// Parses a command line; help and usage errors print here.
 fn parse<P: Parser>(args: Vec<std::ffi::OsString>) -> Result<P, ExitCode> {
     P::try_parse_from(args).map_err(|e| {
@@ -84,12 +110,20 @@ fn parse<P: Parser>(args: Vec<std::ffi::OsString>) -> Result<P, ExitCode> {
 /// Parses the command line and runs the command.
 pub fn run() -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let command = if args.get(1).is_some_and(|a| a == "exec") {
-        // The hot path of agent harnesses: build only exec's parser rather
-        // than every subcommand's (a measurable part of an exec's time).
-        // "exec" takes the place of the program name.
+    // The hot paths (an agent harness's every step, a rollout's sandbox, a
+    // job array's one-shot runs) build only their own parser rather than
+    // every subcommand's, a measurable part of their time; the name of the
+    // subcommand takes the place of the program name.
+    let first = args.get(1).and_then(|a| a.to_str()).unwrap_or_default();
+    let command = if first == "exec" {
         args.remove(0);
         parse::<ExecCli>(args).map(|c| Command::Exec(Box::new(c.args)))
+    } else if first == "run" {
+        args.remove(0);
+        parse::<RunCli>(args).map(|c| Command::Run(Box::new(c.args)))
+    } else if first == "start" {
+        args.remove(0);
+        parse::<StartCli>(args).map(|c| Command::Start(Box::new(c.args)))
     } else {
         parse::<Cli>(args).map(|c| c.command)
     };
