@@ -292,59 +292,17 @@ fn crafted_rootfs(dir: &Path, path: &str, target: Option<&Path>) -> PathBuf {
     root
 }
 
-/// A foreign SIF (mksquashfs + siftool, as Apptainer's tools make them) of
-/// the tree `root`.
-fn foreign_sif(dir: &Path, root: &Path) -> PathBuf {
-    let part = dir.join("root.sqfs");
-    let sif = dir.join("crafted.sif");
-    let run = |cmd: &mut Command| {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/install-deps.sh installs it)"));
-        assert!(
-            out.status.success(),
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(Command::new("mksquashfs").arg(root).arg(&part).args([
-        "-comp",
-        "gzip",
-        "-noappend",
-        "-quiet",
-    ]));
-    run(Command::new("siftool").arg("new").arg(&sif));
-    run(Command::new("siftool")
-        .args([
-            "add",
-            "--datatype",
-            "4",
-            "--parttype",
-            "2",
-            "--partfs",
-            "1",
-            "--partarch",
-            "2",
-        ])
-        .arg(&sif)
-        .arg(&part));
-    sif
-}
-
 /// Starting `image` fails with one clear error naming `path`, leaves
 /// nothing behind, and does not touch the decoy.
 #[track_caller]
-fn refused(sb: &Sifbox, env: &[(&str, &Path)], image: &Path, path: &str, decoy: &Decoy) {
+fn refused(sb: &Sifbox, image: &Path, path: &str, decoy: &Decoy) {
     let before = snapshot(decoy.path());
     // A store of its own (a SIF is imported into it).
     let cache = tempdir("sifbox-crafted-store.");
-    let mut inv = sb
+    let out = sb
         .cmd(["run", &image.display().to_string(), "true"])
-        .env("SIFBOX_CACHE", cache.path());
-    for (k, v) in env {
-        inv = inv.env(k, v);
-    }
-    let out = inv.output();
+        .env("SIFBOX_CACHE", cache.path())
+        .output();
     out.sifbox_error();
     out.stderr_has(&format!("the image's {path}"));
     let diff = snapshot_diff(&before, &snapshot(decoy.path()));
@@ -352,26 +310,41 @@ fn refused(sb: &Sifbox, env: &[(&str, &Path)], image: &Path, path: &str, decoy: 
     harness::make_removable(cache.path());
 }
 
-/// An image whose /proc is an absolute symlink (the audit mounted proc
-/// through it while the read-only covers were skipped: /proc/sys became
-/// writable) is refused, as a rootfs dir and as a foreign SIF.
-#[test]
-fn an_image_with_a_symlinked_proc_is_refused() {
+/// The test rootfs with `path` replaced (see [`crafted_rootfs`]) is
+/// refused with `why`, as a rootfs dir and, with `sif`, as a foreign SIF.
+#[track_caller]
+fn crafted_is_refused(path: &str, target: Option<&Path>, why: &str, sif: bool) {
     let sb = Sifbox::new();
     let decoy = Decoy::new();
     let dir = tempdir("sifbox-crafted.");
-    let cache = tempdir("sifbox-crafted-store.");
-    let root = crafted_rootfs(dir.path(), "proc", Some(decoy.path()));
-    refused(&sb, &[], &root, "/proc is a symbolic link", &decoy);
-    let sif = foreign_sif(dir.path(), &root);
-    refused(
-        &sb,
-        &[("SIFBOX_CACHE", cache.path())],
-        &sif,
-        "/proc is a symbolic link",
-        &decoy,
-    );
-    harness::make_removable(cache.path());
+    let target = target.map(|t| {
+        if t.as_os_str().is_empty() {
+            decoy.path().to_path_buf()
+        } else {
+            t.to_path_buf()
+        }
+    });
+    let root = crafted_rootfs(dir.path(), path, target.as_deref());
+    let what = format!("/{path} {why}");
+    refused(&sb, &root, &what, &decoy);
+    if sif {
+        refused(&sb, &harness::foreign_sif(&root, dir.path()), &what, &decoy);
+    }
+    for node in ["null", "zero", "tty"] {
+        assert!(
+            !decoy.path().join(node).exists(),
+            "{node} made in the decoy"
+        );
+    }
+}
+
+/// An image whose /proc is an absolute symlink (the audit mounted proc
+/// through it while the read-only covers were skipped: /proc/sys became
+/// writable) is refused, as a rootfs dir and as a foreign SIF. (An empty
+/// target stands for the decoy dir.)
+#[test]
+fn an_image_with_a_symlinked_proc_is_refused() {
+    crafted_is_refused("proc", Some(Path::new("")), "is a symbolic link", true);
 }
 
 /// An image whose /dev is an absolute symlink (the audit had the
@@ -379,31 +352,14 @@ fn an_image_with_a_symlinked_proc_is_refused() {
 /// refused; so is a /dev that is a file, and a /sys that climbs out.
 #[test]
 fn an_image_with_a_symlinked_dev_or_sys_is_refused() {
-    let sb = Sifbox::new();
-    let decoy = Decoy::new();
-    let cache = tempdir("sifbox-crafted-store.");
-    let dir = tempdir("sifbox-crafted.");
-    let root = crafted_rootfs(dir.path(), "dev", Some(decoy.path()));
-    refused(&sb, &[], &root, "/dev is a symbolic link", &decoy);
-    let sif = foreign_sif(dir.path(), &root);
-    refused(
-        &sb,
-        &[("SIFBOX_CACHE", cache.path())],
-        &sif,
-        "/dev is a symbolic link",
-        &decoy,
+    crafted_is_refused("dev", Some(Path::new("")), "is a symbolic link", true);
+    crafted_is_refused("dev", None, "is not a directory", false);
+    crafted_is_refused(
+        "sys",
+        Some(Path::new("../../../../../../../tmp")),
+        "is a symbolic link",
+        false,
     );
-    assert!(!decoy.path().join("null").exists());
-
-    let dir = tempdir("sifbox-crafted.");
-    let root = crafted_rootfs(dir.path(), "dev", None);
-    refused(&sb, &[], &root, "/dev is not a directory", &decoy);
-
-    let dir = tempdir("sifbox-crafted.");
-    let up = format!("../../../../../../..{}", decoy.path().display());
-    let root = crafted_rootfs(dir.path(), "sys", Some(Path::new(&up)));
-    refused(&sb, &[], &root, "/sys is a symbolic link", &decoy);
-    harness::make_removable(cache.path());
 }
 
 /// Host-wide knobs stay read-only, also for a sandbox of host root (whose

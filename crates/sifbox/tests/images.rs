@@ -249,8 +249,8 @@ fn siftool_reads_what_sifbox_writes() {
 
 #[test]
 fn a_sif_made_by_mksquashfs_and_siftool_runs() {
-    let siftool = require("siftool");
-    let mksquashfs = require("mksquashfs");
+    require("siftool");
+    require("mksquashfs");
     let env = Env::new();
     // A tree with Apptainer env scripts, as an Apptainer build leaves them.
     let tree = env.path("tree");
@@ -261,31 +261,7 @@ fn a_sif_made_by_mksquashfs_and_siftool_runs() {
         "export FROM_ENV_SCRIPT=\"apptainer style\"\n",
     )
     .expect("write");
-    let part = env.path("x.sqfs");
-    run_tool(Command::new(&mksquashfs).arg(&tree).arg(&part).args([
-        "-comp",
-        "gzip",
-        "-noappend",
-        "-quiet",
-    ]));
-    let sif = env.path("foreign.sif");
-    run_tool(Command::new(&siftool).arg("new").arg(&sif));
-    run_tool(
-        Command::new(&siftool)
-            .args([
-                "add",
-                "--datatype",
-                "4",
-                "--parttype",
-                "2",
-                "--partfs",
-                "1",
-                "--partarch",
-                "2",
-            ])
-            .arg(&sif)
-            .arg(&part),
-    );
+    let sif = harness::foreign_sif(&tree, &env.path(""));
     let out = env.sifbox(&[
         "run",
         sif.to_str().unwrap_or_default(),

@@ -92,6 +92,48 @@ pub fn unique_number() -> u64 {
         + n % 100
 }
 
+/// A foreign SIF made of the tree `root` with mksquashfs and siftool, as
+/// Apptainer's tools make them (gzip squashfs as the primary system
+/// partition), in `dir`. Panics, naming the tool, when one is missing.
+/// (The images and hostile suites use it.)
+#[allow(dead_code)]
+pub fn foreign_sif(root: &Path, dir: &Path) -> PathBuf {
+    let part = dir.join("root.sqfs");
+    let sif = dir.join("foreign.sif");
+    let run = |cmd: &mut Command| {
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/install-deps.sh installs it)"));
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(Command::new("mksquashfs").arg(root).arg(&part).args([
+        "-comp",
+        "gzip",
+        "-noappend",
+        "-quiet",
+    ]));
+    run(Command::new("siftool").arg("new").arg(&sif));
+    run(Command::new("siftool")
+        .args([
+            "add",
+            "--datatype",
+            "4",
+            "--parttype",
+            "2",
+            "--partfs",
+            "1",
+            "--partarch",
+            "2",
+        ])
+        .arg(&sif)
+        .arg(&part));
+    sif
+}
+
 /// A fresh temporary dir (0700) under the system's temp dir.
 pub fn tempdir(prefix: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
