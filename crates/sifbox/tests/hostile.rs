@@ -178,9 +178,9 @@ fn the_supervisor_of_a_run_is_out_of_reach() {
     assert!(!out.stdout.contains(&decoy.secret));
 }
 
-/// The same for a long-lived sandbox (init, its exec workers), as root and
-/// as a user of the image, and for a one-off exec process (--timeout and
-/// -u use the same workers; a fake-ids exec gets a process of its own).
+/// The same for a long-lived sandbox (init and its exec worker), with the
+/// command as root, as a user of the image and under a timeout. (The
+/// one-off exec process of a fake-ids build step is the build test's.)
 #[test]
 fn the_supervisor_and_workers_of_a_started_sandbox_are_out_of_reach() {
     let sb = Sifbox::new();
@@ -586,35 +586,39 @@ fn a_build_step_cannot_reach_the_builders_fds() {
         .env("SIFBOX_CACHE", &env_cache)
         .output();
     out.success();
-    std::fs::write(
-        ctx.path().join("Dockerfile"),
-        "FROM busybox\nRUN for p in /proc/[0-9]*; do cat $p/fd/9/secret; ls $p/fd/9/; done 2>/dev/null; sifbox-probe attack supervisor-fds supervisor-ptrace > /probe.json\n",
-    )
-    .expect("Dockerfile");
-    let out = sb
-        .program(
-            "/bin/sh",
-            [
-                "-c",
-                &format!(
-                    "exec {} build --progress plain -t hostile-build:1 {} 9<{}",
-                    bin(),
-                    shell_quote(&ctx.path().display().to_string()),
-                    shell_quote(&decoy.path().display().to_string())
-                ),
-            ],
+    // With the caller's whole id range, and with one id, where each step
+    // runs in an exec process of its own under the fakeroot filter.
+    for (i, userns) in ["auto", "single"].iter().enumerate() {
+        std::fs::write(
+            ctx.path().join("Dockerfile"),
+            format!("FROM busybox\nRUN echo {i}; for p in /proc/[0-9]*; do cat $p/fd/9/secret; ls $p/fd/9/; done 2>/dev/null; sifbox-probe attack supervisor-fds supervisor-ptrace > /probe.json\n"),
         )
-        .env("SIFBOX_CACHE", &env_cache)
-        .timeout(Duration::from_secs(120))
-        .output();
-    out.success();
-    assert!(!out.stdout.contains(&decoy.secret) && !out.stderr.contains(&decoy.secret));
-    let report = sb
-        .cmd(["run", "hostile-build:1", "cat", "/probe.json"])
-        .env("SIFBOX_CACHE", &env_cache)
-        .output();
-    report.success();
-    assert_contained(&report.json());
+        .expect("Dockerfile");
+        let out = sb
+            .program(
+                "/bin/sh",
+                [
+                    "-c",
+                    &format!(
+                        "exec {} build --progress plain --userns {userns} -t hostile-build:1 {} 9<{}",
+                        bin(),
+                        shell_quote(&ctx.path().display().to_string()),
+                        shell_quote(&decoy.path().display().to_string())
+                    ),
+                ],
+            )
+            .env("SIFBOX_CACHE", &env_cache)
+            .timeout(Duration::from_secs(120))
+            .output();
+        out.success();
+        assert!(!out.stdout.contains(&decoy.secret) && !out.stderr.contains(&decoy.secret));
+        let report = sb
+            .cmd(["run", "hostile-build:1", "cat", "/probe.json"])
+            .env("SIFBOX_CACHE", &env_cache)
+            .output();
+        report.success();
+        assert_contained(&report.json());
+    }
     let _ = sb
         .cmd(["image", "rm", "hostile-build:1", "busybox"])
         .env("SIFBOX_CACHE", &env_cache)
