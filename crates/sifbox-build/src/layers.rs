@@ -229,6 +229,10 @@ impl<'s> Layers<'s> {
             host_dns: true,
             shm_bytes: sifbox_engine::spec::DEFAULT_SHM_BYTES,
             confinement: self.confinement,
+            limits: sifbox_engine::spec::Limits {
+                pids: Some(sifbox_engine::spec::DEFAULT_PIDS),
+                ..Default::default()
+            },
         };
         let mut so = StartOptions::new(self.exe.clone());
         // A build sandbox dies with the build.

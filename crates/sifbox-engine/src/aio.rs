@@ -148,6 +148,10 @@ pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec>
         host_dns: true,
         shm_bytes: spec::DEFAULT_SHM_BYTES,
         confinement: spec::Confinement::default(),
+        limits: spec::Limits {
+            pids: Some(spec::DEFAULT_PIDS),
+            ..spec::Limits::default()
+        },
     })
 }
 

@@ -12,6 +12,7 @@ pub mod evidence;
 pub mod exec;
 pub mod fakeroot;
 pub mod idmap;
+pub mod limits;
 pub mod protocol;
 pub mod rootfs;
 pub mod runtime;

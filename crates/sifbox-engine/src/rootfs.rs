@@ -1096,6 +1096,7 @@ mod tests {
             host_dns: true,
             shm_bytes: 1 << 20,
             confinement: Confinement::default(),
+            limits: crate::spec::Limits::default(),
         }
     }
 

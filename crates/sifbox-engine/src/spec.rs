@@ -118,6 +118,116 @@ pub struct Confinement {
     pub allow_userns: bool,
 }
 
+/// Docker's `--memory-swap`: memory plus swap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Swap {
+    /// Memory plus swap, in bytes (equal to the memory limit: no swap).
+    Total(u64),
+    /// As much swap as the host has (`--memory-swap -1`).
+    Unlimited,
+}
+
+/// Resource limits of a sandbox: all its processes together. `None` is no
+/// limit of that kind (the defaults that protect a host are applied by the
+/// CLI and eval, see [`DEFAULT_PIDS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Limits {
+    /// Bytes of memory: resident pages, and the pages the sandbox wrote to
+    /// its tmpfs mounts (the writable layer, /dev/shm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+    /// Memory plus swap; unset with `memory` set means twice `memory`, as
+    /// in Docker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_swap: Option<Swap>,
+    /// Processes and threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    /// CPUs, in thousandths (1500 is one and a half).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus_milli: Option<u32>,
+}
+
+/// The process cap every sandbox gets unless told otherwise: enough for
+/// parallel builds and browsers, far below a host's pid space (32768 by
+/// default), so that one fork bomb cannot take the host down.
+pub const DEFAULT_PIDS: u64 = 4096;
+
+impl Limits {
+    /// The memory-plus-swap total in bytes that applies, if any: Docker's
+    /// rule (unset: twice the memory; `Unlimited`: none).
+    pub fn swap_total(&self) -> Option<u64> {
+        match (self.memory, self.memory_swap) {
+            (_, Some(Swap::Unlimited)) | (None, None) => None,
+            (_, Some(Swap::Total(t))) => Some(t),
+            (Some(m), None) => Some(m.saturating_mul(2)),
+        }
+    }
+
+    /// Checks the limits as Docker does: a swap total needs a memory limit
+    /// at least as large; every limit is positive.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str, why: &str, fix: &str| Error::BadInput {
+            what: what.into(),
+            why: why.into(),
+            fix: fix.into(),
+        };
+        if self.memory == Some(0) {
+            return Err(bad(
+                "memory limit 0",
+                "a sandbox needs some memory",
+                "give a size such as 512m",
+            ));
+        }
+        if self.pids == Some(0) {
+            return Err(bad(
+                "pids limit 0",
+                "a sandbox needs at least one process",
+                "give a number such as 4096",
+            ));
+        }
+        if self.cpus_milli == Some(0) {
+            return Err(bad(
+                "cpus 0",
+                "a sandbox needs some CPU",
+                "give a number such as 1 or 0.5",
+            ));
+        }
+        match (self.memory, self.memory_swap) {
+            (None, Some(Swap::Total(_))) => Err(bad(
+                "memory-swap limit",
+                "a memory-plus-swap total needs a memory limit",
+                "give the memory limit too",
+            )),
+            (Some(m), Some(Swap::Total(t))) if t < m => Err(bad(
+                "memory-swap limit",
+                "memory plus swap is less than the memory limit",
+                "give a total at least as large as the memory limit (equal: no swap; -1: unlimited swap)",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parses a number of CPUs (`2`, `0.5`, `1.25`) into thousandths.
+pub fn parse_cpus(text: &str) -> std::result::Result<u32, String> {
+    let v: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of CPUs (e.g. 2 or 0.5)"))?;
+    if !v.is_finite() || v <= 0.0 || v > 4_000_000.0 {
+        return Err(format!("{text:?}: CPUs must be above 0"));
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a positive, finite value below 4e6, rounded up to thousandths"
+    )]
+    let milli = (v * 1000.0).ceil() as u32;
+    Ok(milli.max(1))
+}
+
 /// Where the sandbox's writes go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -205,6 +315,8 @@ pub struct SandboxSpec {
     pub shm_bytes: u64,
     #[serde(default)]
     pub confinement: Confinement,
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// Parses a size as Docker writes them: a number of bytes with an
@@ -471,6 +583,52 @@ mod tests {
         assert!(parse_size("1.2.3m").is_err());
         assert!(parse_size("99999999999999999999").is_err());
         assert!(parse_size("99999999999t").is_err());
+    }
+
+    #[test]
+    fn limits_follow_dockers_rules() {
+        let l = Limits {
+            memory: Some(100),
+            ..Limits::default()
+        };
+        assert_eq!(l.swap_total(), Some(200));
+        assert!(l.validate().is_ok());
+        let no_swap = Limits {
+            memory_swap: Some(Swap::Total(100)),
+            ..l
+        };
+        assert_eq!(no_swap.swap_total(), Some(100));
+        let unlimited = Limits {
+            memory_swap: Some(Swap::Unlimited),
+            ..l
+        };
+        assert_eq!(unlimited.swap_total(), None);
+        assert!(Limits {
+            memory_swap: Some(Swap::Total(50)),
+            ..l
+        }
+        .validate()
+        .is_err());
+        assert!(Limits {
+            memory: None,
+            memory_swap: Some(Swap::Total(50)),
+            ..l
+        }
+        .validate()
+        .is_err());
+        assert!(Limits {
+            pids: Some(0),
+            ..Limits::default()
+        }
+        .validate()
+        .is_err());
+        assert_eq!(parse_cpus("1"), Ok(1000));
+        assert_eq!(parse_cpus("0.5"), Ok(500));
+        assert_eq!(parse_cpus("0.0001"), Ok(1));
+        assert!(parse_cpus("0").is_err());
+        assert!(parse_cpus("-1").is_err());
+        assert!(parse_cpus("x").is_err());
+        assert!(parse_cpus("inf").is_err());
     }
 
     #[test]

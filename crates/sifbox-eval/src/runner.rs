@@ -969,6 +969,10 @@ fn run_rollout(
         host_dns: true,
         shm_bytes: spec::DEFAULT_SHM_BYTES,
         confinement: ctx.opts.confinement(task),
+        limits: spec::Limits {
+            pids: Some(spec::DEFAULT_PIDS),
+            ..spec::Limits::default()
+        },
     };
     let opts = StartOptions {
         oneshot: true,

@@ -63,6 +63,45 @@ impl ConfineArgs {
     }
 }
 
+/// Resource limits of a sandbox, as Docker spells them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LimitArgs {
+    /// Memory of all the sandbox's processes together, its tmpfs writes
+    /// included: bytes, or with a unit (`512m`, `2g`).
+    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
+    pub memory: Option<u64>,
+    /// Memory plus swap (Docker's meaning): equal to --memory for no swap,
+    /// -1 for unlimited swap; default twice --memory.
+    #[arg(long, value_name = "SIZE", value_parser = swap_arg, allow_hyphen_values = true)]
+    pub memory_swap: Option<spec::Swap>,
+    /// Processes and threads at the same time (default 4096).
+    #[arg(long, value_name = "N", default_value_t = spec::DEFAULT_PIDS)]
+    pub pids: u64,
+    /// CPUs the sandbox may use: a number, fractions allowed (`0.5`, `2`).
+    #[arg(long, value_name = "N", value_parser = spec::parse_cpus)]
+    pub cpus: Option<u32>,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> sifbox_engine::Result<spec::Limits> {
+        let l = spec::Limits {
+            memory: self.memory,
+            memory_swap: self.memory_swap,
+            pids: Some(self.pids),
+            cpus_milli: self.cpus,
+        };
+        l.validate()?;
+        Ok(l)
+    }
+}
+
+fn swap_arg(s: &str) -> Result<spec::Swap, String> {
+    if s.trim() == "-1" {
+        return Ok(spec::Swap::Unlimited);
+    }
+    spec::parse_size(s).map(spec::Swap::Total)
+}
+
 /// Parses a `--shm-size`-style size (`64m`, `1g`, bytes).
 pub fn size_arg(s: &str) -> Result<u64, String> {
     spec::parse_size(s)
@@ -96,6 +135,8 @@ pub struct SandboxArgs {
     pub shm_size: u64,
     #[command(flatten)]
     pub confine: ConfineArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Keep writes in DIR/upper on the host, for inspection afterwards.
     #[arg(long, value_name = "DIR", conflicts_with = "writable_tmpfs")]
     pub overlay: Option<PathBuf>,
@@ -266,6 +307,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         host_dns: true,
         shm_bytes: a.shm_size,
         confinement: a.confine.confinement(),
+        limits: a.limits.limits()?,
     };
     let defaults = ExecDefaults {
         cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),

@@ -1,0 +1,536 @@
+//! Resource limits: which mechanism enforces each limit of a sandbox on
+//! this host, the record of it, and the fallbacks for hosts that give the
+//! caller no cgroup.
+//!
+//! [`plan`] is pure: from the limits asked for and what the host allows
+//! ([`Host`]) it decides, per limit, a mechanism ([`How`]) or a note that
+//! the limit cannot be enforced here; the record goes into sandbox.json and
+//! eval's results. The mechanisms, best first:
+//!
+//! - a cgroup (v2 below a cgroup delegated to the caller, or v1 where the
+//!   caller may write the controllers, as root): memory, memory plus swap,
+//!   pids and CPU quota, all enforced by the kernel (see [`cgroup`]);
+//! - pids without a cgroup: `RLIMIT_NPROC`, which the kernel counts per user
+//!   namespace (Linux 5.14): init sets it before it makes the sandbox's
+//!   nested user namespace, whose processes together are then capped
+//!   (host root is exempt from it, but has cgroups);
+//! - memory without a cgroup: a watchdog in the outer supervisor that
+//!   samples the sandbox's processes (their private resident pages) and
+//!   its tmpfs mounts, and kills the largest process when the sum passes
+//!   the limit, as the kernel's OOM killer would;
+//! - CPUs without a cgroup: CPU affinity, rounded up to whole CPUs.
+
+pub mod cgroup;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::Limits;
+
+/// How a limit is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    /// A cgroup of the unified hierarchy.
+    CgroupV2,
+    /// cgroup v1 controllers.
+    CgroupV1,
+    /// `RLIMIT_NPROC` of the sandbox's user namespace.
+    Rlimit,
+    /// The supervisor's memory watchdog.
+    Watchdog,
+    /// CPU affinity (whole CPUs).
+    Affinity,
+}
+
+/// One limit as it is enforced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// `memory`, `memory_swap`, `pids` or `cpus`.
+    pub limit: String,
+    /// The value enforced (bytes, processes, thousandths of a CPU).
+    pub value: u64,
+    pub how: How,
+    /// What exactly does it (the cgroup file, the rlimit, the CPUs).
+    pub detail: String,
+}
+
+/// What a sandbox's limits are on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Enforcement {
+    pub applied: Vec<Applied>,
+    /// Limits asked for that this host cannot enforce, and why.
+    pub not_enforced: Vec<String>,
+    /// The sandbox's cgroup, once made (outer joins it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<cgroup::SandboxCgroup>,
+    /// `RLIMIT_NPROC` for init to set before the nested user namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nproc: Option<u64>,
+    /// The watchdog's memory limit in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog_memory: Option<u64>,
+    /// CPUs for outer's affinity (and so everything below it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Vec<usize>>,
+}
+
+impl Enforcement {
+    /// How `limit` is enforced, if it is.
+    pub fn how(&self, limit: &str) -> Option<How> {
+        self.applied
+            .iter()
+            .find(|a| a.limit == limit)
+            .map(|a| a.how)
+    }
+}
+
+/// What the host allows the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Host {
+    /// A cgroup hierarchy the caller may make cgroups in.
+    pub cgroup: Option<cgroup::Hierarchy>,
+    /// The CPUs this process may run on.
+    pub cpus: Vec<usize>,
+    /// The caller is host root (exempt from `RLIMIT_NPROC`).
+    pub root: bool,
+}
+
+impl Host {
+    /// This host, for the calling process.
+    pub fn detect() -> Host {
+        Host {
+            cgroup: cgroup::Hierarchy::detect(Path::new("/sys/fs/cgroup")),
+            cpus: allowed_cpus(),
+            root: rustix::process::getuid().is_root(),
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Decides how each of `limits` is enforced on `host`; `seed` spreads
+/// sandboxes over the CPUs when only affinity can limit them.
+pub fn plan(limits: &Limits, host: &Host, seed: u64) -> Enforcement {
+    let mut e = Enforcement::default();
+    let cg = host.cgroup.as_ref();
+    let cg_how = |h: &cgroup::Hierarchy| match h {
+        cgroup::Hierarchy::V2 { .. } => How::CgroupV2,
+        cgroup::Hierarchy::V1 { .. } => How::CgroupV1,
+    };
+    let mut applied = |limit: &str, value: u64, how: How, detail: String| {
+        e.applied.push(Applied {
+            limit: limit.into(),
+            value,
+            how,
+            detail,
+        });
+    };
+    let mut not_enforced = Vec::new();
+    if let Some(m) = limits.memory {
+        match cg.filter(|h| h.can("memory")) {
+            Some(h) => applied(
+                "memory",
+                m,
+                cg_how(h),
+                match h {
+                    cgroup::Hierarchy::V2 { .. } => "memory.max".into(),
+                    cgroup::Hierarchy::V1 { .. } => "memory.limit_in_bytes".into(),
+                },
+            ),
+            None => {
+                applied(
+                    "memory",
+                    m,
+                    How::Watchdog,
+                    "private resident pages of every process plus the tmpfs mounts' pages, sampled; the largest process is killed above the limit".into(),
+                );
+                e.watchdog_memory = Some(m);
+            }
+        }
+    }
+    if let (Some(m), Some(total)) = (limits.memory, limits.swap_total()) {
+        match cg.filter(|h| h.can("swap")) {
+            Some(h) => applied(
+                "memory_swap",
+                total,
+                cg_how(h),
+                match h {
+                    cgroup::Hierarchy::V2 { .. } => format!("memory.swap.max = {}", total - m),
+                    cgroup::Hierarchy::V1 { .. } => "memory.memsw.limit_in_bytes".into(),
+                },
+            ),
+            None if e.watchdog_memory.is_some() => not_enforced.push(
+                "memory_swap: without a cgroup swapped-out pages are not counted (the watchdog counts resident ones)".to_string(),
+            ),
+            None => not_enforced.push(
+                "memory_swap: the cgroup has no swap accounting here (cgroup v1 needs swapaccount=1)".to_string(),
+            ),
+        }
+    }
+    if let Some(p) = limits.pids {
+        match cg.filter(|h| h.can("pids")) {
+            Some(h) => applied("pids", p, cg_how(h), "pids.max".into()),
+            None if !host.root => {
+                applied(
+                    "pids",
+                    p,
+                    How::Rlimit,
+                    "RLIMIT_NPROC of the sandbox's user namespace".into(),
+                );
+                e.nproc = Some(p);
+            }
+            None => not_enforced.push(
+                "pids: host root is exempt from RLIMIT_NPROC and no pids cgroup is writable"
+                    .to_string(),
+            ),
+        }
+    }
+    if let Some(c) = limits.cpus_milli {
+        match cg.filter(|h| h.can("cpu")) {
+            Some(h) => applied(
+                "cpus",
+                u64::from(c),
+                cg_how(h),
+                match h {
+                    cgroup::Hierarchy::V2 { .. } => {
+                        format!("cpu.max = {} 100000", u64::from(c) * 100)
+                    }
+                    cgroup::Hierarchy::V1 { .. } => {
+                        format!(
+                            "cpu.cfs_quota_us = {}, cpu.cfs_period_us = 100000",
+                            u64::from(c) * 100
+                        )
+                    }
+                },
+            ),
+            None if !host.cpus.is_empty() => {
+                let cpus = pick_cpus(&host.cpus, c, seed);
+                let whole = u64::try_from(cpus.len()).unwrap_or(u64::MAX) * 1000;
+                let rounded = if whole == u64::from(c) {
+                    String::new()
+                } else {
+                    format!(" (rounded up from {:.3})", f64::from(c) / 1000.0)
+                };
+                applied(
+                    "cpus",
+                    whole,
+                    How::Affinity,
+                    format!("CPU affinity to {cpus:?}{rounded}"),
+                );
+                e.affinity = Some(cpus);
+            }
+            None => not_enforced.push("cpus: no cgroup and no CPU affinity here".to_string()),
+        }
+    }
+    e.not_enforced = not_enforced;
+    e
+}
+
+/// `milli` thousandths of a CPU as whole CPUs of `allowed`, starting at a
+/// place that `seed` chooses (so that sandboxes spread over the host).
+fn pick_cpus(allowed: &[usize], milli: u32, seed: u64) -> Vec<usize> {
+    let want = usize::try_from(milli.div_ceil(1000))
+        .unwrap_or(usize::MAX)
+        .clamp(1, allowed.len());
+    let start = usize::try_from(seed % u64::try_from(allowed.len()).unwrap_or(1)).unwrap_or(0);
+    let mut out: Vec<usize> = (0..want)
+        .map(|i| allowed[(start + i) % allowed.len()])
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+// ---------------------------------------------------------------------------
+// The watchdog: what a sandbox's processes and tmpfs mounts hold
+// ---------------------------------------------------------------------------
+
+/// A process of the sandbox and the memory it holds alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcMemory {
+    pub pid: i32,
+    /// Resident pages that are not file-backed or shared (statm's
+    /// resident minus shared), in bytes.
+    pub private: u64,
+}
+
+/// `(resident - shared) * page` from the text of /proc/PID/statm.
+pub fn statm_private(text: &str, page: u64) -> Option<u64> {
+    let mut f = text.split_ascii_whitespace().skip(1);
+    let resident: u64 = f.next()?.parse().ok()?;
+    let shared: u64 = f.next()?.parse().ok()?;
+    Some(resident.saturating_sub(shared).saturating_mul(page))
+}
+
+/// The children of every thread of `pid`, from /proc (`root` is /proc).
+fn children(root: &Path, pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(root.join(pid.to_string()).join("task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                text.split_ascii_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// `top` and every process below it, with the memory each holds alone
+/// (`proc` is the /proc to read: a fake tree in tests).
+pub fn tree_memory(proc: &Path, top: i32) -> Vec<ProcMemory> {
+    let page = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
+    let mut out = Vec::new();
+    let mut todo = vec![top];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        if let Some(private) = std::fs::read_to_string(proc.join(pid.to_string()).join("statm"))
+            .ok()
+            .and_then(|t| statm_private(&t, page))
+        {
+            out.push(ProcMemory { pid, private });
+        }
+        todo.extend(children(proc, pid));
+    }
+    out
+}
+
+/// CPU time that `top` and everything below it used so far, in clock
+/// ticks: each live process's own time plus that of the children it
+/// reaped (utime, stime, cutime, cstime of /proc/PID/stat); a process that
+/// exited counts in its reaper's.
+pub fn tree_cpu_ticks(proc: &Path, top: i32) -> u64 {
+    let mut total = 0u64;
+    let mut todo = vec![top];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(proc.join(pid.to_string()).join("stat")) {
+            total = total.saturating_add(stat_cpu_ticks(&stat).unwrap_or(0));
+        }
+        todo.extend(children(proc, pid));
+    }
+    total
+}
+
+/// utime + stime + cutime + cstime from the text of /proc/PID/stat.
+pub fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    // Fields after the name start at 3 (state); utime..cstime are 14..17.
+    let f: Vec<&str> = after.split_ascii_whitespace().skip(11).take(4).collect();
+    if f.len() < 4 {
+        return None;
+    }
+    f.iter().try_fold(0u64, |acc, v| {
+        Some(acc.saturating_add(u64::try_from(v.parse::<i64>().ok()?).unwrap_or(0)))
+    })
+}
+
+/// Bytes in use on the file system of `fd` (a tmpfs mount's root).
+pub fn used_bytes(fd: &OwnedFd) -> u64 {
+    match rustix::fs::fstatfs(fd.as_fd()) {
+        Ok(s) => {
+            s.f_blocks
+                .saturating_sub(s.f_bfree)
+                .saturating_mul(u64::try_from(s.f_bsize).unwrap_or(4096))
+        }
+        Err(_) => 0,
+    }
+}
+
+/// What the watchdog does after a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the limit; sample again after this many milliseconds.
+    Wait(u64),
+    /// Over it: kill this process (the one holding the most alone).
+    Kill(i32),
+}
+
+/// The watchdog's decision for a sample: `used` is the sandbox's total,
+/// `procs` its processes. Samples come faster as the headroom shrinks
+/// (memory can grow by gigabytes a second), from every 20 ms to every
+/// second.
+pub fn verdict(limit: u64, used: u64, procs: &[ProcMemory], init: i32) -> Verdict {
+    if used > limit {
+        // init (the sandbox's PID 1) only when nothing else holds memory.
+        let victim = procs
+            .iter()
+            .filter(|p| p.pid != init)
+            .max_by_key(|p| p.private)
+            .or_else(|| procs.iter().find(|p| p.pid == init));
+        if let Some(v) = victim {
+            return Verdict::Kill(v.pid);
+        }
+    }
+    const GROWTH_BYTES_PER_MS: u64 = 4 << 20;
+    let headroom = limit.saturating_sub(used);
+    Verdict::Wait((headroom / GROWTH_BYTES_PER_MS).clamp(20, 1000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Swap;
+
+    #[test]
+    fn without_a_cgroup_the_fallbacks_apply_and_say_so() {
+        let limits = Limits {
+            memory: Some(1 << 30),
+            memory_swap: None,
+            pids: Some(100),
+            cpus_milli: Some(1500),
+        };
+        let host = Host {
+            cgroup: None,
+            cpus: vec![0, 1, 2, 3],
+            root: false,
+        };
+        let e = plan(&limits, &host, 1);
+        assert_eq!(e.how("memory"), Some(How::Watchdog));
+        assert_eq!(e.watchdog_memory, Some(1 << 30));
+        assert_eq!(e.how("pids"), Some(How::Rlimit));
+        assert_eq!(e.nproc, Some(100));
+        assert_eq!(e.how("cpus"), Some(How::Affinity));
+        assert_eq!(e.affinity.as_deref(), Some(&[1, 2][..]));
+        let cpus = e.applied.iter().find(|a| a.limit == "cpus").expect("cpus");
+        assert_eq!(cpus.value, 2000);
+        assert!(cpus.detail.contains("rounded up from 1.500"), "{cpus:?}");
+        // Swap cannot be counted without a cgroup: said, not dropped.
+        assert!(
+            e.not_enforced.iter().any(|n| n.starts_with("memory_swap")),
+            "{e:?}"
+        );
+        // Root has no NPROC limit: said.
+        let root = plan(&limits, &Host { root: true, ..host }, 0);
+        assert_eq!(root.how("pids"), None);
+        assert!(root.not_enforced.iter().any(|n| n.starts_with("pids")));
+    }
+
+    #[test]
+    fn nothing_asked_nothing_planned() {
+        let e = plan(&Limits::default(), &Host::default(), 0);
+        assert!(e.applied.is_empty() && e.not_enforced.is_empty(), "{e:?}");
+        let swap = Limits {
+            memory: Some(1 << 20),
+            memory_swap: Some(Swap::Unlimited),
+            ..Limits::default()
+        };
+        let e = plan(&swap, &Host::default(), 0);
+        assert!(
+            e.not_enforced.is_empty(),
+            "unlimited swap asks for nothing: {e:?}"
+        );
+    }
+
+    #[test]
+    fn affinity_spreads_and_stays_within_the_allowed_set() {
+        assert_eq!(pick_cpus(&[0, 1, 2, 3], 1000, 0), vec![0]);
+        assert_eq!(pick_cpus(&[0, 1, 2, 3], 1000, 3), vec![3]);
+        assert_eq!(pick_cpus(&[0, 1, 2, 3], 2500, 3), vec![0, 1, 3]);
+        assert_eq!(pick_cpus(&[4, 6], 9000, 7), vec![4, 6]);
+        assert_eq!(pick_cpus(&[5], 1, 9), vec![5]);
+    }
+
+    #[test]
+    fn statm_and_stat_are_read_as_the_kernel_writes_them() {
+        assert_eq!(
+            statm_private("5000 1200 200 10 0 900 0\n", 4096),
+            Some(1000 * 4096)
+        );
+        assert_eq!(statm_private("5000 100 200 10 0 900 0\n", 4096), Some(0));
+        assert_eq!(statm_private("garbage", 4096), None);
+        let stat =
+            "42 (a (tricky) name) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 11 13 20 0 1 0 100 1000 50";
+        assert_eq!(stat_cpu_ticks(stat), Some(7 + 3 + 11 + 13));
+        assert_eq!(stat_cpu_ticks("1 (x) S"), None);
+    }
+
+    #[test]
+    fn the_watchdog_kills_the_largest_process_not_init() {
+        let procs = [
+            ProcMemory {
+                pid: 1,
+                private: 900,
+            },
+            ProcMemory {
+                pid: 7,
+                private: 500,
+            },
+            ProcMemory {
+                pid: 9,
+                private: 600,
+            },
+        ];
+        assert_eq!(verdict(1000, 2000, &procs, 1), Verdict::Kill(9));
+        assert_eq!(
+            verdict(1000, 2000, &procs[..1], 1),
+            Verdict::Kill(1),
+            "init alone holds it"
+        );
+        assert_eq!(verdict(1 << 40, 0, &procs, 1), Verdict::Wait(1000));
+        assert_eq!(
+            verdict(1 << 30, (1 << 30) - (1 << 20), &procs, 1),
+            Verdict::Wait(20)
+        );
+    }
+
+    #[test]
+    fn tree_memory_walks_a_fake_proc() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let p = t.path();
+        let mk = |pid: i32, statm: &str, children: &str| {
+            let d = p.join(pid.to_string()).join("task").join(pid.to_string());
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("children"), children).expect("children");
+            std::fs::write(p.join(pid.to_string()).join("statm"), statm).expect("statm");
+            std::fs::write(
+                p.join(pid.to_string()).join("stat"),
+                format!("{pid} (x) S 1 1 1 0 -1 0 0 0 0 0 {pid} 1 0 0 20 0 1 0 1 1 1"),
+            )
+            .expect("stat");
+        };
+        mk(10, "100 10 5 0 0 0 0", "11 12 ");
+        mk(11, "100 20 0 0 0 0 0", "");
+        mk(12, "100 30 10 0 0 0 0", "11 ");
+        let mut got = tree_memory(p, 10);
+        got.sort_by_key(|m| m.pid);
+        let page = u64::try_from(rustix::param::page_size()).expect("page");
+        assert_eq!(
+            got,
+            vec![
+                ProcMemory {
+                    pid: 10,
+                    private: 5 * page
+                },
+                ProcMemory {
+                    pid: 11,
+                    private: 20 * page
+                },
+                ProcMemory {
+                    pid: 12,
+                    private: 20 * page
+                },
+            ]
+        );
+        assert_eq!(tree_cpu_ticks(p, 10), 10 + 1 + 11 + 1 + 12 + 1);
+    }
+}
