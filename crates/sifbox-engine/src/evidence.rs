@@ -82,6 +82,9 @@ pub struct Evidence {
     pub slurm: Option<Slurm>,
     pub started: Moment,
     pub stopped: Option<Moment>,
+    /// How its limits were enforced, and what could not be.
+    #[serde(default)]
+    pub limits: crate::limits::Enforcement,
 }
 
 /// Host clock now, Unix nanoseconds.
@@ -124,6 +127,7 @@ impl Evidence {
                 inside_unix_ns: inside_ready_ns,
             },
             stopped: None,
+            limits: crate::limits::Enforcement::default(),
         }
     }
 

@@ -23,5 +23,5 @@ pub mod supervisor;
 pub mod transfer;
 
 pub use error::{Error, Result};
-pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions};
+pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Usage};
 pub use spec::SandboxSpec;

@@ -22,6 +22,9 @@
 
 pub mod cgroup;
 
+/// The watchdog's record in a sandbox's runtime dir: a [`crate::Usage`].
+pub const USAGE_FILE: &str = "usage.json";
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
@@ -347,11 +350,10 @@ pub fn stat_cpu_ticks(stat: &str) -> Option<u64> {
 /// Bytes in use on the file system of `fd` (a tmpfs mount's root).
 pub fn used_bytes(fd: &OwnedFd) -> u64 {
     match rustix::fs::fstatfs(fd.as_fd()) {
-        Ok(s) => {
-            s.f_blocks
-                .saturating_sub(s.f_bfree)
-                .saturating_mul(u64::try_from(s.f_bsize).unwrap_or(4096))
-        }
+        Ok(s) => s
+            .f_blocks
+            .saturating_sub(s.f_bfree)
+            .saturating_mul(u64::try_from(s.f_bsize).unwrap_or(4096)),
         Err(_) => 0,
     }
 }

@@ -85,6 +85,9 @@ pub struct State {
     /// As the caller named the image.
     #[serde(default)]
     pub image: String,
+    /// How its limits are enforced.
+    #[serde(default)]
+    pub limits: crate::limits::Enforcement,
 }
 
 /// Start time of `pid` in clock ticks since boot, if it exists and has not
@@ -217,6 +220,7 @@ mod tests {
             oneshot: true,
             evidence: None,
             image: String::new(),
+            limits: crate::limits::Enforcement::default(),
         };
         let dead = State {
             name: "dead".into(),

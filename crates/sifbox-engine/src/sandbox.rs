@@ -81,6 +81,21 @@ enum Evidencing {
     None,
 }
 
+/// What a sandbox used so far, as the mechanisms that enforce its limits
+/// see it (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// CPU time of all its processes, in nanoseconds.
+    pub cpu_ns: Option<u64>,
+    /// The most memory it held at once since it started or since
+    /// [`Sandbox::reset_memory_peak`], in bytes (the cgroup's peak, or the
+    /// watchdog's sampled one).
+    pub memory_peak: Option<u64>,
+    /// Processes killed for going over the memory limit (by the kernel's
+    /// OOM killer in a cgroup, or by the watchdog).
+    pub oom_kills: u64,
+}
+
 /// How an exec ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExecStatus {
@@ -145,6 +160,8 @@ pub struct Sandbox {
     stop_inside_ns: Cell<u64>,
     /// The sandbox's last exec has run: it is stopping by itself.
     stopping: Cell<bool>,
+    /// How its limits are enforced.
+    limits: crate::limits::Enforcement,
 }
 
 /// A status line of the supervisor that is not an error.
@@ -280,11 +297,13 @@ impl Sandbox {
                 .unwrap_or(&dir)
                 .join(evidence::FILE)
         });
+        let limits = enforce_limits(&spec)?;
         let launch = Launch {
             spec,
             dir: dir.clone(),
             oneshot: opts.oneshot,
             client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
+            limits,
         };
         let Launched {
             pid,
@@ -312,6 +331,7 @@ impl Sandbox {
             }),
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
+            limits: launch.limits.clone(),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
         let pid = pid.as_raw_nonzero().get();
@@ -328,6 +348,7 @@ impl Sandbox {
             oneshot: opts.oneshot,
             evidence: evidence_path.clone(),
             image: image.reference.clone(),
+            limits: launch.limits.clone(),
         };
         runtime::write_state(&dir, &state)?;
         if spec.ids.external {
@@ -517,6 +538,7 @@ impl Sandbox {
             }),
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
+            limits: state.limits,
         })
     }
 
@@ -530,7 +552,9 @@ impl Sandbox {
     fn write_evidence(&self, inside_ready_ns: u64) -> Result<()> {
         let mut ev = self.evidence.borrow_mut();
         if let Evidencing::Pending { path, spec, image } = &*ev {
-            Evidence::new(spec, image.clone(), inside_ready_ns).write(path)?;
+            let mut record = Evidence::new(spec, image.clone(), inside_ready_ns);
+            record.limits = self.limits.clone();
+            record.write(path)?;
             *ev = Evidencing::Written(path.clone());
         }
         Ok(())
@@ -881,6 +905,65 @@ impl Sandbox {
         }
     }
 
+    /// How the sandbox's limits are enforced on this host, and which it
+    /// asked for that cannot be.
+    pub fn limits(&self) -> &crate::limits::Enforcement {
+        &self.limits
+    }
+
+    /// What the sandbox used so far (see [`Usage`]).
+    pub fn usage(&self) -> Usage {
+        let cg = self.limits.cgroup.as_ref();
+        let watched = self.watchdog_usage();
+        Usage {
+            cpu_ns: cg
+                .and_then(crate::limits::cgroup::SandboxCgroup::cpu_usage_ns)
+                .or_else(|| self.tree_cpu_ns()),
+            memory_peak: cg
+                .and_then(crate::limits::cgroup::SandboxCgroup::memory_peak)
+                .or(watched.memory_peak),
+            oom_kills: cg
+                .and_then(crate::limits::cgroup::SandboxCgroup::oom_kills)
+                .unwrap_or(0)
+                .max(watched.oom_kills),
+        }
+    }
+
+    /// Starts a new memory peak for [`Sandbox::usage`] (a phase's own).
+    pub fn reset_memory_peak(&self) {
+        if let Some(cg) = &self.limits.cgroup {
+            let _ = cg.reset_memory_peak();
+        }
+        if self.limits.watchdog_memory.is_some() {
+            if let Some(pid) = self.supervisor {
+                // outer's watchdog starts a new peak on SIGUSR1.
+                let _ = rustix::process::kill_process(pid, Signal::USR1);
+            }
+        }
+    }
+
+    /// The watchdog's record (`usage.json` in the runtime dir), if any.
+    fn watchdog_usage(&self) -> Usage {
+        std::fs::read(self.dir.join(crate::limits::USAGE_FILE))
+            .ok()
+            .and_then(|d| serde_json::from_slice(&d).ok())
+            .unwrap_or_default()
+    }
+
+    /// CPU time of the sandbox's processes (init and below), from /proc.
+    fn tree_cpu_ns(&self) -> Option<u64> {
+        let outer = self.supervisor?.as_raw_nonzero().get();
+        let init = std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
+            .ok()?
+            .split_ascii_whitespace()
+            .next()?
+            .parse::<i32>()
+            .ok()?;
+        let ticks = crate::limits::tree_cpu_ticks(Path::new("/proc"), init);
+        let hz = rustix::param::clock_ticks_per_second();
+        Some(ticks.saturating_mul(1_000_000_000) / hz.max(1))
+    }
+
     /// The sandbox's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -1203,6 +1286,49 @@ impl Drop for Sandbox {
             tracing::warn!("cleaning up sandbox {}: {e}", self.name);
         }
     }
+}
+
+/// Plans how `spec`'s limits are enforced here and makes the sandbox's
+/// cgroup when one enforces them; a cgroup that cannot be made leaves the
+/// fallbacks (said in the record).
+fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
+    use crate::limits::{self, cgroup::CgroupLimits};
+    let host = limits::Host::detect();
+    let seed = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        spec.name.hash(&mut h);
+        std::process::id().hash(&mut h);
+        h.finish()
+    };
+    let mut e = limits::plan(&spec.limits, &host, seed);
+    let wants_cgroup = e
+        .applied
+        .iter()
+        .any(|a| matches!(a.how, limits::How::CgroupV1 | limits::How::CgroupV2));
+    if let (true, Some(h)) = (wants_cgroup, &host.cgroup) {
+        let l = &spec.limits;
+        let cl = CgroupLimits {
+            memory: l.memory.filter(|_| h.can("memory")),
+            memory_swap: l.swap_total().filter(|_| h.can("swap")),
+            pids: l.pids.filter(|_| h.can("pids")),
+            cpus_milli: l.cpus_milli.filter(|_| h.can("cpu")),
+        };
+        match h.create(&spec.name, &cl) {
+            Ok(cg) => e.cgroup = Some(cg),
+            Err(err) => {
+                let host = limits::Host {
+                    cgroup: None,
+                    ..host
+                };
+                e = limits::plan(&spec.limits, &host, seed);
+                e.not_enforced.push(format!(
+                    "cgroup: could not make the sandbox's cgroup ({err}); using the fallbacks"
+                ));
+            }
+        }
+    }
+    Ok(e)
 }
 
 /// Starts the outer supervisor; returns its pid, the control pipe's write end

@@ -64,6 +64,10 @@ pub struct Launch {
     pub oneshot: bool,
     /// The client's pid, to detect a client that died before we started.
     pub client_pid: i32,
+    /// How the sandbox's limits are enforced (its cgroup, made by the
+    /// client; the rlimit, affinity and watchdog to apply here).
+    #[serde(default)]
+    pub limits: crate::limits::Enforcement,
 }
 
 /// Status lines to the client.
