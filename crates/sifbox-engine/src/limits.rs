@@ -368,17 +368,24 @@ pub enum Verdict {
 }
 
 /// The watchdog's decision for a sample: `used` is the sandbox's total,
-/// `procs` its processes. Samples come faster as the headroom shrinks
-/// (memory can grow by gigabytes a second), from every 20 ms to every
-/// second.
-pub fn verdict(limit: u64, used: u64, procs: &[ProcMemory], init: i32) -> Verdict {
+/// of which `tmpfs` its tmpfs mounts hold, `procs` its processes. Samples
+/// come faster as the headroom shrinks (memory can grow by gigabytes a
+/// second), from every 20 ms to every second.
+pub fn verdict(limit: u64, used: u64, tmpfs: u64, procs: &[ProcMemory], init: i32) -> Verdict {
     if used > limit {
-        // init (the sandbox's PID 1) only when nothing else holds memory.
-        let victim = procs
-            .iter()
-            .filter(|p| p.pid != init)
-            .max_by_key(|p| p.private)
-            .or_else(|| procs.iter().find(|p| p.pid == init));
+        // Files in tmpfs are freed by no process's death but the sandbox's:
+        // over the limit on their own, the whole sandbox goes (its init).
+        // Else the process that holds the most alone, as the OOM killer
+        // picks; init only when nothing else holds memory.
+        let victim = if tmpfs >= limit {
+            procs.iter().find(|p| p.pid == init)
+        } else {
+            procs
+                .iter()
+                .filter(|p| p.pid != init)
+                .max_by_key(|p| p.private)
+                .or_else(|| procs.iter().find(|p| p.pid == init))
+        };
         if let Some(v) = victim {
             return Verdict::Kill(v.pid);
         }
@@ -482,15 +489,20 @@ mod tests {
                 private: 600,
             },
         ];
-        assert_eq!(verdict(1000, 2000, &procs, 1), Verdict::Kill(9));
+        assert_eq!(verdict(1000, 2000, 0, &procs, 1), Verdict::Kill(9));
         assert_eq!(
-            verdict(1000, 2000, &procs[..1], 1),
+            verdict(1000, 2000, 0, &procs[..1], 1),
             Verdict::Kill(1),
             "init alone holds it"
         );
-        assert_eq!(verdict(1 << 40, 0, &procs, 1), Verdict::Wait(1000));
         assert_eq!(
-            verdict(1 << 30, (1 << 30) - (1 << 20), &procs, 1),
+            verdict(1000, 2100, 1100, &procs, 1),
+            Verdict::Kill(1),
+            "the tmpfs alone is over: the whole sandbox goes"
+        );
+        assert_eq!(verdict(1 << 40, 0, 0, &procs, 1), Verdict::Wait(1000));
+        assert_eq!(
+            verdict(1 << 30, (1 << 30) - (1 << 20), 0, &procs, 1),
             Verdict::Wait(20)
         );
     }

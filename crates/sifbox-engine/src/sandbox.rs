@@ -162,6 +162,8 @@ pub struct Sandbox {
     stopping: Cell<bool>,
     /// How its limits are enforced.
     limits: crate::limits::Enforcement,
+    /// Memory-limit kills already reported.
+    oom_seen: Cell<u64>,
 }
 
 /// A status line of the supervisor that is not an error.
@@ -332,6 +334,7 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             limits: launch.limits.clone(),
+            oom_seen: Cell::new(0),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
         let pid = pid.as_raw_nonzero().get();
@@ -539,6 +542,7 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             limits: state.limits,
+            oom_seen: Cell::new(0),
         })
     }
 
@@ -615,7 +619,7 @@ impl Sandbox {
             .and_then(|()| wait_exit(&conn, &self.name));
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
-        let (status, t) = ended?;
+        let (status, t) = self.over_memory(ended)?;
         self.note_last(last, t);
         Ok(ExecOutput::new(
             status,
@@ -1000,9 +1004,77 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
-        let (status, t) = wait_exit(&conn, &self.name)?;
+        let (status, t) = self.over_memory(wait_exit(&conn, &self.name))?;
         self.note_last(last, t);
         Ok(status)
+    }
+
+    /// An exec's end, read for a memory limit at work: a command killed
+    /// (or a sandbox that went) while the limit's killer acted is said to
+    /// have gone over it, with Docker's exit code 137.
+    fn over_memory(&self, ended: Result<(ExecStatus, u64)>) -> Result<(ExecStatus, u64)> {
+        let limit = self.limits.applied.iter().find(|a| a.limit == "memory");
+        let killed = matches!(
+            &ended,
+            Ok((ExecStatus::Exited { code: 137, .. }, _)) | Err(Error::Protocol { .. })
+        );
+        let Some(limit) = limit.filter(|_| killed) else {
+            return ended;
+        };
+        let mut kills = self.usage().oom_kills;
+        if ended.is_err() {
+            // Gone, runtime dir and all: outer's last status line says.
+            kills = kills.max(self.final_oom_kills());
+        }
+        if kills <= self.oom_seen.get() {
+            return ended;
+        }
+        self.oom_seen.set(kills);
+        tracing::warn!(
+            "sandbox {} went over its memory limit of {} MiB: {} killed {}",
+            self.name,
+            limit.value >> 20,
+            match limit.how {
+                crate::limits::How::Watchdog => "sifbox's watchdog",
+                _ => "the kernel's OOM killer",
+            },
+            if ended.is_err() {
+                "the sandbox"
+            } else {
+                "its largest process"
+            },
+        );
+        Ok(match ended {
+            Ok(e) => e,
+            Err(_) => (
+                ExecStatus::Exited {
+                    code: 137,
+                    timed_out: false,
+                },
+                0,
+            ),
+        })
+    }
+
+    /// The memory-limit kills outer reports when it ends (its last status
+    /// line), for a sandbox this handle started; waits for that line.
+    fn final_oom_kills(&self) -> u64 {
+        let mut slot = self.status.borrow_mut();
+        let Some(status) = slot.as_mut() else {
+            return 0;
+        };
+        let mut line = String::new();
+        while status.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if let Some(n) = line
+                .trim_end()
+                .strip_prefix("exited 0 oom_kills=")
+                .and_then(|n| n.parse().ok())
+            {
+                return n;
+            }
+            line.clear();
+        }
+        0
     }
 
     /// Runs a command on a new pty inside the sandbox.

@@ -233,6 +233,8 @@ fn outer(
     // Out of the client's session: terminal signals go to the client, which
     // then stops the sandbox.
     let _ = rustix::process::setsid();
+    // Limits first, so that everything forked from here on is under them.
+    enter_limits(&launch.limits)?;
 
     sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
         what: "creating the sandbox's user and pid namespaces".into(),
@@ -254,18 +256,14 @@ fn outer(
     }
 
     // init asks us (over `nest`) to map the nested user namespace it moves
-    // into once its mounts are made; only a process outside it may.
-    let (nest_req_r, nest_req_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
-    let (nest_ack_r, nest_ack_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(errno("pipe"))?;
+    // into once its mounts are made; only a process outside it may. The
+    // request carries what the memory watchdog measures tmpfs use on.
+    let (nest_outer, nest_init) =
+        UnixStream::pair().map_err(|e| Error::io("socketpair for init", e))?;
     let init = match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
-            drop((nest_req_r, nest_ack_w));
-            let nest = Nest {
-                request: nest_req_w,
-                ack: nest_ack_r,
-            };
+            drop(nest_outer);
+            let nest = Nest(nest_init);
             let code = match init_main(launch, status, nest, listener) {
                 Ok(()) => 0,
                 Err(e) => {
@@ -277,12 +275,40 @@ fn outer(
         }
         sifbox_sys::Forked::Parent(pid) => pid,
     };
-    drop((nest_req_w, nest_ack_r, listener));
+    drop((nest_init, listener));
     sifbox_sys::release_free_memory();
-    wait_init(init, &launch.spec, nest_req_r, nest_ack_w)?;
-    status.send("exited 0");
+    let waited = wait_init(init, launch, nest_outer);
+    if let Some(cg) = &launch.limits.cgroup {
+        // Out of the cgroup, which goes with the sandbox.
+        if let Err(e) = cg.remove(std::process::id()) {
+            tracing::warn!("removing the sandbox's cgroup: {e}");
+        }
+    }
+    let oom_kills = waited?;
+    // The client reads why a sandbox went after its runtime dir is gone.
+    status.send(&format!("exited 0 oom_kills={oom_kills}"));
     crate::runtime::remove_dir(&launch.dir)?;
     Ok(0)
+}
+
+/// Joins the sandbox's cgroup and takes its CPU affinity (outer does, before
+/// it forks anything).
+fn enter_limits(limits: &crate::limits::Enforcement) -> Result<()> {
+    if let Some(cg) = &limits.cgroup {
+        cg.join(std::process::id()).map_err(|e| Error::Host {
+            what: "joining the sandbox's cgroup".into(),
+            source: e,
+            fix: "run `sifbox doctor` to see what this host allows".into(),
+        })?;
+    }
+    if let Some(cpus) = &limits.affinity {
+        let mut set = rustix::thread::CpuSet::new();
+        for &c in cpus {
+            set.set(c);
+        }
+        rustix::thread::sched_setaffinity(None, &set).map_err(errno("sched_setaffinity"))?;
+    }
+    Ok(())
 }
 
 /// Ends a forked process without returning into the caller's stack.
@@ -291,20 +317,23 @@ fn exit_now(code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// init's side of the nested-namespace handshake.
-struct Nest {
-    request: OwnedFd,
-    ack: OwnedFd,
-}
+/// init's side of the nested-namespace handshake: a request (with the fds
+/// of its tmpfs mounts for the watchdog), then outer's "mapped".
+struct Nest(UnixStream);
 
 /// Waits for init, and maps its nested user namespace when it asks;
-/// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once.
-fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd) -> Result<()> {
-    use rustix::event::{poll, PollFd, PollFlags};
-    let (sig_r, sig_w) = rustix::pipe::pipe_with(
-        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-    )
-    .map_err(errno("pipe"))?;
+/// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory
+/// limit and no cgroup, this is also the watchdog (see [`Watchdog`]).
+fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let spec = &launch.spec;
+    let pipe = || {
+        rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(errno("pipe"))
+    };
+    let (sig_r, sig_w) = pipe()?;
     let sig_w = File::from(sig_w);
     for sig in [
         signal_hook::consts::SIGTERM,
@@ -317,20 +346,39 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
     }
     let pidfd = rustix::process::pidfd_open(init, rustix::process::PidfdFlags::empty())
         .map_err(errno("pidfd_open"))?;
-    let mut nest = Some((nest_req, nest_ack));
+    let mut watchdog = match launch.limits.watchdog_memory {
+        Some(limit) => {
+            let (reset_r, reset_w) = pipe()?;
+            signal_hook::low_level::pipe::register(
+                signal_hook::consts::SIGUSR1,
+                File::from(reset_w),
+            )
+            .map_err(|e| Error::io("installing signal handlers", e))?;
+            Some(Watchdog::new(limit, init, launch.dir.clone(), reset_r))
+        }
+        None => None,
+    };
+    let mut nest = Some(nest);
     loop {
         let mut fds = vec![
             PollFd::new(&pidfd, PollFlags::IN),
             PollFd::new(&sig_r, PollFlags::IN),
         ];
-        if let Some((req, _)) = &nest {
-            fds.push(PollFd::new(req, PollFlags::IN));
+        if let Some(n) = &nest {
+            fds.push(PollFd::new(n, PollFlags::IN));
         }
-        match poll(&mut fds, None) {
-            Ok(_) => {}
+        let timeout = watchdog.as_ref().filter(|w| w.armed()).map(|w| {
+            let ms = w.next_ms;
+            Timespec {
+                tv_sec: i64::try_from(ms / 1000).unwrap_or(1),
+                tv_nsec: i64::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
+            }
+        });
+        let ready = match poll(&mut fds, timeout.as_ref()) {
+            Ok(n) => n,
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(errno("poll")(e)),
-        }
+        };
         let (init_done, signalled) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
         let nest_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
         drop(fds);
@@ -340,9 +388,11 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
             break;
         }
         if nest_ready {
-            if let Some((req, ack)) = nest.take() {
-                let mut b = [0u8; 1];
-                if rustix::io::read(&req, &mut b).unwrap_or(0) == 1 {
+            if let Some(n) = nest.take() {
+                if let Ok((_, tmpfs)) = protocol::recv::<String>(&n) {
+                    if let Some(w) = &mut watchdog {
+                        w.tmpfs = tmpfs;
+                    }
                     let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
                     let mapped = idmap::write_file(
                         &proc.join("uid_map"),
@@ -355,7 +405,7 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
                         )
                     });
                     if mapped.is_ok() {
-                        let _ = rustix::io::write(&ack, b"m");
+                        let _ = protocol::send(&n, &"mapped", &[]);
                     }
                     // On failure init reads EOF and reports it.
                 }
@@ -366,19 +416,139 @@ fn wait_init(init: Pid, spec: &SandboxSpec, nest_req: OwnedFd, nest_ack: OwnedFd
                 let _ = rustix::process::set_dumpable_behavior(
                     rustix::process::DumpableBehavior::NotDumpable,
                 );
-                // All that is left to do is wait: the pages of setting up
-                // need not stay mapped.
+                // All that is left to do is wait (and watch): the pages of
+                // setting up need not stay mapped.
                 sifbox_sys::drop_clean_file_pages();
+                if let Some(w) = &mut watchdog {
+                    w.arm();
+                }
             }
         }
         if init_done {
             break;
         }
+        if let Some(w) = &mut watchdog {
+            if ready == 0 || w.reset_asked() {
+                w.sample();
+            }
+        }
+    }
+    if let Some(w) = &watchdog {
+        w.record();
     }
     loop {
         match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
             Err(rustix::io::Errno::INTR) => continue,
-            _ => return Ok(()),
+            _ => return Ok(watchdog.map_or(0, |w| w.oom_kills)),
+        }
+    }
+}
+
+/// The memory watchdog of a sandbox without a memory cgroup: outer samples
+/// what the sandbox's processes hold alone (their private resident pages)
+/// plus what its tmpfs mounts hold, faster as the headroom shrinks, and
+/// kills the largest process when the sum passes the limit, as the OOM
+/// killer would; `usage.json` in the runtime dir records the peak and the
+/// kills. SIGUSR1 starts a new peak.
+struct Watchdog {
+    limit: u64,
+    init: Pid,
+    dir: PathBuf,
+    /// The roots of the writable layer's tmpfs (the overlay's statfs is its
+    /// upper layer's) and /dev/shm, from init.
+    tmpfs: Vec<OwnedFd>,
+    reset: OwnedFd,
+    next_ms: u64,
+    armed: bool,
+    peak: u64,
+    recorded_peak: u64,
+    oom_kills: u64,
+}
+
+impl Watchdog {
+    fn new(limit: u64, init: Pid, dir: PathBuf, reset: OwnedFd) -> Watchdog {
+        Watchdog {
+            limit,
+            init,
+            dir,
+            tmpfs: Vec::new(),
+            reset,
+            next_ms: 20,
+            armed: false,
+            peak: 0,
+            recorded_peak: 0,
+            oom_kills: 0,
+        }
+    }
+
+    /// Samples from now on (once init is set up).
+    fn arm(&mut self) {
+        self.armed = true;
+        self.sample();
+    }
+
+    fn armed(&self) -> bool {
+        self.armed
+    }
+
+    /// Whether SIGUSR1 came (a new peak); drains it.
+    fn reset_asked(&mut self) -> bool {
+        let mut b = [0u8; 16];
+        let mut asked = false;
+        while let Ok(n) = rustix::io::read(&self.reset, &mut b) {
+            if n == 0 {
+                break;
+            }
+            asked = true;
+        }
+        if asked {
+            self.peak = 0;
+            self.recorded_peak = 0;
+        }
+        asked
+    }
+
+    fn sample(&mut self) {
+        use crate::limits::{self, Verdict};
+        let init = self.init.as_raw_nonzero().get();
+        let procs = limits::tree_memory(Path::new("/proc"), init);
+        let tmpfs: u64 = self.tmpfs.iter().map(limits::used_bytes).sum();
+        let used = procs.iter().map(|p| p.private).sum::<u64>() + tmpfs;
+        self.peak = self.peak.max(used);
+        match limits::verdict(self.limit, used, tmpfs, &procs, init) {
+            Verdict::Kill(pid) => {
+                if let Some(p) = Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(p, Signal::KILL);
+                }
+                self.oom_kills += 1;
+                self.next_ms = 20;
+                self.record();
+            }
+            Verdict::Wait(ms) => {
+                self.next_ms = ms;
+                // The record follows the peak in steps of 1 MiB.
+                if self.peak >= self.recorded_peak + (1 << 20) {
+                    self.record();
+                }
+            }
+        }
+    }
+
+    /// Writes usage.json (a new file renamed into place).
+    fn record(&self) {
+        let usage = crate::sandbox::Usage {
+            cpu_ns: None,
+            memory_peak: Some(self.peak),
+            oom_kills: self.oom_kills,
+        };
+        let path = self.dir.join(crate::limits::USAGE_FILE);
+        let tmp = self.dir.join(".usage.json.tmp");
+        let ok = serde_json::to_vec(&usage)
+            .ok()
+            .is_some_and(|d| std::fs::write(&tmp, d).is_ok())
+            && std::fs::rename(&tmp, &path).is_ok();
+        if !ok {
+            tracing::debug!("writing {}", path.display());
         }
     }
 }
@@ -446,11 +616,41 @@ fn init_main(
     // mount namespace made above: nothing inside can undo a mount (say, the
     // read-only cover of /proc/sys), and a mount namespace made inside gets
     // these mounts locked. outer writes its maps.
+    // The process cap without a cgroup: the kernel caps the processes of
+    // a user namespace (all the sandbox's, whatever their ids) at the
+    // RLIMIT_NPROC its creator had when it made it.
+    if let Some(n) = launch.limits.nproc {
+        let l = rustix::process::Rlimit {
+            current: Some(n),
+            maximum: Some(n),
+        };
+        rustix::process::setrlimit(rustix::process::Resource::Nproc, l)
+            .map_err(errno("setrlimit(RLIMIT_NPROC)"))?;
+    }
     sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
         .map_err(|e| Error::io("creating the nested user namespace", e))?;
-    rustix::io::write(&nest.request, b"n").map_err(errno("asking for the nested id maps"))?;
-    let mut b = [0u8; 1];
-    if rustix::io::read(&nest.ack, &mut b).map_err(errno("waiting for the nested id maps"))? != 1 {
+    // What the watchdog measures: the root (whose statfs is the writable
+    // layer's tmpfs) and /dev/shm.
+    let mut tmpfs = Vec::new();
+    if launch.limits.watchdog_memory.is_some() {
+        let open = |p: &str| {
+            rustix::fs::open(
+                p,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+        };
+        if matches!(spec.writable, crate::spec::Writable::Tmpfs { .. }) {
+            tmpfs.extend(open("/").ok());
+        }
+        tmpfs.extend(open("/dev/shm").ok());
+    }
+    protocol::send(&nest.0, &"nest", &protocol::borrow_all(&tmpfs))
+        .map_err(|e| Error::Setup(format!("asking for the nested id maps: {e}")))?;
+    drop(tmpfs);
+    if !matches!(protocol::recv::<String>(&nest.0), Ok((ref m, _)) if m == "mapped") {
         return Err(Error::Setup(
             "mapping the sandbox's nested user namespace failed".into(),
         ));
