@@ -162,8 +162,6 @@ pub struct Sandbox {
     stopping: Cell<bool>,
     /// How its limits are enforced.
     limits: crate::limits::Enforcement,
-    /// Memory-limit kills already reported.
-    oom_seen: Cell<u64>,
 }
 
 /// A status line of the supervisor that is not an error.
@@ -334,7 +332,6 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             limits: launch.limits.clone(),
-            oom_seen: Cell::new(0),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on
         let pid = pid.as_raw_nonzero().get();
@@ -542,7 +539,6 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             limits: state.limits,
-            oom_seen: Cell::new(0),
         })
     }
 
@@ -596,6 +592,7 @@ impl Sandbox {
         max_output: usize,
     ) -> Result<ExecOutput> {
         let started = std::time::Instant::now();
+        let kills_before = self.oom_kills_now();
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let (err_r, err_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
@@ -619,7 +616,7 @@ impl Sandbox {
             .and_then(|()| wait_exit(&conn, &self.name));
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
-        let (status, t) = self.over_memory(ended)?;
+        let (status, t) = self.over_memory(ended, kills_before)?;
         self.note_last(last, t);
         Ok(ExecOutput::new(
             status,
@@ -995,6 +992,7 @@ impl Sandbox {
     /// Runs a command with the given stdin, stdout and stderr and waits for it.
     /// With `stop_after`, the sandbox stops by itself once the command ended.
     pub fn exec(&self, req: ExecRequest, stdio: [BorrowedFd<'_>; 3]) -> Result<ExecStatus> {
+        let kills_before = self.oom_kills_now();
         let conn = self.connect()?;
         let last = req.stop_after;
         protocol::send(
@@ -1004,15 +1002,30 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
-        let (status, t) = self.over_memory(wait_exit(&conn, &self.name))?;
+        let (status, t) = self.over_memory(wait_exit(&conn, &self.name), kills_before)?;
         self.note_last(last, t);
         Ok(status)
     }
 
+    /// With a memory limit, the kills for it so far (to tell whether an
+    /// exec's end was one).
+    fn oom_kills_now(&self) -> Option<u64> {
+        self.limits
+            .applied
+            .iter()
+            .any(|a| a.limit == "memory")
+            .then(|| self.usage().oom_kills)
+    }
+
     /// An exec's end, read for a memory limit at work: a command killed
     /// (or a sandbox that went) while the limit's killer acted is said to
-    /// have gone over it, with Docker's exit code 137.
-    fn over_memory(&self, ended: Result<(ExecStatus, u64)>) -> Result<(ExecStatus, u64)> {
+    /// have gone over it, with Docker's exit code 137. `before`: the kills
+    /// when the exec started.
+    fn over_memory(
+        &self,
+        ended: Result<(ExecStatus, u64)>,
+        before: Option<u64>,
+    ) -> Result<(ExecStatus, u64)> {
         let limit = self.limits.applied.iter().find(|a| a.limit == "memory");
         let killed = matches!(
             &ended,
@@ -1026,10 +1039,9 @@ impl Sandbox {
             // Gone, runtime dir and all: outer's last status line says.
             kills = kills.max(self.final_oom_kills());
         }
-        if kills <= self.oom_seen.get() {
+        if kills <= before.unwrap_or(0) {
             return ended;
         }
-        self.oom_seen.set(kills);
         tracing::warn!(
             "sandbox {} went over its memory limit of {} MiB: {} killed {}",
             self.name,

@@ -142,6 +142,12 @@ pub fn tempdir(prefix: &str) -> tempfile::TempDir {
         .expect("creating a temporary dir")
 }
 
+/// CPUs this test may run on.
+#[allow(dead_code)]
+pub fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
 /// The uid and gid this test runs as.
 pub fn my_ids() -> (u32, u32) {
     (

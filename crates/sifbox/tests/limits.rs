@@ -1,0 +1,254 @@
+//! End-to-end tests of resource limits (issue 13): a fork bomb capped by
+//! `--pids` (and by the default cap), a memory hog killed at its limit
+//! while its neighbour runs on, `--cpus 1` measured, a full writable layer,
+//! and the records in sandbox.json. They run as root (cgroups) and as the
+//! unprivileged user (RLIMIT_NPROC, the watchdog, affinity); every test is
+//! bounded and leaves nothing running.
+
+#[path = "e2e/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use harness::{processes_with_arg, tempdir, unique, unique_number, Sifbox};
+
+/// A long-lived sandbox with `opts`, stopped when dropped; its logs dir
+/// holds sandbox.json.
+struct Started<'a> {
+    sb: &'a Sifbox,
+    name: String,
+    logs: tempfile::TempDir,
+}
+
+impl<'a> Started<'a> {
+    fn new(sb: &'a Sifbox, opts: &[&str]) -> Started<'a> {
+        let name = unique("lim");
+        let logs = tempdir("sifbox-lim-logs.");
+        let logs_dir = logs.path().join("logs");
+        let mut args = vec![
+            "start".to_string(),
+            "--rootfs".into(),
+            harness::rootfs().display().to_string(),
+            "--name".into(),
+            name.clone(),
+            "--logs".into(),
+            logs_dir.display().to_string(),
+        ];
+        args.extend(opts.iter().map(|s| (*s).to_string()));
+        sb.cmd(&args).no_clean_check().output().success();
+        Started { sb, name, logs }
+    }
+
+    fn exec(&self, script: &str) -> harness::Output {
+        self.sb
+            .cmd(["exec", &self.name, "--", "sh", "-c", script])
+            .no_clean_check()
+            .timeout(Duration::from_secs(60))
+            .output()
+    }
+
+    fn record(&self) -> Value {
+        let p = self.logs.path().join("logs/sandbox.json");
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("sandbox.json"))
+            .expect("sandbox.json is JSON")
+    }
+}
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .sb
+            .cmd(["stop", "--timeout", "0", &self.name])
+            .no_clean_check()
+            .output();
+    }
+}
+
+/// How a limit is enforced, per the sandbox's record.
+fn how(record: &Value, limit: &str) -> Option<String> {
+    record["limits"]["applied"]
+        .as_array()?
+        .iter()
+        .find(|a| a["limit"] == limit)
+        .and_then(|a| a["how"].as_str())
+        .map(str::to_string)
+}
+
+/// A fork bomb (bounded: it stops trying after 2000 forks) is capped at
+/// `--pids`, counted from the host (inside, with the cap full, nothing
+/// more can start), and everything it made goes with the sandbox.
+#[test]
+fn a_fork_bomb_is_capped_by_pids() {
+    let sb = Sifbox::new();
+    let marker = unique_number();
+    let s = Started::new(&sb, &["--pids", "64"]);
+    let record = s.record();
+    let mechanism = how(&record, "pids").unwrap_or_else(|| panic!("pids not enforced: {record:#}"));
+    assert!(
+        ["cgroup_v1", "cgroup_v2", "rlimit"].contains(&mechanism.as_str()),
+        "{mechanism}"
+    );
+    // The shell gives up at the first fork the cap refuses (busybox sh
+    // exits 2 then); what it made so far stays.
+    let out = s.exec(&format!(
+        "i=0; while [ $i -lt 2000 ]; do sleep {marker} >/dev/null 2>&1 & i=$((i+1)); done"
+    ));
+    assert!(matches!(out.code(), Some(0 | 2)), "{}", out.stderr);
+    let n = processes_with_arg(&marker.to_string()).len();
+    assert!(n < 64, "{n} sleeps under a cap of 64");
+    assert!(n >= 32, "the cap is not what stopped it: {n}");
+    drop(s);
+    assert!(
+        harness::eventually(Duration::from_secs(10), || processes_with_arg(
+            &marker.to_string()
+        )
+        .is_empty()),
+        "the bomb's processes outlived the sandbox"
+    );
+    sb.assert_clean();
+}
+
+/// Without --pids a sandbox still has a cap (4096), recorded.
+#[test]
+fn every_sandbox_has_a_pids_cap() {
+    let sb = Sifbox::new();
+    let s = Started::new(&sb, &[]);
+    let record = s.record();
+    let applied = &record["limits"]["applied"];
+    let pids = applied
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["limit"] == "pids"))
+        .unwrap_or_else(|| panic!("no pids cap: {record:#}"));
+    assert_eq!(pids["value"], 4096);
+}
+
+/// A process allocating past `--memory` is killed (exit 137, a warning
+/// naming the limit), while a neighbour sandbox with room runs on and the
+/// sandbox itself stays usable.
+#[test]
+fn a_memory_hog_is_killed_at_its_limit_and_its_neighbour_is_not() {
+    let sb = Sifbox::new();
+    let small = Started::new(&sb, &["--memory", "96m"]);
+    let big = Started::new(&sb, &["--memory", "512m"]);
+    assert!(
+        how(&small.record(), "memory").is_some(),
+        "{:#}",
+        small.record()
+    );
+    // busybox dd holds its whole block in memory: 300 MiB.
+    let hog = "exec dd if=/dev/zero of=/dev/null bs=300M count=3";
+    let out = small.exec(hog);
+    out.code_is(137);
+    out.stderr_has("memory limit of 96 MiB");
+    // The neighbour has room for the same.
+    big.exec(hog).success();
+    // The small one is still usable.
+    small.exec("echo alive").success();
+}
+
+/// A writable layer that is full gives ENOSPC inside, not an overrun.
+#[test]
+fn a_full_writable_layer_is_enospc() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run([
+            "--tmpfs-size",
+            "16",
+            "--",
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/root/fill bs=1048576 count=64 2>&1; true",
+        ])
+        .output();
+    out.success();
+    assert!(
+        out.stdout.contains("No space left on device"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// CPU time two busy loops got in `secs` seconds of wall time, as the
+/// shell that waited for them counts it (cutime + cstime), in seconds.
+fn busy_cpu(sb: &Sifbox, opts: &[&str], secs: u32) -> f64 {
+    let script = format!(
+        "(while :; do :; done) & a=$!; (while :; do :; done) & b=$!; sleep {secs}; kill $a $b; wait; \
+         set -- $(sed 's/.*) //' /proc/$$/stat); echo ${{14}} ${{15}}"
+    );
+    let mut args: Vec<&str> = opts.to_vec();
+    args.extend(["--", "sh", "-c", &script]);
+    let out = sb.run(args).timeout(Duration::from_secs(60)).output();
+    out.success();
+    let ticks: Vec<f64> = out
+        .stdout
+        .split_whitespace()
+        .map(|v| v.parse().expect("ticks"))
+        .collect();
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    ticks.iter().sum::<f64>() / hz
+}
+
+/// `--cpus 1`: two busy loops get at most about one CPU-second per second
+/// together (with the limit lifted they get what the host has).
+#[test]
+fn cpus_1_caps_two_busy_loops() {
+    let sb = Sifbox::new();
+    let secs = 2;
+    let capped = busy_cpu(&sb, &["--cpus", "1"], secs) / f64::from(secs);
+    assert!(
+        capped <= 1.1,
+        "two loops under --cpus 1 got {capped:.2} CPU-s/s"
+    );
+    if harness::host_cpus() >= 2 {
+        let free = busy_cpu(&sb, &[], secs) / f64::from(secs);
+        assert!(
+            free > capped + 0.3,
+            "without the limit they should get more than {capped:.2} CPU-s/s, got {free:.2}"
+        );
+    }
+}
+
+/// The record says how each limit is enforced and what could not be.
+#[test]
+fn sandbox_json_records_the_limits() {
+    let sb = Sifbox::new();
+    let s = Started::new(
+        &sb,
+        &[
+            "--memory",
+            "256m",
+            "--memory-swap",
+            "256m",
+            "--pids",
+            "100",
+            "--cpus",
+            "0.5",
+        ],
+    );
+    let r = s.record();
+    let limits = &r["limits"];
+    for limit in ["memory", "pids", "cpus"] {
+        assert!(how(&r, limit).is_some(), "{limit} missing from {limits:#}");
+    }
+    assert_eq!(r["spec"]["limits"]["memory"], 256 << 20);
+    assert_eq!(r["spec"]["limits"]["cpus_milli"], 500);
+    // Swap: enforced by a cgroup, or said not to be.
+    let swap_enforced = how(&r, "memory_swap").is_some();
+    let swap_noted = limits["not_enforced"].as_array().is_some_and(|n| {
+        n.iter()
+            .any(|x| x.as_str().is_some_and(|s| s.starts_with("memory_swap")))
+    });
+    assert!(swap_enforced || swap_noted, "{limits:#}");
+    drop(s);
+    // Bad limits are bad input.
+    sb.run(["--memory", "lots", "--", "true"])
+        .output()
+        .usage_error();
+    sb.run(["--memory", "100m", "--memory-swap", "50m", "--", "true"])
+        .output()
+        .sifbox_error();
+    sb.run(["--cpus", "0", "--", "true"]).output().usage_error();
+}
