@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--idle", type=int, default=200, metavar="N", help="idle sandboxes for the memory figures (default 200; 0 skips)")
     parser.add_argument("--rootfs", type=Path, default=REPO / "target" / "test-rootfs", help="busybox root filesystem (default target/test-rootfs)")
     parser.add_argument("--sifbox", type=Path, default=default_sifbox(), help="sifbox binary (default: the release build, target/<host triple>/release/sifbox)")
+    parser.add_argument("--limits", default="--memory 2g --pids 4096 --cpus 1", metavar="FLAGS", help="flags of the start-limits variant, and of the idle sandboxes with --idle-limits (default: --memory 2g --pids 4096 --cpus 1)")
+    parser.add_argument("--idle-limits", action="store_true", help="start the idle sandboxes with --limits (their supervisors then watch memory) and report the CPU their supervisors use while idle")
     parser.add_argument("--baseline", type=Path, metavar="BIN", help="an older sifbox binary whose exec and start run in the same rounds (variants exec-base, start-base)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
@@ -213,6 +215,7 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
         "host": ["/bin/true"],
         "bwrap": [bwrap, "--unshare-all", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "/bin/true"],
         "start": [],  # per round: a fresh name
+        "start-limits": [],
     }
     if base is not None:
         commands["exec-base"] = base.argv("exec", base_target, "/bin/true")
@@ -226,10 +229,11 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
             for round_no in range(args.warmup + args.runs):
                 shift = round_no % len(names)
                 for name in names[shift:] + names[:shift]:
-                    if name in ("start", "start-base"):
-                        who = sb if name == "start" else base
+                    if name in ("start", "start-base", "start-limits"):
+                        who = base if name == "start-base" else sb
                         fresh = f"{tag}-{name}-{round_no}"
-                        ms = time_once(name, who.argv("start", "--rootfs", str(rootfs), "--name", fresh), sb.env, stderr)
+                        extra = args.limits.split() if name == "start-limits" else []
+                        ms = time_once(name, who.argv("start", "--rootfs", str(rootfs), "--name", fresh, *extra), sb.env, stderr)
                         stopped = time_once("stop", who.argv("stop", "--timeout", "0", fresh), sb.env, stderr)
                         if name == "start":
                             stop_ms.append(stopped)
@@ -242,6 +246,7 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
         if base is not None:
             base.run("stop", "--timeout", "0", base_target, check=False)
     commands["start"] = sb.argv("start", "--rootfs", str(rootfs), "--name", f"{tag}-start-N")
+    commands["start-limits"] = sb.argv("start", "--rootfs", str(rootfs), "--name", f"{tag}-start-limits-N", *args.limits.split())
     if base is not None:
         commands["start-base"] = base.argv("start", "--rootfs", str(rootfs), "--name", f"{tag}-start-base-N")
     stats = {name: dict(summary(values), command=commands[name]) for name, values in samples.items()}
@@ -249,7 +254,14 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
     return stats
 
 
-def idle_memory(n: int, sb: Sifbox, rootfs: Path) -> dict:
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of pid, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def idle_memory(n: int, sb: Sifbox, rootfs: Path, extra: list[str] | None = None) -> dict:
     """Phase 2: n idle sandboxes; RSS and PSS of sifbox's processes each."""
     tag = f"idle-{os.getpid()}"
     started: list[str] = []
@@ -260,7 +272,7 @@ def idle_memory(n: int, sb: Sifbox, rootfs: Path) -> dict:
         for i in range(n):
             name = f"{tag}-{i}"
             try:
-                sb.run("start", "--rootfs", str(rootfs), "--name", name)
+                sb.run("start", "--rootfs", str(rootfs), "--name", name, *(extra or []))
             except RuntimeError as e:
                 error = f"start #{i + 1} failed: {e}"
                 print(f"  {error}", file=sys.stderr)
@@ -287,6 +299,13 @@ def idle_memory(n: int, sb: Sifbox, rootfs: Path) -> dict:
                 rss += r
                 pss += p
             per.append({"name": name, "pids": pids, "rss_kb": rss, "pss_kb": pss})
+        # What the supervisors spend while idle (the memory watchdog wakes
+        # up to sample), over a 10 s window.
+        sups = [p["pids"][0] for p in per]
+        before = sum(cpu_ticks(p) for p in sups)
+        time.sleep(10.0)
+        after = sum(cpu_ticks(p) for p in sups)
+        idle_cpu_percent = (after - before) / os.sysconf("SC_CLK_TCK") / 10.0 * 100
     finally:
         stop_ms = stop_all(sb, started)
     # Nothing may be left: not in ps, no runtime dir, no process, no mount.
@@ -308,6 +327,8 @@ def idle_memory(n: int, sb: Sifbox, rootfs: Path) -> dict:
         "pss_mb_total": sum(pss_mb),
         "mem_available_drop_mb_per_sandbox": (avail_before - avail_after) / 1024 / len(per) if per else None,
         "start_all_ms": start_all_ms,
+        "supervisors_idle_cpu_percent_of_one_cpu": idle_cpu_percent if per else None,
+        "flags": extra or [],
         "stop_all_parallel_ms": stop_ms,
         "clean_after_stop": clean,
         "left": {"ps": left, "runtime_dirs": dirs, "processes": procs, "mounts": mounts},
@@ -336,7 +357,7 @@ def main() -> int:
     print(f"host: kernel {platform.release()}, {os.cpu_count()} CPUs, uid {os.getuid()}")
     try:
         stats = interleaved(args, sb, rootfs)
-        memory = idle_memory(args.idle, sb, rootfs) if args.idle else None
+        memory = idle_memory(args.idle, sb, rootfs, args.limits.split() if args.idle_limits else None) if args.idle else None
     except RuntimeError as e:
         fail(str(e))
     finally:
@@ -355,11 +376,12 @@ def main() -> int:
     ratio_bwrap = stats["exec"]["median_ms"] / stats["bwrap"]["median_ms"]
     print()
     print(f"{'variant':<14} {'runs':>5} {'median ms':>10} {'p95 ms':>9}")
-    for name in ["exec", "host", "bwrap", "start", "stop", "exec-base", "start-base"]:
+    for name in ["exec", "host", "bwrap", "start", "start-limits", "stop", "exec-base", "start-base"]:
         if name not in stats:
             continue
         s = stats[name]
         print(f"{name:<14} {s['runs']:>5} {s['median_ms']:>10.2f} {s['p95_ms']:>9.2f}")
+    print(f"start-limits - start (median): {stats['start-limits']['median_ms'] - stats['start']['median_ms']:+.2f} ms ({args.limits})")
     for name in ["exec", "start"]:
         if f"{name}-base" in stats:
             delta = stats[name]["median_ms"] - stats[f"{name}-base"]["median_ms"]
@@ -383,6 +405,7 @@ def main() -> int:
             print(f"  RSS per sandbox: median {memory['rss_mb_median']:.2f} MB, max {memory['rss_mb_max']:.2f} MB")
             print(f"  PSS per sandbox: median {memory['pss_mb_median']:.3f} MB (all: {memory['pss_mb_total']:.1f} MB)")
             print(f"  host MemAvailable drop per sandbox (kernel objects included): {memory['mem_available_drop_mb_per_sandbox']:.2f} MB")
+            print(f"  CPU of all {memory['started']} idle supervisors{' (' + ' '.join(memory['flags']) + ')' if memory['flags'] else ''}: {memory['supervisors_idle_cpu_percent_of_one_cpu']:.2f}% of one CPU")
             goals["idle_rss_mb"] = memory["rss_mb_median"] <= GOAL_RSS_MB and memory["started"] == memory["asked"]
             print(f"goal {memory['asked']} idle sandboxes with <= {GOAL_RSS_MB} MB RSS each: {verdict(goals['idle_rss_mb'])}")
         print(f"  stopped all in parallel in {memory['stop_all_parallel_ms'] / 1000:.2f} s; nothing left: {'yes' if memory['clean_after_stop'] else 'NO: ' + json.dumps(memory['left'])}")

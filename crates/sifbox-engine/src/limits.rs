@@ -314,6 +314,75 @@ pub fn tree_memory(proc: &Path, top: i32) -> Vec<ProcMemory> {
     out
 }
 
+/// The processes of a pid namespace and the memory each holds alone, from
+/// `proc`, a directory handle on that namespace's /proc (rewound and read
+/// again at each call: one getdents and a statm read per process, which
+/// keeps an idle sandbox's samples cheap). Pids are the namespace's own.
+pub fn ns_memory(proc: &mut rustix::fs::Dir) -> Vec<ProcMemory> {
+    let page = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
+    let mut pids = Vec::new();
+    proc.rewind();
+    while let Some(Ok(e)) = proc.read() {
+        if let Some(pid) = std::str::from_utf8(e.file_name().to_bytes())
+            .ok()
+            .and_then(|n| n.parse::<i32>().ok())
+        {
+            pids.push(pid);
+        }
+    }
+    let dir = proc.fd().ok();
+    let mut out = Vec::with_capacity(pids.len());
+    for pid in pids {
+        let Some(dir) = dir else { break };
+        let mut buf = [0u8; 128];
+        let path = format!("{pid}/statm");
+        let Ok(fd) = rustix::fs::openat(
+            dir,
+            path.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) else {
+            continue;
+        };
+        let n = rustix::io::read(&fd, &mut buf).unwrap_or(0);
+        if let Some(private) = std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|t| statm_private(t, page))
+        {
+            out.push(ProcMemory { pid, private });
+        }
+    }
+    out
+}
+
+/// The host pid of the process that is `ns_pid` in the pid namespace
+/// whose init is host pid `init` (its NSpid's last field), found below
+/// `init` in the host's /proc.
+pub fn host_pid(init: i32, ns_pid: i32) -> Option<i32> {
+    if ns_pid == 1 {
+        return Some(init);
+    }
+    let proc = Path::new("/proc");
+    let mut todo = vec![init];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(pid) = todo.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        let status = std::fs::read_to_string(proc.join(pid.to_string()).join("status")).unwrap_or_default();
+        let last = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|v| v.split_ascii_whitespace().last())
+            .and_then(|v| v.parse::<i32>().ok());
+        if last == Some(ns_pid) {
+            return Some(pid);
+        }
+        todo.extend(children(proc, pid));
+    }
+    None
+}
+
 /// CPU time that `top` and everything below it used so far, in clock
 /// ticks: each live process's own time plus that of the children it
 /// reaped (utime, stime, cutime, cstime of /proc/PID/stat); a process that
@@ -390,9 +459,24 @@ pub fn verdict(limit: u64, used: u64, tmpfs: u64, procs: &[ProcMemory], init: i3
             return Verdict::Kill(v.pid);
         }
     }
-    const GROWTH_BYTES_PER_MS: u64 = 4 << 20;
-    let headroom = limit.saturating_sub(used);
-    Verdict::Wait((headroom / GROWTH_BYTES_PER_MS).clamp(20, 1000))
+    Verdict::Wait(headroom_ms(limit, used))
+}
+
+/// How long the memory of a sandbox `used` of `limit` can take to reach
+/// it, at a growth of 1 GiB a second (a process faulting in pages
+/// as fast as one CPU does), from 20 ms to 5 s.
+pub fn headroom_ms(limit: u64, used: u64) -> u64 {
+    const GROWTH_BYTES_PER_MS: u64 = 1 << 20;
+    (limit.saturating_sub(used) / GROWTH_BYTES_PER_MS).clamp(20, 5000)
+}
+
+/// The next wait after a sample: the headroom bounds it; within that a
+/// sandbox whose memory stays put (within 1 MiB) is sampled ever less
+/// often, from `last` doubling up to 5 s, and one that moves at once
+/// more often.
+pub fn next_wait_ms(last: u64, headroom: u64, moved: bool) -> u64 {
+    let backoff = if moved { 20 } else { last.saturating_mul(2) };
+    backoff.clamp(20, 5000).min(headroom)
 }
 
 #[cfg(test)]
@@ -500,7 +584,12 @@ mod tests {
             Verdict::Kill(1),
             "the tmpfs alone is over: the whole sandbox goes"
         );
-        assert_eq!(verdict(1 << 40, 0, 0, &procs, 1), Verdict::Wait(1000));
+        assert_eq!(verdict(1 << 40, 0, 0, &procs, 1), Verdict::Wait(5000));
+        assert_eq!(headroom_ms(2 << 30, 0), 2048);
+        assert_eq!(next_wait_ms(20, 2048, false), 40);
+        assert_eq!(next_wait_ms(2000, 2048, false), 2048);
+        assert_eq!(next_wait_ms(2000, 2048, true), 20);
+        assert_eq!(next_wait_ms(4000, 9000, false), 5000);
         assert_eq!(
             verdict(1 << 30, (1 << 30) - (1 << 20), 0, &procs, 1),
             Verdict::Wait(20)

@@ -389,9 +389,13 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
         }
         if nest_ready {
             if let Some(n) = nest.take() {
-                if let Ok((_, tmpfs)) = protocol::recv::<String>(&n) {
+                if let Ok((_, mut fds)) = protocol::recv::<String>(&n) {
                     if let Some(w) = &mut watchdog {
-                        w.tmpfs = tmpfs;
+                        // The sandbox's /proc first, then its tmpfs mounts.
+                        if !fds.is_empty() {
+                            w.proc = rustix::fs::Dir::read_from(fds.remove(0)).ok();
+                        }
+                        w.tmpfs = fds;
                     }
                     let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
                     let mapped = idmap::write_file(
@@ -454,6 +458,8 @@ struct Watchdog {
     limit: u64,
     init: Pid,
     dir: PathBuf,
+    /// The sandbox's /proc, from init.
+    proc: Option<rustix::fs::Dir>,
     /// The roots of the writable layer's tmpfs (the overlay's statfs is its
     /// upper layer's) and /dev/shm, from init.
     tmpfs: Vec<OwnedFd>,
@@ -462,6 +468,8 @@ struct Watchdog {
     armed: bool,
     peak: u64,
     recorded_peak: u64,
+    /// The last sample's total.
+    last_used: u64,
     oom_kills: u64,
 }
 
@@ -471,12 +479,14 @@ impl Watchdog {
             limit,
             init,
             dir,
+            proc: None,
             tmpfs: Vec::new(),
             reset,
             next_ms: 20,
             armed: false,
             peak: 0,
             recorded_peak: 0,
+            last_used: 0,
             oom_kills: 0,
         }
     }
@@ -511,21 +521,41 @@ impl Watchdog {
     fn sample(&mut self) {
         use crate::limits::{self, Verdict};
         let init = self.init.as_raw_nonzero().get();
-        let procs = limits::tree_memory(Path::new("/proc"), init);
+        // The sandbox's own /proc lists its processes (pid 1 is init);
+        // without it, the host's tree below init.
+        let procs = match &mut self.proc {
+            Some(dir) => limits::ns_memory(dir),
+            None => limits::tree_memory(Path::new("/proc"), init)
+                .into_iter()
+                .map(|p| limits::ProcMemory {
+                    pid: if p.pid == init { 1 } else { p.pid },
+                    ..p
+                })
+                .collect(),
+        };
         let tmpfs: u64 = self.tmpfs.iter().map(limits::used_bytes).sum();
         let used = procs.iter().map(|p| p.private).sum::<u64>() + tmpfs;
         self.peak = self.peak.max(used);
-        match limits::verdict(self.limit, used, tmpfs, &procs, init) {
+        let last_used = std::mem::replace(&mut self.last_used, used);
+        match limits::verdict(self.limit, used, tmpfs, &procs, 1) {
             Verdict::Kill(pid) => {
-                if let Some(p) = Pid::from_raw(pid) {
+                let host = if self.proc.is_some() {
+                    limits::host_pid(init, pid)
+                } else if pid == 1 {
+                    Some(init)
+                } else {
+                    Some(pid)
+                };
+                if let Some(p) = host.and_then(Pid::from_raw) {
                     let _ = rustix::process::kill_process(p, Signal::KILL);
                 }
                 self.oom_kills += 1;
                 self.next_ms = 20;
                 self.record();
             }
-            Verdict::Wait(ms) => {
-                self.next_ms = ms;
+            Verdict::Wait(headroom) => {
+                let moved = used.abs_diff(last_used) >= 1 << 20;
+                self.next_ms = limits::next_wait_ms(self.next_ms, headroom, moved);
                 // The record follows the peak in steps of 1 MiB.
                 if self.peak >= self.recorded_peak + (1 << 20) {
                     self.record();
@@ -633,6 +663,15 @@ fn init_main(
     // layer's tmpfs) and /dev/shm.
     let mut tmpfs = Vec::new();
     if launch.limits.watchdog_memory.is_some() {
+        // The watchdog lists the sandbox's processes in its /proc.
+        match rustix::fs::open(
+            "/proc",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(fd) => tmpfs.push(fd),
+            Err(e) => return Err(errno("opening /proc for the memory watchdog")(e)),
+        }
         let open = |p: &str| {
             rustix::fs::open(
                 p,

@@ -138,8 +138,9 @@ fn a_memory_hog_is_killed_at_its_limit_and_its_neighbour_is_not() {
         "{:#}",
         small.record()
     );
-    // busybox dd holds its whole block in memory: 300 MiB.
-    let hog = "exec dd if=/dev/zero of=/dev/null bs=300M count=3";
+    // busybox dd holds its whole block in memory: 300 MiB (for about
+    // 6 GiB of reads, so that the sampling has time).
+    let hog = "exec dd if=/dev/zero of=/dev/null bs=300M count=20";
     let out = small.exec(hog);
     out.code_is(137);
     out.stderr_has("memory limit of 96 MiB");
