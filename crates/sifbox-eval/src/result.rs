@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EvalError, Result};
-use crate::task::{Limits, NetworkMode};
+use crate::task::{NetworkMode, RolloutLimits};
 
 /// Why a rollout did not give a clean reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -23,6 +23,10 @@ pub enum ErrorClass {
     AgentTimeout,
     /// The agent exited non-zero or could not start (the verifier still ran).
     AgentFailed,
+    /// A phase's command died after processes of the sandbox were killed
+    /// for going over its memory limit (after the agent's, the verifier
+    /// does not run: as Harbor, an out-of-memory rollout is not graded).
+    Oom,
     /// The verifier ran past its time limit.
     VerifierTimeout,
     /// The verifier left no usable reward.
@@ -38,6 +42,7 @@ impl ErrorClass {
             ErrorClass::StartFailed => "start_failed",
             ErrorClass::AgentTimeout => "agent_timeout",
             ErrorClass::AgentFailed => "agent_failed",
+            ErrorClass::Oom => "oom",
             ErrorClass::VerifierTimeout => "verifier_timeout",
             ErrorClass::VerifierFailed => "verifier_failed",
             ErrorClass::Infra => "infra",
@@ -79,6 +84,59 @@ pub struct Phase {
     pub duration_ms: u64,
     pub network: Option<NetworkMode>,
     pub user: Option<String>,
+    /// CPU time the sandbox's processes used during the phase (null: this
+    /// host could not tell).
+    #[serde(default)]
+    pub cpu_seconds: Option<f64>,
+    /// The most memory the sandbox held at once during the phase, its
+    /// tmpfs pages included, in bytes (null: not measured).
+    #[serde(default)]
+    pub memory_peak_bytes: Option<u64>,
+    /// Processes killed for going over the memory limit during the phase.
+    #[serde(default)]
+    pub oom_kills: u64,
+}
+
+/// One limit of a rollout as it was enforced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedLimit {
+    /// `memory`, `memory_swap`, `pids`, `cpus` or `storage`.
+    pub limit: String,
+    pub value: u64,
+    /// `bytes`, `processes` or `millicpus` (thousandths of a CPU).
+    pub unit: String,
+    /// What enforces it: `cgroup_v2`, `cgroup_v1`, `rlimit`, `watchdog`,
+    /// `affinity` (the engine's mechanisms) or `tmpfs` (the writable
+    /// layer's size).
+    pub how: String,
+    /// What exactly does it.
+    pub detail: String,
+}
+
+/// `limits_applied` as written: older sifbox wrote names (`"storage_mb"`).
+fn applied_limits<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<AppliedLimit>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entry {
+        Applied(AppliedLimit),
+        Name(String),
+    }
+    let entries = Vec::<Entry>::deserialize(d)?;
+    Ok(entries
+        .into_iter()
+        .map(|e| match e {
+            Entry::Applied(a) => a,
+            Entry::Name(limit) => AppliedLimit {
+                limit,
+                value: 0,
+                unit: String::new(),
+                how: "unknown".into(),
+                detail: "recorded by an older sifbox, which said no more".into(),
+            },
+        })
+        .collect())
 }
 
 /// Milliseconds spent in each part of a rollout.
@@ -154,11 +212,14 @@ pub struct RolloutResult {
     pub finished_at: String,
     #[serde(default)]
     pub sandbox: Option<String>,
-    /// What the task asked for, and which of it was applied.
+    /// What the task asked for, after sifbox's defaults and the job's
+    /// overrides.
     #[serde(default)]
-    pub limits: Limits,
-    #[serde(default)]
-    pub limits_applied: Vec<String>,
+    pub limits: RolloutLimits,
+    /// Exactly what of it was enforced, and how; what was not is in
+    /// `notes`.
+    #[serde(default, deserialize_with = "applied_limits")]
+    pub limits_applied: Vec<AppliedLimit>,
     /// The build's log, relative to the rollout's dir.
     #[serde(default)]
     pub build_log: Option<String>,
@@ -189,7 +250,7 @@ impl RolloutResult {
             started_at: now_rfc3339(),
             finished_at: String::new(),
             sandbox: None,
-            limits: Limits::default(),
+            limits: RolloutLimits::default(),
             limits_applied: Vec::new(),
             build_log: None,
             notes: Vec::new(),
@@ -608,6 +669,69 @@ mod tests {
         assert_eq!(RolloutResult::load(d.path()), Some(r));
         let text = std::fs::read_to_string(d.path().join(RESULT_FILE)).expect("read");
         assert!(text.contains("\"error_class\": \"build_failed\""), "{text}");
+    }
+
+    #[test]
+    fn oom_is_its_own_class_in_results_and_summaries() {
+        let tasks = vec![(
+            "hog".to_string(),
+            vec![
+                Some(result(
+                    "hog",
+                    1,
+                    Status::Failed,
+                    None,
+                    Some(ErrorClass::Oom),
+                )),
+                Some(result("hog", 2, Status::Ok, Some(1.0), None)),
+            ],
+        )];
+        let s = Summary::compute("job", "oracle", &tasks, now_unix_ms(), 2);
+        assert_eq!(s.failures.get(&ErrorClass::Oom), Some(&1), "{s:?}");
+        assert_eq!(s.tasks[0].failures.get(&ErrorClass::Oom), Some(&1));
+        assert!(s.table().contains("oom 1"), "{}", s.table());
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["failures"]["oom"], 1, "{json}");
+        assert_eq!(ErrorClass::Oom.as_str(), "oom");
+    }
+
+    #[test]
+    fn limits_and_usage_are_recorded_and_old_results_still_load() {
+        let mut r = result("t", 1, Status::Ok, Some(1.0), None);
+        r.limits = crate::task::Limits::default().resolve(&crate::task::Overrides::default());
+        r.limits_applied.push(AppliedLimit {
+            limit: "memory".into(),
+            value: 4096 << 20,
+            unit: "bytes".into(),
+            how: "watchdog".into(),
+            detail: "sampled".into(),
+        });
+        r.agent_run = Some(Phase {
+            cpu_seconds: Some(1.25),
+            memory_peak_bytes: Some(1 << 20),
+            oom_kills: 2,
+            ..Phase::default()
+        });
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["limits_applied"][0]["how"], "watchdog");
+        assert_eq!(json["limits"]["memory_mb"], 4096);
+        assert_eq!(json["agent_run"]["cpu_seconds"], 1.25);
+        assert_eq!(json["agent_run"]["memory_peak_bytes"], 1 << 20);
+        let back: RolloutResult = serde_json::from_value(json).expect("back");
+        assert_eq!(back, r);
+        // A result.json of an older sifbox: limits as task.toml had them,
+        // limits_applied as names, phases without usage. --resume keeps it.
+        let mut old =
+            serde_json::to_value(result("t", 1, Status::Ok, Some(1.0), None)).expect("json");
+        old["limits"] =
+            serde_json::json!({"cpus": 2.0, "memory_mb": null, "storage_mb": null, "gpus": null});
+        old["limits_applied"] = serde_json::json!(["storage_mb"]);
+        old["agent_run"] = serde_json::json!({"exit_code": 0, "timed_out": false, "duration_ms": 5, "network": "public", "user": null});
+        let loaded: RolloutResult = serde_json::from_value(old).expect("an old result loads");
+        assert_eq!(loaded.limits.cpus, Some(2.0));
+        assert_eq!(loaded.limits_applied.len(), 1);
+        assert_eq!(loaded.limits_applied[0].limit, "storage_mb");
+        assert_eq!(loaded.agent_run.expect("agent").cpu_seconds, None);
     }
 
     #[test]

@@ -40,19 +40,19 @@ use sifbox_build::progress::Progress;
 use sifbox_engine::evidence::{ImageRef, LogsDir};
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::spec::{self, IdMapping, NetMode, UsernsMode, Writable};
-use sifbox_engine::{idmap, ExecStatus, Sandbox, SandboxSpec, StartOptions};
+use sifbox_engine::{idmap, ExecStatus, Sandbox, SandboxSpec, StartOptions, Usage};
 use sifbox_image::meta::ImageMeta;
 use sifbox_image::store::{Digest, Store};
 
 use crate::cancel::{self, Cancel};
 use crate::error::{EvalError, Result};
 use crate::result::{
-    now_rfc3339, now_unix_ms, one_line, rollout_dir_name, write_json, ErrorClass, ImageInfo, Phase,
-    RolloutResult, Status, Summary, RESULT_FILE, SUMMARY_FILE,
+    now_rfc3339, now_unix_ms, one_line, rollout_dir_name, write_json, AppliedLimit, ErrorClass,
+    ImageInfo, Phase, RolloutResult, Status, Summary, RESULT_FILE, SUMMARY_FILE,
 };
 use crate::reward::{self, Reward};
 use crate::rollout_dir;
-use crate::task::{EnvSource, NetworkMode, Task, DEFAULT_STORAGE_MB};
+use crate::task::{EnvSource, NetworkMode, Overrides, RolloutLimits, Task};
 use crate::template;
 
 /// The agent of a job.
@@ -134,6 +134,8 @@ pub struct EvalOptions {
     /// Every task's commands may create user namespaces (else only tasks
     /// that ask for it with `[metadata.sifbox] allow_userns`).
     pub allow_userns: bool,
+    /// Limits set for every task (`--override-*`, `--pids`).
+    pub limits: Overrides,
 }
 
 impl EvalOptions {
@@ -409,6 +411,7 @@ pub fn run(
             "pass e.g. --jobs 4",
         ));
     }
+    opts.limits.check()?;
     if tasks.is_empty() {
         return Err(EvalError::bad(
             "sifbox eval",
@@ -816,6 +819,44 @@ impl Running<'_> {
             .exec(req, [self.null.as_fd(), out.as_fd(), out.as_fd()])?;
         Ok((st, started.elapsed()))
     }
+
+    /// [`Running::exec`], with what the sandbox used meanwhile: its CPU
+    /// time, its memory peak (started afresh) and the processes killed for
+    /// memory.
+    #[allow(clippy::too_many_arguments, reason = "as exec")]
+    fn measured_exec(
+        &self,
+        cwd: &str,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        user: Option<String>,
+        timeout: Duration,
+        net: NetMode,
+        out: &File,
+    ) -> sifbox_engine::Result<(ExecStatus, Duration, PhaseUsage)> {
+        self.sandbox.reset_memory_peak();
+        let before = self.sandbox.usage();
+        let (st, took) = self.exec(cwd, argv, env, user, timeout, net, out)?;
+        let mut used = PhaseUsage::between(&before, &self.sandbox.usage());
+        // A command killed by SIGKILL may have been the limit's victim
+        // before the kill was counted: wait a moment for the count.
+        if matches!(
+            st,
+            ExecStatus::Exited {
+                code: KILLED,
+                timed_out: false
+            }
+        ) && used.oom_kills == 0
+            && self.sandbox.limits().how("memory").is_some()
+        {
+            let deadline = Instant::now() + Duration::from_millis(200);
+            while used.oom_kills == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+                used = PhaseUsage::between(&before, &self.sandbox.usage());
+            }
+        }
+        Ok((st, took, used))
+    }
 }
 
 /// One rollout of `task`, start to end; never fails (what went wrong is in
@@ -823,8 +864,7 @@ impl Running<'_> {
 fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -> RolloutResult {
     let t0 = Instant::now();
     let mut r = RolloutResult::new(&task.name, attempt, &ctx.job, &ctx.agent_label);
-    r.limits = task.config.limits.clone();
-    r.limits_applied = vec!["storage_mb".into()];
+    r.limits = task.config.limits.resolve(&ctx.opts.limits);
     let dir = ctx.dir.join(&r.rollout);
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)
@@ -963,16 +1003,13 @@ fn run_rollout(
         net: sandbox_net,
         ids: ctx.ids.clone(),
         writable: Writable::Tmpfs {
-            size_mib: c.limits.storage_mb.unwrap_or(DEFAULT_STORAGE_MB),
+            size_mib: r.limits.storage_mib(),
         },
         binds,
         host_dns: true,
         shm_bytes: spec::DEFAULT_SHM_BYTES,
         confinement: ctx.opts.confinement(task),
-        limits: spec::Limits {
-            pids: Some(spec::DEFAULT_PIDS),
-            ..spec::Limits::default()
-        },
+        limits: r.limits.spec(),
     };
     let opts = StartOptions {
         oneshot: true,
@@ -998,6 +1035,7 @@ fn run_rollout(
     };
     let kill_id = sandbox.kill_handle().map(|h| ctx.cancel.register(h));
     r.timings_ms.start = ms(t.elapsed());
+    record_limits(r, sandbox.limits());
 
     let null = match File::open("/dev/null") {
         Ok(f) => f,
@@ -1189,7 +1227,7 @@ fn phases(
         if interrupted(ctx, r) {
             return;
         }
-        let ran = run.exec(
+        let ran = run.measured_exec(
             &run.cwd,
             argv,
             agent_env,
@@ -1199,9 +1237,22 @@ fn phases(
             &out,
         );
         match ran {
-            Ok((st, took)) => {
+            Ok((st, took, used)) => {
                 r.timings_ms.agent = ms(took);
-                r.agent_run = Some(phase(&st, took, agent_net, &agent_user));
+                r.agent_run = Some(phase(&st, took, agent_net, &agent_user, &used));
+                if killed_for_memory(&st, &used) {
+                    if !interrupted(ctx, r) {
+                        r.fail(
+                            ErrorClass::Oom,
+                            oom_message("agent", &st, &used, &r.limits, sb.limits()),
+                        );
+                    }
+                    // As Harbor (MemoryLimitExceededError: not graded),
+                    // the verifier does not run: what the agent left is
+                    // the work of a process tree cut short.
+                    return;
+                }
+                note_oom_survived(r, "agent", &used);
                 match st {
                     ExecStatus::Exited {
                         timed_out: true, ..
@@ -1261,7 +1312,7 @@ fn phases(
         return infra(r, "uploading the tests", &e);
     }
     r.timings_ms.setup += ms(t.elapsed());
-    let ran = run.exec(
+    let ran = run.measured_exec(
         &run.cwd,
         vec!["bash".to_string(), "/tests/test.sh".to_string()],
         with_env(&run.base_env, &[&env.verifier]),
@@ -1270,12 +1321,23 @@ fn phases(
         verifier_net,
         &out,
     );
-    let (st, took) = match ran {
+    let (st, took, used) = match ran {
         Ok(x) => x,
         Err(e) => return infra(r, "running the verifier", &e),
     };
     r.timings_ms.verifier = ms(took);
-    r.verifier_run = Some(phase(&st, took, verifier_net, &verifier_user));
+    r.verifier_run = Some(phase(&st, took, verifier_net, &verifier_user, &used));
+    if killed_for_memory(&st, &used) {
+        // Whatever reward it left is the work of a test cut short.
+        if !interrupted(ctx, r) {
+            r.fail(
+                ErrorClass::Oom,
+                oom_message("verifier", &st, &used, &r.limits, sb.limits()),
+            );
+        }
+        return;
+    }
+    note_oom_survived(r, "verifier", &used);
     match &st {
         ExecStatus::Exited {
             timed_out: true, ..
@@ -1315,7 +1377,15 @@ fn phases(
     }
 }
 
-fn phase(st: &ExecStatus, took: Duration, net: NetMode, user: &Option<String>) -> Phase {
+fn phase(
+    st: &ExecStatus,
+    took: Duration,
+    net: NetMode,
+    user: &Option<String>,
+    used: &PhaseUsage,
+) -> Phase {
+    #[allow(clippy::cast_precision_loss, reason = "CPU time in ms, far below 2^52")]
+    let cpu_seconds = used.cpu_ns.map(|ns| (ns / 1_000_000) as f64 / 1000.0);
     Phase {
         exit_code: match st {
             ExecStatus::Exited { code, .. } => Some(*code),
@@ -1325,6 +1395,194 @@ fn phase(st: &ExecStatus, took: Duration, net: NetMode, user: &Option<String>) -
         duration_ms: ms(took),
         network: Some(as_mode(net)),
         user: user.clone(),
+        cpu_seconds,
+        memory_peak_bytes: used.memory_peak,
+        oom_kills: used.oom_kills,
+    }
+}
+
+/// What the sandbox used while one phase's command ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PhaseUsage {
+    /// CPU time of the phase (None: the host could not tell).
+    cpu_ns: Option<u64>,
+    /// The phase's memory peak.
+    memory_peak: Option<u64>,
+    /// Processes killed for memory during the phase.
+    oom_kills: u64,
+    /// ... and since the sandbox started.
+    oom_total: u64,
+}
+
+impl PhaseUsage {
+    fn between(before: &Usage, after: &Usage) -> PhaseUsage {
+        PhaseUsage {
+            cpu_ns: after
+                .cpu_ns
+                .zip(before.cpu_ns)
+                .map(|(a, b)| a.saturating_sub(b)),
+            memory_peak: after.memory_peak,
+            oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
+            oom_total: after.oom_kills,
+        }
+    }
+}
+
+/// The exit code of a command killed by SIGKILL.
+const KILLED: i32 = 128 + 9;
+
+/// Whether a phase's command died of the memory limit: it failed after a
+/// process of the sandbox was killed for memory during the phase, or it
+/// was itself killed (SIGKILL) in a sandbox that has had such kills. A
+/// command that carried on to exit 0, or ran into its time limit, did not
+/// (a note says what was killed).
+fn killed_for_memory(st: &ExecStatus, used: &PhaseUsage) -> bool {
+    match st {
+        ExecStatus::Exited {
+            timed_out: true, ..
+        }
+        | ExecStatus::Exited { code: 0, .. } => false,
+        ExecStatus::Exited { code, .. } => {
+            used.oom_kills > 0 || (*code == KILLED && used.oom_total > 0)
+        }
+        ExecStatus::Failed { .. } => used.oom_kills > 0,
+    }
+}
+
+/// The error of a phase killed for memory: the limit, what enforced it,
+/// what was killed, what to do.
+fn oom_message(
+    phase: &str,
+    st: &ExecStatus,
+    used: &PhaseUsage,
+    limits: &RolloutLimits,
+    e: &sifbox_engine::limits::Enforcement,
+) -> String {
+    let limit = limits
+        .memory_mb
+        .map_or_else(|| "its".to_string(), |m| format!("its {m} MiB"));
+    let how = e
+        .how("memory")
+        .map(|h| format!(", enforced by {}", how_name(h)))
+        .unwrap_or_default();
+    let peak = used
+        .memory_peak
+        .map(|p| format!(", peak {} MiB", p.div_ceil(1 << 20)))
+        .unwrap_or_default();
+    let ended = match st {
+        ExecStatus::Exited { code, .. } if *code == KILLED => "it was killed (SIGKILL)".to_string(),
+        ExecStatus::Exited { code, .. } => format!("it exited with code {code}"),
+        ExecStatus::Failed { code, message } => format!("it could not start ({code}): {message}"),
+    };
+    let killed = if used.oom_kills > 0 {
+        format!("{} process(es) of the sandbox killed", used.oom_kills)
+    } else {
+        format!(
+            "{} process(es) of the sandbox killed so far",
+            used.oom_total
+        )
+    };
+    format!(
+        "the {phase} went over {limit} memory limit{how}: {killed}{peak}, and {ended}; give the task more memory ([environment] memory_mb, or --override-memory-mb)"
+    )
+}
+
+/// A note when processes were killed for memory during a phase whose
+/// command carried on.
+fn note_oom_survived(r: &mut RolloutResult, phase: &str, used: &PhaseUsage) {
+    if used.oom_kills > 0 {
+        r.notes.push(format!(
+            "{} process(es) of the sandbox were killed for going over the memory limit during the {phase}, which carried on",
+            used.oom_kills
+        ));
+    }
+}
+
+/// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).
+fn how_name(h: sifbox_engine::limits::How) -> String {
+    serde_json::to_value(h)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{h:?}"))
+}
+
+/// Records, after the sandbox started, exactly what of the rollout's
+/// limits it enforces and how, with the writable layer's size; every limit
+/// asked for that is not enforced (the engine's reasons, the GPUs, which
+/// sifbox does not give) goes to the notes.
+fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) {
+    let unit = |limit: &str| match limit {
+        "memory" | "memory_swap" => "bytes",
+        "pids" => "processes",
+        "cpus" => "millicpus",
+        _ => "",
+    };
+    for a in &e.applied {
+        r.limits_applied.push(AppliedLimit {
+            limit: a.limit.clone(),
+            value: a.value,
+            unit: unit(&a.limit).into(),
+            how: how_name(a.how),
+            detail: a.detail.clone(),
+        });
+    }
+    let storage = r.limits.storage_mib();
+    r.limits_applied.push(AppliedLimit {
+        limit: "storage".into(),
+        value: storage.saturating_mul(1 << 20),
+        unit: "bytes".into(),
+        how: "tmpfs".into(),
+        detail: format!(
+            "the writable layer is a tmpfs of {storage} MiB (full: ENOSPC); its pages are memory and count in the memory limit"
+        ),
+    });
+    for n in &e.not_enforced {
+        // Eval asks for no swap limit of its own: the engine's is Docker's
+        // default for a memory limit, which a reader may not expect.
+        let n = match n.strip_prefix("memory_swap:") {
+            Some(why) => format!(
+                "memory_swap (Docker's default with a memory limit: memory plus swap at most twice memory_mb):{why}"
+            ),
+            None => n.clone(),
+        };
+        r.notes.push(format!("limit not enforced: {n}"));
+    }
+    // Whatever the engine says, no limit goes unmentioned.
+    let asked = [
+        ("memory", r.limits.memory_mb.is_some()),
+        ("pids", r.limits.pids.is_some()),
+        ("cpus", r.limits.cpus.is_some()),
+    ];
+    for (limit, is_asked) in asked {
+        let said = e.applied.iter().any(|a| a.limit == limit)
+            || e.not_enforced
+                .iter()
+                .any(|n| n.starts_with(&format!("{limit}:")));
+        if is_asked && !said {
+            r.notes.push(format!(
+                "limit not enforced: {limit}: the sandbox reported no mechanism for it"
+            ));
+        }
+    }
+    if let Some(g) = r.limits.gpus.filter(|g| *g > 0) {
+        let types = r
+            .limits
+            .gpu_types
+            .as_ref()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!(" (gpu_types {})", t.join(", ")))
+            .unwrap_or_default();
+        r.notes.push(format!(
+            "limit not enforced: gpus = {g}{types}: recorded only; sifbox gives sandboxes no GPU (no device of the host's is visible inside)"
+        ));
+    }
+    if let (Some(s), Some(m)) = (r.limits.storage_mb, r.limits.memory_mb) {
+        let asked = r.limits.source.get("storage_mb") != Some(&crate::task::LimitSource::Default);
+        if asked && s > m {
+            r.notes.push(format!(
+                "storage_mb = {s} is above the memory limit ({m} MiB): the writable layer is in memory here and counts in that limit, so the rollout can write less than storage_mb"
+            ));
+        }
     }
 }
 
@@ -1386,5 +1644,218 @@ fn healthcheck(
             }
         }
         std::thread::sleep(h.interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sifbox_engine::limits::{Applied, Enforcement, How};
+
+    fn exited(code: i32) -> ExecStatus {
+        ExecStatus::Exited {
+            code,
+            timed_out: false,
+        }
+    }
+
+    fn used(oom_kills: u64, oom_total: u64) -> PhaseUsage {
+        PhaseUsage {
+            oom_kills,
+            oom_total,
+            ..PhaseUsage::default()
+        }
+    }
+
+    #[test]
+    fn a_phase_is_oom_when_its_command_dies_after_a_kill_for_memory() {
+        // A kill during the phase, and the command failed or was killed.
+        assert!(killed_for_memory(&exited(137), &used(1, 1)));
+        assert!(killed_for_memory(&exited(1), &used(2, 3)));
+        // Killed itself, the kill counted before the phase's start.
+        assert!(killed_for_memory(&exited(137), &used(0, 1)));
+        assert!(killed_for_memory(
+            &ExecStatus::Failed {
+                code: 125,
+                message: "fork".into()
+            },
+            &used(1, 1)
+        ));
+        // Not: no kill at all, a command that carried on, a timeout, a
+        // failure in a sandbox whose only kills came before the phase.
+        assert!(!killed_for_memory(&exited(137), &used(0, 0)));
+        assert!(!killed_for_memory(&exited(0), &used(3, 3)));
+        assert!(!killed_for_memory(
+            &ExecStatus::Exited {
+                code: 124,
+                timed_out: true
+            },
+            &used(1, 1)
+        ));
+        assert!(!killed_for_memory(&exited(1), &used(0, 4)));
+    }
+
+    #[test]
+    fn phase_usage_is_the_difference_and_the_peak_after() {
+        let before = Usage {
+            cpu_ns: Some(1_000_000_000),
+            memory_peak: Some(10),
+            oom_kills: 1,
+        };
+        let after = Usage {
+            cpu_ns: Some(3_500_000_000),
+            memory_peak: Some(7 << 20),
+            oom_kills: 3,
+        };
+        let u = PhaseUsage::between(&before, &after);
+        assert_eq!(
+            u,
+            PhaseUsage {
+                cpu_ns: Some(2_500_000_000),
+                memory_peak: Some(7 << 20),
+                oom_kills: 2,
+                oom_total: 3,
+            }
+        );
+        let p = phase(&exited(0), Duration::from_secs(3), NetMode::None, &None, &u);
+        assert_eq!(p.cpu_seconds, Some(2.5));
+        assert_eq!(p.memory_peak_bytes, Some(7 << 20));
+        assert_eq!(p.oom_kills, 2);
+        // Unknown before: unknown, never a made-up number.
+        let none = PhaseUsage::between(&Usage::default(), &after);
+        assert_eq!(none.cpu_ns, None);
+    }
+
+    fn rollout_with(limits: crate::task::Limits, o: &Overrides) -> RolloutResult {
+        let mut r = RolloutResult::new("t", 1, "j", "oracle");
+        r.limits = limits.resolve(o);
+        r
+    }
+
+    #[test]
+    fn records_say_what_is_enforced_and_every_limit_that_is_not() {
+        let e = Enforcement {
+            applied: vec![
+                Applied {
+                    limit: "memory".into(),
+                    value: 512 << 20,
+                    how: How::Watchdog,
+                    detail: "sampled".into(),
+                },
+                Applied {
+                    limit: "cpus".into(),
+                    value: 2000,
+                    how: How::Affinity,
+                    detail: "CPU affinity to [0, 1] (rounded up from 1.500)".into(),
+                },
+            ],
+            not_enforced: vec![
+                "memory_swap: without a cgroup swapped-out pages are not counted".into(),
+            ],
+            ..Enforcement::default()
+        };
+        let task = crate::task::Limits {
+            cpus: Some(1.5),
+            memory_mb: Some(512),
+            storage_mb: Some(1024),
+            gpus: Some(1),
+            gpu_types: Some(vec!["H100".into()]),
+        };
+        let mut r = rollout_with(task, &Overrides::default());
+        record_limits(&mut r, &e);
+        let names: Vec<(&str, &str, &str)> = r
+            .limits_applied
+            .iter()
+            .map(|a| (a.limit.as_str(), a.how.as_str(), a.unit.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("memory", "watchdog", "bytes"),
+                ("cpus", "affinity", "millicpus"),
+                ("storage", "tmpfs", "bytes")
+            ]
+        );
+        assert_eq!(r.limits_applied[2].value, 1024 << 20);
+        let notes = r.notes.join("\n");
+        assert!(notes.contains("limit not enforced: memory_swap"), "{notes}");
+        // pids was asked for (the default cap) and the engine said nothing.
+        assert!(
+            notes.contains("limit not enforced: pids: the sandbox reported no mechanism"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("gpus = 1 (gpu_types H100): recorded only"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("storage_mb = 1024 is above the memory limit"),
+            "{notes}"
+        );
+        // Defaults only: no note on storage (10240 > 4096 is the default's
+        // doing), and nothing on GPUs.
+        let mut r = rollout_with(crate::task::Limits::default(), &Overrides::default());
+        let e = Enforcement {
+            applied: vec![
+                Applied {
+                    limit: "memory".into(),
+                    value: 4096 << 20,
+                    how: How::CgroupV2,
+                    detail: "memory.max".into(),
+                },
+                Applied {
+                    limit: "pids".into(),
+                    value: 4096,
+                    how: How::Rlimit,
+                    detail: "RLIMIT_NPROC".into(),
+                },
+            ],
+            ..Enforcement::default()
+        };
+        record_limits(&mut r, &e);
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        assert_eq!(r.limits_applied[0].how, "cgroup_v2");
+        assert_eq!(r.limits_applied[1].how, "rlimit");
+    }
+
+    #[test]
+    fn the_oom_message_says_the_limit_what_enforced_it_and_what_to_do() {
+        let e = Enforcement {
+            applied: vec![Applied {
+                limit: "memory".into(),
+                value: 256 << 20,
+                how: How::Watchdog,
+                detail: String::new(),
+            }],
+            ..Enforcement::default()
+        };
+        let r = rollout_with(
+            crate::task::Limits {
+                memory_mb: Some(256),
+                ..crate::task::Limits::default()
+            },
+            &Overrides::default(),
+        );
+        let u = PhaseUsage {
+            memory_peak: Some((256 << 20) + 1),
+            ..used(1, 1)
+        };
+        let m = oom_message("agent", &exited(137), &u, &r.limits, &e);
+        for needle in [
+            "the agent went over its 256 MiB memory limit",
+            "enforced by watchdog",
+            "1 process(es) of the sandbox killed",
+            "peak 257 MiB",
+            "killed (SIGKILL)",
+            "--override-memory-mb",
+        ] {
+            assert!(m.contains(needle), "{needle:?} in {m}");
+        }
+        let m = oom_message("verifier", &exited(2), &used(0, 3), &r.limits, &e);
+        assert!(
+            m.contains("3 process(es) of the sandbox killed so far"),
+            "{m}"
+        );
+        assert!(m.contains("exited with code 2"), "{m}");
     }
 }

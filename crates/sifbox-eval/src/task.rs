@@ -28,8 +28,18 @@ pub const DEFAULT_AGENT_TIMEOUT_SEC: f64 = 600.0;
 pub const DEFAULT_VERIFIER_TIMEOUT_SEC: f64 = 600.0;
 /// The environment build's time limit when task.toml gives none.
 pub const DEFAULT_BUILD_TIMEOUT_SEC: f64 = 600.0;
-/// The size of the sandbox's writable layer when task.toml gives none.
+/// The size of the sandbox's writable layer when task.toml gives none
+/// (Harbor's old default and BenchFlow's).
 pub const DEFAULT_STORAGE_MB: u64 = 10240;
+/// The memory limit of a rollout whose task.toml gives none. Harbor 0.26
+/// has no default (under Docker such a task may take the whole host);
+/// Harbor up to 0.5 and BenchFlow 0.7 give 2048 MB, for the processes
+/// alone, with the writable layer on disk. Here the writable layer is a
+/// tmpfs whose pages count in the limit, so the default is those 2 GiB for
+/// the processes plus 2 GiB for the files they write.
+pub const DEFAULT_MEMORY_MB: u64 = 4096;
+/// The largest memory_mb or storage_mb accepted (1 PiB).
+const MAX_MB: u64 = 1 << 30;
 /// The longest time limit accepted (a week).
 const MAX_TIMEOUT_SEC: f64 = 7.0 * 24.0 * 3600.0;
 /// The largest task.toml read.
@@ -89,6 +99,8 @@ pub struct RawEnvironment {
     pub allow_internet: Option<bool>,
     /// Legacy: `"2G"`, `"512M"`.
     pub memory: Option<String>,
+    /// Legacy: `"10G"`.
+    pub storage: Option<String>,
 }
 
 /// `[agent]` as written.
@@ -142,14 +154,188 @@ pub struct Healthcheck {
     pub retries: u32,
 }
 
-/// Resources the task asks for: recorded in results; not enforced until
-/// sifbox has limits (the writable layer's size excepted).
+/// Resources the task asks for, as task.toml says (see [`Limits::resolve`]
+/// for what a rollout gets).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub cpus: Option<f64>,
     pub memory_mb: Option<u64>,
     pub storage_mb: Option<u64>,
     pub gpus: Option<u64>,
+    /// Acceptable GPU types (recorded with `gpus`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_types: Option<Vec<String>>,
+}
+
+/// What a job sets for every task, as Harbor's `--override-cpus`,
+/// `--override-memory-mb`, `--override-storage-mb` and `--override-gpus`
+/// do (the value replaces the task's, whether it gives one or not), and
+/// the pids cap (`--pids`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Overrides {
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub storage_mb: Option<u64>,
+    pub gpus: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+impl Overrides {
+    /// Checks the values as task.toml's are checked; `flag` names each in
+    /// errors (`--override-cpus`...).
+    pub fn check(&self) -> Result<()> {
+        let bad_flag = |flag: &str, v: &dyn std::fmt::Display, why: &str, fix: &str| {
+            Err(bad(format!("{flag} {v}"), why, fix))
+        };
+        if let Some(c) = self.cpus {
+            if cpus_milli(c).is_none() {
+                return bad_flag(
+                    "--override-cpus",
+                    &c,
+                    "not a number of CPUs above 0",
+                    "pass e.g. --override-cpus 2 or 0.5",
+                );
+            }
+        }
+        for (flag, v) in [
+            ("--override-memory-mb", self.memory_mb),
+            ("--override-storage-mb", self.storage_mb),
+        ] {
+            if let Some(v) = v {
+                if v == 0 || v > MAX_MB {
+                    return bad_flag(
+                        flag,
+                        &v,
+                        "not a size in MiB from 1 to 2^30",
+                        "pass e.g. 4096",
+                    );
+                }
+            }
+        }
+        if self.pids == Some(0) {
+            return bad_flag(
+                "--pids",
+                &0,
+                "a sandbox needs at least one process",
+                "pass e.g. --pids 4096",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where a rollout's limit came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitSource {
+    /// task.toml.
+    Task,
+    /// sifbox's default (no value in task.toml).
+    Default,
+    /// A flag of the job (`--override-*`, `--pids`).
+    Override,
+}
+
+/// The limits of a rollout: what the task asked for after sifbox's
+/// defaults and the job's overrides. `None`: no limit of that kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RolloutLimits {
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub storage_mb: Option<u64>,
+    pub gpus: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_types: Option<Vec<String>>,
+    pub pids: Option<u64>,
+    /// Where each value came from.
+    pub source: BTreeMap<String, LimitSource>,
+}
+
+impl Limits {
+    /// The rollout's limits: an override replaces the task's value; the
+    /// memory, storage and pids limits fall back to sifbox's defaults
+    /// ([`DEFAULT_MEMORY_MB`], [`DEFAULT_STORAGE_MB`],
+    /// [`sifbox_engine::spec::DEFAULT_PIDS`]); CPUs and GPUs have none.
+    pub fn resolve(&self, o: &Overrides) -> RolloutLimits {
+        let mut source = BTreeMap::new();
+        let memory_mb = pick(
+            &mut source,
+            "memory_mb",
+            o.memory_mb,
+            self.memory_mb,
+            Some(DEFAULT_MEMORY_MB),
+        );
+        let storage_mb = pick(
+            &mut source,
+            "storage_mb",
+            o.storage_mb,
+            self.storage_mb,
+            Some(DEFAULT_STORAGE_MB),
+        );
+        let pids = pick(
+            &mut source,
+            "pids",
+            o.pids,
+            None,
+            Some(sifbox_engine::spec::DEFAULT_PIDS),
+        );
+        let cpus = pick(&mut source, "cpus", o.cpus, self.cpus, None);
+        let gpus = pick(&mut source, "gpus", o.gpus, self.gpus, None);
+        RolloutLimits {
+            cpus,
+            memory_mb,
+            storage_mb,
+            gpus,
+            gpu_types: self.gpu_types.clone(),
+            pids,
+            source,
+        }
+    }
+}
+
+/// The override, else the task's value, else the default; records where
+/// it came from in `source`.
+fn pick<T>(
+    source: &mut BTreeMap<String, LimitSource>,
+    key: &str,
+    over: Option<T>,
+    task: Option<T>,
+    default: Option<T>,
+) -> Option<T> {
+    let (v, s) = match (over, task, default) {
+        (Some(v), _, _) => (v, LimitSource::Override),
+        (None, Some(v), _) => (v, LimitSource::Task),
+        (None, None, Some(v)) => (v, LimitSource::Default),
+        (None, None, None) => return None,
+    };
+    source.insert(key.to_string(), s);
+    Some(v)
+}
+
+impl RolloutLimits {
+    /// The sandbox's limits. Memory plus swap is left to Docker's rule
+    /// (twice the memory), as Harbor's Docker environment gets it.
+    pub fn spec(&self) -> sifbox_engine::spec::Limits {
+        sifbox_engine::spec::Limits {
+            memory: self.memory_mb.map(|m| m.saturating_mul(1 << 20)),
+            memory_swap: None,
+            pids: self.pids,
+            cpus_milli: self.cpus.and_then(cpus_milli),
+        }
+    }
+
+    /// The writable layer's size in MiB.
+    pub fn storage_mib(&self) -> u64 {
+        self.storage_mb.unwrap_or(DEFAULT_STORAGE_MB)
+    }
+}
+
+/// `cpus` in thousandths, rounded up; None unless it is a finite number
+/// above 0 that the engine accepts.
+pub fn cpus_milli(cpus: f64) -> Option<u32> {
+    // f64's Display never uses an exponent: the engine's parser reads it.
+    sifbox_engine::spec::parse_cpus(&format!("{cpus}")).ok()
 }
 
 /// task.toml, checked.
@@ -308,6 +494,44 @@ pub fn parse_memory(s: &str) -> Option<u64> {
     Some(mib)
 }
 
+/// `KEY_mb`, or the legacy `KEY = "2G"` (both: they must agree, as Harbor
+/// requires), in MiB.
+fn size_mb(mb: Option<u64>, legacy: Option<&str>, key: &str, file: &str) -> Result<Option<u64>> {
+    let from_legacy = match legacy {
+        None => None,
+        Some(s) => Some(parse_memory(s).ok_or_else(|| {
+            bad(
+                format!("{file}: [environment] {key} = {s:?}"),
+                "not a size",
+                format!("write e.g. {key}_mb = 2048 (or {key} = \"2G\")"),
+            )
+        })?),
+    };
+    match (mb, from_legacy) {
+        (Some(m), Some(l)) if m != l => Err(bad(
+            format!(
+                "{file}: [environment] {key}_mb = {m} and {key} = {:?}",
+                legacy.unwrap_or("")
+            ),
+            format!("they disagree ({l} MiB against {m})"),
+            format!("keep {key}_mb alone ({key} is its old spelling)"),
+        )),
+        (Some(m), _) => check_mb(Some(m), key, file),
+        (None, l) => check_mb(l, key, file),
+    }
+}
+
+fn check_mb(mb: Option<u64>, key: &str, file: &str) -> Result<Option<u64>> {
+    match mb {
+        Some(m) if m > MAX_MB => Err(bad(
+            format!("{file}: [environment] {key}_mb = {m}"),
+            "too large (at most 2^30 MiB)",
+            format!("set {key}_mb to what the task needs, in MiB"),
+        )),
+        other => Ok(other),
+    }
+}
+
 fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
     let e = raw.environment;
     let allowlist = |key: &str| {
@@ -334,31 +558,42 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         return Err(allowlist("[verifier] network_mode"));
     }
     if let Some(cpus) = e.cpus {
-        if !cpus.is_finite() || cpus < 0.0 {
+        if cpus_milli(cpus).is_none() {
             return Err(bad(
                 format!("{file}: [environment] cpus = {cpus}"),
-                "not a non-negative number",
-                "set cpus to e.g. 1",
+                "not a number of CPUs above 0",
+                "set cpus to e.g. 1 or 0.5, or leave it out for no CPU limit",
             ));
         }
     }
-    let memory_mb = match (e.memory_mb, e.memory) {
-        (Some(m), _) => Some(m),
-        (None, Some(s)) => Some(parse_memory(&s).ok_or_else(|| {
-            bad(
-                format!("{file}: [environment] memory = {s:?}"),
-                "not a size",
-                "write e.g. memory_mb = 2048 (or memory = \"2G\")",
-            )
-        })?),
-        (None, None) => None,
-    };
-    if e.storage_mb == Some(0) {
+    let memory_mb = size_mb(e.memory_mb, e.memory.as_deref(), "memory", file)?;
+    let storage_mb = size_mb(e.storage_mb, e.storage.as_deref(), "storage", file)?;
+    if memory_mb == Some(0) {
+        return Err(bad(
+            format!("{file}: [environment] memory_mb = 0"),
+            "a sandbox needs some memory",
+            "set memory_mb to e.g. 2048, or leave it out for the default",
+        ));
+    }
+    if storage_mb == Some(0) {
         return Err(bad(
             format!("{file}: [environment] storage_mb = 0"),
             "the sandbox's writable layer needs some space",
             "set storage_mb to e.g. 10240, or leave it out",
         ));
+    }
+    if let Some(types) = &e.gpu_types {
+        if types.len() > 64
+            || types
+                .iter()
+                .any(|t| t.is_empty() || t.len() > 100 || t.chars().any(char::is_control))
+        {
+            return Err(bad(
+                format!("{file}: [environment] gpu_types"),
+                "not a list of GPU type names",
+                "write e.g. gpu_types = [\"H100\", \"A100\"], or leave it out",
+            ));
+        }
     }
     let docker_image = match e.docker_image {
         Some(i) if i.trim().is_empty() || i.chars().any(char::is_control) => return Err(bad(
@@ -435,8 +670,9 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         limits: Limits {
             cpus: e.cpus,
             memory_mb,
-            storage_mb: e.storage_mb,
+            storage_mb,
             gpus: e.gpus,
+            gpu_types: e.gpu_types,
         },
         network,
         agent_network,
@@ -718,7 +954,8 @@ env = { HINT = "h" }
                 cpus: Some(2.0),
                 memory_mb: Some(4096),
                 storage_mb: Some(2048),
-                gpus: None
+                gpus: None,
+                gpu_types: None,
             }
         );
         let h = c.healthcheck.expect("healthcheck");
@@ -769,6 +1006,25 @@ env = { HINT = "h" }
             ("[environment]\nworkdir = \"relative\"", "absolute"),
             ("[environment]\nmemory = \"lots\"", "memory"),
             ("[environment]\nstorage_mb = 0", "storage_mb"),
+            ("[environment]\nstorage = \"0\"", "storage_mb"),
+            ("[environment]\nstorage = \"big\"", "storage"),
+            ("[environment]\nmemory_mb = 0", "memory_mb"),
+            ("[environment]\nmemory = \"0G\"", "memory_mb"),
+            ("[environment]\nmemory_mb = 2000000000000", "too large"),
+            (
+                "[environment]\nmemory_mb = 1024\nmemory = \"2G\"",
+                "disagree",
+            ),
+            (
+                "[environment]\nstorage_mb = 1024\nstorage = \"2G\"",
+                "disagree",
+            ),
+            ("[environment]\ncpus = 0", "cpus"),
+            ("[environment]\ncpus = -1", "cpus"),
+            ("[environment]\ncpus = 1e300", "cpus"),
+            ("[environment]\ncpus = nan", "cpus"),
+            ("[environment]\ngpus = -1", "invalid value"),
+            ("[environment]\ngpu_types = [\"\"]", "gpu_types"),
             ("[environment]\ndocker_image = \" \"", "docker_image"),
             (
                 "[environment]\nhealthcheck = { interval_sec = 1 }",
@@ -782,6 +1038,153 @@ env = { HINT = "h" }
             assert!(e.contains(needle), "{text:?}: {e}");
             assert!(e.contains("t/task.toml"), "{text:?}: {e}");
             assert!(!e.contains('\n'), "{text:?}: more than one line: {e}");
+        }
+    }
+
+    #[test]
+    fn resources_and_their_legacy_spellings() {
+        let c = parse(
+            "[environment]\ncpus = 0.5\nmemory = \"1.5G\"\nstorage = \"20G\"\ngpus = 2\ngpu_types = [\"H100\", \"A100\"]",
+        )
+        .expect("legacy sizes");
+        assert_eq!(
+            c.limits,
+            Limits {
+                cpus: Some(0.5),
+                memory_mb: Some(1536),
+                storage_mb: Some(20480),
+                gpus: Some(2),
+                gpu_types: Some(vec!["H100".into(), "A100".into()]),
+            }
+        );
+        // Both spellings, agreeing: accepted (as Harbor does).
+        let c = parse("[environment]\nmemory_mb = 2048\nmemory = \"2G\"\nstorage_mb = 512\nstorage = \"512M\"")
+            .expect("agreeing");
+        assert_eq!(
+            (c.limits.memory_mb, c.limits.storage_mb),
+            (Some(2048), Some(512))
+        );
+        // An integer number of CPUs, and none at all.
+        assert_eq!(
+            parse("[environment]\ncpus = 2").expect("int").limits.cpus,
+            Some(2.0)
+        );
+        assert_eq!(parse("").expect("empty").limits, Limits::default());
+    }
+
+    #[test]
+    fn defaults_then_task_then_overrides() {
+        use sifbox_engine::spec;
+        // Nothing asked: the defaults that protect the host.
+        let l = Limits::default().resolve(&Overrides::default());
+        assert_eq!(l.memory_mb, Some(DEFAULT_MEMORY_MB));
+        assert_eq!(l.storage_mb, Some(DEFAULT_STORAGE_MB));
+        assert_eq!(l.pids, Some(spec::DEFAULT_PIDS));
+        assert_eq!((l.cpus, l.gpus), (None, None));
+        let src = |l: &RolloutLimits, k: &str| l.source.get(k).copied();
+        assert_eq!(src(&l, "memory_mb"), Some(LimitSource::Default));
+        assert_eq!(src(&l, "pids"), Some(LimitSource::Default));
+        assert_eq!(src(&l, "cpus"), None, "no limit, no source");
+        assert_eq!(
+            l.spec(),
+            spec::Limits {
+                memory: Some(DEFAULT_MEMORY_MB << 20),
+                memory_swap: None,
+                pids: Some(spec::DEFAULT_PIDS),
+                cpus_milli: None,
+            }
+        );
+        // The task's values.
+        let task = Limits {
+            cpus: Some(1.5),
+            memory_mb: Some(512),
+            storage_mb: Some(100),
+            gpus: Some(1),
+            gpu_types: None,
+        };
+        let l = task.resolve(&Overrides::default());
+        assert_eq!(
+            (l.cpus, l.memory_mb, l.storage_mb, l.gpus),
+            (Some(1.5), Some(512), Some(100), Some(1))
+        );
+        assert_eq!(src(&l, "cpus"), Some(LimitSource::Task));
+        assert_eq!(src(&l, "pids"), Some(LimitSource::Default));
+        assert_eq!(l.spec().cpus_milli, Some(1500));
+        assert_eq!(l.spec().memory, Some(512 << 20));
+        assert_eq!(l.storage_mib(), 100);
+        // Overrides replace the task's values, given or not (Harbor's
+        // semantics), and --pids the cap.
+        let o = Overrides {
+            cpus: Some(0.25),
+            memory_mb: Some(8192),
+            storage_mb: Some(300),
+            gpus: Some(0),
+            pids: Some(64),
+        };
+        for t in [&task, &Limits::default()] {
+            let l = t.resolve(&o);
+            assert_eq!(
+                (l.cpus, l.memory_mb, l.storage_mb, l.gpus, l.pids),
+                (Some(0.25), Some(8192), Some(300), Some(0), Some(64))
+            );
+            assert!(
+                l.source.values().all(|s| *s == LimitSource::Override),
+                "{l:?}"
+            );
+            assert_eq!(l.spec().cpus_milli, Some(250));
+            assert_eq!(l.spec().pids, Some(64));
+        }
+        // The record, as result.json holds it.
+        let json = serde_json::to_value(task.resolve(&Overrides::default())).expect("json");
+        assert_eq!(json["memory_mb"], 512);
+        assert_eq!(json["pids"], 4096);
+        assert_eq!(json["source"]["memory_mb"], "task");
+        assert_eq!(json["source"]["pids"], "default");
+    }
+
+    #[test]
+    fn overrides_are_checked() {
+        assert!(Overrides::default().check().is_ok());
+        let cases = [
+            (
+                Overrides {
+                    cpus: Some(0.0),
+                    ..Overrides::default()
+                },
+                "--override-cpus",
+            ),
+            (
+                Overrides {
+                    cpus: Some(f64::NAN),
+                    ..Overrides::default()
+                },
+                "--override-cpus",
+            ),
+            (
+                Overrides {
+                    memory_mb: Some(0),
+                    ..Overrides::default()
+                },
+                "--override-memory-mb",
+            ),
+            (
+                Overrides {
+                    storage_mb: Some(u64::MAX),
+                    ..Overrides::default()
+                },
+                "--override-storage-mb",
+            ),
+            (
+                Overrides {
+                    pids: Some(0),
+                    ..Overrides::default()
+                },
+                "--pids",
+            ),
+        ];
+        for (o, flag) in cases {
+            let e = o.check().expect_err(flag);
+            assert!(e.is_bad_input() && e.to_string().contains(flag), "{e}");
         }
     }
 
@@ -887,6 +1290,7 @@ env = { HINT = "h" }
                 "timeout_sec", "build_timeout_sec", "network_mode", "allow_internet", "env",
                 "workdir", "user", "cpus", "memory_mb", "memory", "storage_mb", "docker_image",
                 "command", "interval_sec", "retries", "start_period_sec", "gpus", "healthcheck",
+                "storage", "gpu_types",
             ]),
             value in proptest::sample::select(vec![
                 "1", "-1", "0", "0.0", "1e308", "-0.0", "inf", "nan", "9223372036854775807",

@@ -394,7 +394,11 @@ fn agents_limits_networks_users_env_and_healthchecks() {
     );
     let t = r("cheating-agent");
     assert_eq!(outcome(&t), ok(0.0), "{t:#}");
-    assert_eq!(t["notes"].as_array().map(Vec::len), Some(1), "{t:#}");
+    assert_eq!(
+        notes(&t).iter().filter(|n| !is_limit_note(n)).count(),
+        1,
+        "{t:#}"
+    );
 
     let t = r("phase-net");
     assert_eq!(outcome(&t), ok(1.0), "{t:#}");
@@ -717,6 +721,16 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
         (vec!["--attempts", "0", &good], "--attempts"),
         (vec!["--job", "../up", &good], "--job"),
         (vec!["--progress", "loud", &good], "--progress"),
+        (
+            vec!["--override-memory-mb", "0", &good],
+            "--override-memory-mb",
+        ),
+        (vec!["--override-cpus", "0", &good], "--override-cpus"),
+        (
+            vec!["--override-storage-mb", "0", &good],
+            "--override-storage-mb",
+        ),
+        (vec!["--pids", "0", &good], "--pids"),
     ];
     for (args, needle) in cases {
         let out_dir = env.out().display().to_string();
@@ -729,6 +743,311 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
             .unwrap_or_default();
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
+}
+
+// ===========================================================================
+// Resource limits (issue 13): what task.toml asks for, sifbox's defaults,
+// the job's overrides, and the records of what was enforced and used.
+// ===========================================================================
+
+/// The mechanisms the engine may name for a limit.
+const HOWS: [&str; 5] = ["cgroup_v2", "cgroup_v1", "rlimit", "watchdog", "affinity"];
+
+/// `limits_applied`'s entry for `limit`, if any.
+fn applied<'a>(r: &'a Value, limit: &str) -> Option<&'a Value> {
+    r["limits_applied"]
+        .as_array()
+        .expect("limits_applied is a list")
+        .iter()
+        .find(|a| a["limit"] == limit)
+}
+
+/// A note on a limit this host does not enforce (which ones depends on
+/// the host and the caller).
+fn is_limit_note(n: &str) -> bool {
+    n.starts_with("limit not enforced: ")
+}
+
+fn notes(r: &Value) -> Vec<String> {
+    r["notes"]
+        .as_array()
+        .expect("notes is a list")
+        .iter()
+        .map(|n| n.as_str().expect("a note is text").to_string())
+        .collect()
+}
+
+/// Asserts that `limit` (asked for with `value` in `unit`s) is either
+/// enforced, by a mechanism the engine names, at `value` or above (CPU
+/// affinity rounds up), or said in a note not to be: never dropped.
+fn enforced_or_noted(r: &Value, limit: &str, value: u64) {
+    match applied(r, limit) {
+        Some(a) => {
+            let how = a["how"].as_str().expect("how");
+            assert!(HOWS.contains(&how), "{limit}: {a}");
+            let v = a["value"].as_u64().expect("value");
+            assert!(v >= value, "{limit} enforced at {v}, asked {value}: {a}");
+            if limit != "cpus" {
+                assert_eq!(v, value, "{a}");
+            }
+            assert!(!a["detail"].as_str().expect("detail").is_empty(), "{a}");
+        }
+        None => assert!(
+            notes(r)
+                .iter()
+                .any(|n| n.starts_with(&format!("limit not enforced: {limit}"))),
+            "{limit} is neither enforced nor noted: {r:#}"
+        ),
+    }
+}
+
+#[test]
+fn task_limits_defaults_and_overrides_are_recorded_with_what_enforced_them() {
+    let env = Env::with_evalbase();
+    // Fills its writable layer past storage_mb, and burns some CPU.
+    let solve = "#!/bin/bash\ndd if=/dev/zero of=/big bs=1M count=80 2> /logs/agent/dd.err\necho $? > /logs/agent/dd.rc\nrm -f /big\ni=0; while [ $i -lt 100000 ]; do i=$((i+1)); done\n";
+    let reward = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n";
+    env.task(
+        "sized",
+        "[environment]\ncpus = 1.5\nmemory_mb = 512\nstorage = \"64M\"\ngpus = 1\ngpu_types = [\"H100\"]\n",
+        solve,
+        reward,
+    );
+    env.task("plain", "", solve, reward);
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "l", "--jobs", "2", &tasks])
+        .output()
+        .success();
+    let read = |rel: &str| {
+        std::fs::read_to_string(env.out().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    };
+
+    let r = env.result("l", "sized__1");
+    assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+    let l = &r["limits"];
+    assert_eq!(l["cpus"], 1.5, "{l}");
+    assert_eq!(l["memory_mb"], 512, "{l}");
+    assert_eq!(l["storage_mb"], 64, "{l}");
+    assert_eq!(l["gpus"], 1, "{l}");
+    assert_eq!(l["pids"], 4096, "the default cap: {l}");
+    assert_eq!(l["source"]["memory_mb"], "task", "{l}");
+    assert_eq!(l["source"]["storage_mb"], "task", "{l}");
+    assert_eq!(l["source"]["pids"], "default", "{l}");
+    enforced_or_noted(&r, "memory", 512 << 20);
+    enforced_or_noted(&r, "cpus", 1500);
+    enforced_or_noted(&r, "pids", 4096);
+    // Memory always has a mechanism (the watchdog at worst); so do CPUs
+    // (affinity).
+    assert!(applied(&r, "memory").is_some(), "{r:#}");
+    assert!(applied(&r, "cpus").is_some(), "{r:#}");
+    let storage = applied(&r, "storage").expect("storage");
+    assert_eq!(storage["how"], "tmpfs", "{storage}");
+    assert_eq!(storage["value"], 64u64 << 20, "{storage}");
+    // The writable layer really is that size.
+    assert_ne!(read("l/sized__1/agent/dd.rc"), "0\n");
+    assert!(
+        read("l/sized__1/agent/dd.err").contains("No space left"),
+        "{}",
+        read("l/sized__1/agent/dd.err")
+    );
+    let n = notes(&r);
+    assert!(
+        n.iter()
+            .any(|n| n.contains("gpus = 1 (gpu_types H100)") && n.contains("not enforced")),
+        "{n:?}"
+    );
+    // What the phases used: CPU time (the agent's loop) for both.
+    let cpu = r["agent_run"]["cpu_seconds"]
+        .as_f64()
+        .expect("agent cpu_seconds");
+    assert!(cpu > 0.0 && cpu < 60.0, "{r:#}");
+    assert!(r["verifier_run"]["cpu_seconds"].as_f64().is_some(), "{r:#}");
+    for p in ["agent_run", "verifier_run"] {
+        assert!(
+            r[p]["memory_peak_bytes"].is_u64() || r[p]["memory_peak_bytes"].is_null(),
+            "{r:#}"
+        );
+        assert_eq!(r[p]["oom_kills"], 0, "{r:#}");
+    }
+
+    let r = env.result("l", "plain__1");
+    assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+    let l = &r["limits"];
+    assert_eq!(l["memory_mb"], 4096, "the default memory cap: {l}");
+    assert_eq!(l["storage_mb"], 10240, "{l}");
+    assert_eq!(l["pids"], 4096, "{l}");
+    assert!(l["cpus"].is_null() && l["gpus"].is_null(), "{l}");
+    assert_eq!(l["source"]["memory_mb"], "default", "{l}");
+    enforced_or_noted(&r, "memory", 4096 << 20);
+    enforced_or_noted(&r, "pids", 4096);
+    assert!(applied(&r, "cpus").is_none(), "no CPU limit asked: {r:#}");
+    assert_eq!(
+        read("l/plain__1/agent/dd.rc"),
+        "0\n",
+        "80 MiB fit in 10 GiB"
+    );
+    assert!(
+        !notes(&r).iter().any(|n| n.contains("gpus")),
+        "{:?}",
+        notes(&r)
+    );
+
+    // The job's overrides replace what the tasks say, given or not.
+    env.eval(&[
+        "--job",
+        "o",
+        "--override-cpus",
+        "1",
+        "--override-memory-mb",
+        "300",
+        "--override-storage-mb",
+        "32",
+        "--override-gpus",
+        "0",
+        "--pids",
+        "200",
+        &tasks,
+    ])
+    .output()
+    .success();
+    for t in ["sized", "plain"] {
+        let r = env.result("o", &format!("{t}__1"));
+        assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+        let l = &r["limits"];
+        assert_eq!(
+            (
+                &l["cpus"],
+                &l["memory_mb"],
+                &l["storage_mb"],
+                &l["gpus"],
+                &l["pids"]
+            ),
+            (
+                &Value::from(1.0),
+                &Value::from(300),
+                &Value::from(32),
+                &Value::from(0),
+                &Value::from(200)
+            ),
+            "{l}"
+        );
+        for k in ["cpus", "memory_mb", "storage_mb", "gpus", "pids"] {
+            assert_eq!(l["source"][k], "override", "{k}: {l}");
+        }
+        enforced_or_noted(&r, "memory", 300 << 20);
+        enforced_or_noted(&r, "cpus", 1000);
+        enforced_or_noted(&r, "pids", 200);
+        assert_eq!(
+            applied(&r, "storage").expect("storage")["value"],
+            32u64 << 20
+        );
+        assert_ne!(
+            read(&format!("o/{t}__1/agent/dd.rc")),
+            "0\n",
+            "{t}: 80 MiB in 32"
+        );
+        assert!(
+            !notes(&r).iter().any(|n| n.contains("gpus")),
+            "gpus = 0 asks for nothing: {:?}",
+            notes(&r)
+        );
+    }
+}
+
+#[test]
+fn a_memory_hog_ends_oom_while_its_neighbour_gets_its_reward() {
+    let env = Env::with_evalbase();
+    // busybox tail keeps its one endless line in memory: 600 MiB when
+    // nothing stops it (bounded), far past the task's 200.
+    env.task(
+        "hog",
+        "[environment]\nmemory_mb = 200\n",
+        "#!/bin/bash\ndd if=/dev/zero bs=1M count=600 2>/dev/null | tail > /dev/null\n",
+        "#!/bin/bash\necho ran > /logs/verifier/ran\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "neighbour",
+        "",
+        "#!/bin/bash\necho fine > /logs/agent/done\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "m", "--jobs", "2", &tasks])
+        .output()
+        .success();
+    let r = env.result("m", "hog__1");
+    assert_eq!(outcome(&r), failed("oom", None), "{r:#}");
+    let e = r["error"].as_str().expect("error");
+    assert!(
+        e.contains("the agent went over its 200 MiB memory limit") && e.contains("memory_mb"),
+        "{e}"
+    );
+    let a = &r["agent_run"];
+    assert!(a["oom_kills"].as_u64().expect("oom_kills") >= 1, "{r:#}");
+    assert_ne!(a["exit_code"], 0, "{r:#}");
+    let peak = a["memory_peak_bytes"].as_u64().expect("a memory peak");
+    assert!(
+        peak > 100 << 20 && peak < 590 << 20,
+        "killed near its limit, not after all 600 MiB: {peak}"
+    );
+    // As Harbor: an out-of-memory rollout is not graded.
+    assert!(r["verifier_run"].is_null(), "{r:#}");
+    assert!(!env.out().join("m/hog__1/verifier/ran").exists());
+
+    let r = env.result("m", "neighbour__1");
+    assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+    assert_eq!(r["agent_run"]["oom_kills"], 0, "{r:#}");
+    assert!(r["agent_run"]["memory_peak_bytes"].is_u64(), "{r:#}");
+    let s = env.json("m/summary.json");
+    assert_eq!(s["failures"]["oom"], 1, "{s:#}");
+    assert_eq!(
+        (&s["ok"], &s["failed"]),
+        (&Value::from(1), &Value::from(1)),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn a_fork_bomb_is_capped_by_the_default_pids_limit_and_all_of_it_killed() {
+    let env = Env::with_evalbase();
+    // Forks `sleep MARK` until fork fails (busybox sh then exits) or 4500
+    // are running (bounded: the host's pid_max is 32768); then kills all
+    // but ten, which the sandbox's end must take along.
+    let mark = format!("3{:06}", unique_number() % 1_000_000);
+    env.task(
+        "forker",
+        "",
+        &format!(
+            "#!/bin/bash\n/bin/sh -c 'i=0; while [ $i -lt 4500 ]; do sleep {mark} & echo $! >> /tmp/pids; i=$((i+1)); echo $i > /logs/agent/forked; done'\necho $? > /logs/agent/inner.rc\nn=0\nwhile read p; do n=$((n+1)); [ $n -gt 10 ] && kill -9 $p; done < /tmp/pids\nexit 0\n"
+        ),
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "f", &tasks]).output().success();
+    let r = env.result("f", "forker__1");
+    let read = |rel: &str| {
+        std::fs::read_to_string(env.out().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    };
+    let forked: u64 = read("f/forker__1/agent/forked")
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(
+        forked < 4096 && forked > 1000,
+        "the cap of 4096 stopped the bomb: it forked {forked}"
+    );
+    assert_ne!(read("f/forker__1/agent/inner.rc"), "0\n", "its fork failed");
+    assert_eq!(r["limits"]["pids"], 4096, "{r:#}");
+    let pids = applied(&r, "pids").expect("pids enforced");
+    assert!(HOWS.contains(&pids["how"].as_str().expect("how")), "{pids}");
+    // The host stayed usable: the verifier ran and gave its reward.
+    assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+    assert!(
+        eventually(Duration::from_secs(10), || processes_with_arg(&mark)
+            .is_empty()),
+        "sleeps survived the rollout: {:?}",
+        processes_with_arg(&mark).len()
+    );
 }
 
 // ===========================================================================
@@ -938,6 +1257,7 @@ exit 0
             .map(|a| {
                 a.iter()
                     .filter_map(|n| n.as_str().map(str::to_string))
+                    .filter(|n| !is_limit_note(n))
                     .collect()
             })
             .unwrap_or_default()

@@ -61,6 +61,25 @@ pub struct EvalArgs {
     /// `[metadata.sifbox] allow_userns = true`).
     #[command(flatten)]
     pub confine: crate::cmd::options::ConfineArgs,
+    /// Every task's CPUs, replacing task.toml's `cpus` (Harbor's flag;
+    /// fractions allowed).
+    #[arg(long, value_name = "N")]
+    pub override_cpus: Option<f64>,
+    /// Every task's memory limit in MiB, replacing `memory_mb` (default:
+    /// the task's, else 4096); the writable layer's files count in it.
+    #[arg(long, value_name = "MB")]
+    pub override_memory_mb: Option<u64>,
+    /// Every task's writable layer in MiB, replacing `storage_mb`
+    /// (default: the task's, else 10240).
+    #[arg(long, value_name = "MB")]
+    pub override_storage_mb: Option<u64>,
+    /// Every task's GPUs, replacing `gpus` (recorded; sifbox gives
+    /// sandboxes no GPU).
+    #[arg(long, value_name = "N")]
+    pub override_gpus: Option<u64>,
+    /// Processes and threads of a rollout at the same time (default 4096).
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
     /// Output on stderr: auto (a live line on a terminal, else plain),
     /// plain (a line per event), quiet.
     #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
@@ -370,6 +389,13 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
         host_ca: crate::cmd::build::host_ca_from_config(),
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
+        limits: task::Overrides {
+            cpus: a.override_cpus,
+            memory_mb: a.override_memory_mb,
+            storage_mb: a.override_storage_mb,
+            gpus: a.override_gpus,
+            pids: a.pids,
+        },
     };
 
     // Ctrl-C, SIGTERM, SIGHUP: kill every sandbox of the job (again and
