@@ -369,7 +369,8 @@ pub fn host_pid(init: i32, ns_pid: i32) -> Option<i32> {
         if !seen.insert(pid) {
             continue;
         }
-        let status = std::fs::read_to_string(proc.join(pid.to_string()).join("status")).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(proc.join(pid.to_string()).join("status")).unwrap_or_default();
         let last = status
             .lines()
             .find_map(|l| l.strip_prefix("NSpid:"))

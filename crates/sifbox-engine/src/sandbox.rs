@@ -94,6 +94,9 @@ pub struct Usage {
     /// Processes killed for going over the memory limit (by the kernel's
     /// OOM killer in a cgroup, or by the watchdog).
     pub oom_kills: u64,
+    /// How many times the watchdog started a new peak on request.
+    #[serde(default)]
+    pub peak_resets: u64,
 }
 
 /// How an exec ended.
@@ -927,18 +930,30 @@ impl Sandbox {
                 .and_then(crate::limits::cgroup::SandboxCgroup::oom_kills)
                 .unwrap_or(0)
                 .max(watched.oom_kills),
+            peak_resets: watched.peak_resets,
         }
     }
 
-    /// Starts a new memory peak for [`Sandbox::usage`] (a phase's own).
+    /// Starts a new memory peak for [`Sandbox::usage`] (a phase's own);
+    /// returns once it has (the watchdog's within half a second).
     pub fn reset_memory_peak(&self) {
         if let Some(cg) = &self.limits.cgroup {
             let _ = cg.reset_memory_peak();
         }
         if self.limits.watchdog_memory.is_some() {
             if let Some(pid) = self.supervisor {
-                // outer's watchdog starts a new peak on SIGUSR1.
-                let _ = rustix::process::kill_process(pid, Signal::USR1);
+                // outer's watchdog starts a new peak on SIGUSR1 and counts
+                // it in usage.json.
+                let before = self.watchdog_usage().peak_resets;
+                if rustix::process::kill_process(pid, Signal::USR1).is_ok() {
+                    let deadline =
+                        std::time::Instant::now() + std::time::Duration::from_millis(500);
+                    while self.watchdog_usage().peak_resets <= before
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
+                }
             }
         }
     }

@@ -432,7 +432,10 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
             break;
         }
         if let Some(w) = &mut watchdog {
-            if ready == 0 || w.reset_asked() {
+            if w.reset_asked() {
+                w.sample();
+                w.record();
+            } else if ready == 0 {
                 w.sample();
             }
         }
@@ -471,6 +474,8 @@ struct Watchdog {
     /// The last sample's total.
     last_used: u64,
     oom_kills: u64,
+    /// Peaks started on request (the client waits for the count to move).
+    resets: u64,
 }
 
 impl Watchdog {
@@ -488,6 +493,7 @@ impl Watchdog {
             recorded_peak: 0,
             last_used: 0,
             oom_kills: 0,
+            resets: 0,
         }
     }
 
@@ -514,6 +520,7 @@ impl Watchdog {
         if asked {
             self.peak = 0;
             self.recorded_peak = 0;
+            self.resets += 1;
         }
         asked
     }
@@ -546,12 +553,14 @@ impl Watchdog {
                 } else {
                     Some(pid)
                 };
+                // Counted before the kill, so that whoever sees the
+                // process die sees the count too.
+                self.oom_kills += 1;
+                self.record();
                 if let Some(p) = host.and_then(Pid::from_raw) {
                     let _ = rustix::process::kill_process(p, Signal::KILL);
                 }
-                self.oom_kills += 1;
                 self.next_ms = 20;
-                self.record();
             }
             Verdict::Wait(headroom) => {
                 let moved = used.abs_diff(last_used) >= 1 << 20;
@@ -570,6 +579,7 @@ impl Watchdog {
             cpu_ns: None,
             memory_peak: Some(self.peak),
             oom_kills: self.oom_kills,
+            peak_resets: self.resets,
         };
         let path = self.dir.join(crate::limits::USAGE_FILE);
         let tmp = self.dir.join(".usage.json.tmp");
@@ -666,7 +676,9 @@ fn init_main(
         // The watchdog lists the sandbox's processes in its /proc.
         match rustix::fs::open(
             "/proc",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         ) {
             Ok(fd) => tmpfs.push(fd),

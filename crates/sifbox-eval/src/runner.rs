@@ -1701,11 +1701,13 @@ mod tests {
             cpu_ns: Some(1_000_000_000),
             memory_peak: Some(10),
             oom_kills: 1,
+            ..Usage::default()
         };
         let after = Usage {
             cpu_ns: Some(3_500_000_000),
             memory_peak: Some(7 << 20),
             oom_kills: 3,
+            ..Usage::default()
         };
         let u = PhaseUsage::between(&before, &after);
         assert_eq!(
