@@ -147,7 +147,9 @@ pub struct Inputs {
     pub explicit: Option<String>,
     /// The owner a writable cgroup's files must have.
     pub euid: u32,
-    /// Host root: uses the top of the hierarchy rather than its own cgroup.
+    /// Host root (uid 0 of the initial user namespace): may write any
+    /// cgroup, and uses the top of the v2 hierarchy rather than its own
+    /// cgroup.
     pub privileged: bool,
 }
 
@@ -155,12 +157,15 @@ impl Inputs {
     /// This process's.
     pub fn current() -> Inputs {
         let euid = rustix::process::geteuid();
+        // uid 0 of a user namespace (a rootless container) owns no cgroup.
+        let initial_userns = std::fs::read_to_string("/proc/self/uid_map")
+            .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]);
         Inputs {
             mountinfo: std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
             cgroup: std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default(),
             explicit: std::env::var(ENV).ok().filter(|v| !v.trim().is_empty()),
             euid: euid.as_raw(),
-            privileged: euid.is_root(),
+            privileged: euid.is_root() && initial_userns,
         }
     }
 }
@@ -490,7 +495,12 @@ pub fn gc(h: &Hierarchy, live: &dyn Fn(&str) -> bool, min_age: Duration) -> Vec<
         };
         for e in entries.flatten() {
             let path = e.path();
-            let Some(name) = e.file_name().to_str().and_then(sandbox_of).map(str::to_owned) else {
+            let Some(name) = e
+                .file_name()
+                .to_str()
+                .and_then(sandbox_of)
+                .map(str::to_owned)
+            else {
                 continue;
             };
             let Ok(meta) = e.metadata() else { continue };
@@ -505,10 +515,12 @@ pub fn gc(h: &Hierarchy, live: &dyn Fn(&str) -> bool, min_age: Duration) -> Vec<
             // The kernel refuses to remove a cgroup with processes anyway;
             // this is so that a busy one is not even tried (a cgroup.procs
             // that is gone is a cgroup being removed).
-            let empty = walk(&path).iter().all(|d| match read(&d.join("cgroup.procs")) {
-                Ok(t) => pids(&t).is_empty(),
-                Err(e) => e.kind() == io::ErrorKind::NotFound,
-            });
+            let empty = walk(&path)
+                .iter()
+                .all(|d| match read(&d.join("cgroup.procs")) {
+                    Ok(t) => pids(&t).is_empty(),
+                    Err(e) => e.kind() == io::ErrorKind::NotFound,
+                });
             if empty && remove_tree(&path, Instant::now()).is_ok() {
                 removed.push(path);
             }
@@ -592,9 +604,9 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let octal = b.get(i + 1..i + 4).filter(|d| {
-            b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
-        });
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
         match octal {
             Some(d) => {
                 let v = d.iter().fold(0u32, |a, c| a * 8 + u32::from(c - b'0'));
@@ -657,10 +669,7 @@ pub fn locate(dir: &Path, mount_root: &str, path: &str) -> Option<PathBuf> {
         rest
     };
     let rel = Path::new(rel.trim_start_matches('/'));
-    if rel
-        .components()
-        .any(|c| !matches!(c, Component::Normal(_)))
-    {
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
         return None;
     }
     Some(dir.join(rel))
@@ -774,11 +783,17 @@ pub(crate) fn pids(text: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Whether the caller may write `path` as a delegated cgroup's: it belongs
-/// to `euid` and its owner may write it (delegation chowns; a mount
-/// option `ro` is checked by the callers).
-pub(crate) fn owned_writable(path: &Path, euid: u32) -> Result<(), String> {
+/// Whether the caller may write cgroup file or dir `path`: host root may
+/// write any (cgroup dirs are 0555 at a mount's top; root passes by
+/// CAP_DAC_OVERRIDE), another caller only what belongs to it and its owner
+/// may write (delegation chowns). A mount option `ro` is checked by the
+/// callers.
+pub(crate) fn owned_writable(path: &Path, inputs: &Inputs) -> Result<(), String> {
     let m = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if inputs.privileged {
+        return Ok(());
+    }
+    let euid = inputs.euid;
     if m.uid() != euid {
         return Err(format!(
             "{} belongs to uid {}, not to the caller (uid {euid})",
@@ -861,8 +876,8 @@ pub(crate) mod fake {
     pub fn populate(dir: &Path) {
         let Some(parent) = dir.parent() else { return };
         if parent.join("cgroup.controllers").exists() {
-            let sub = std::fs::read_to_string(parent.join("cgroup.subtree_control"))
-                .unwrap_or_default();
+            let sub =
+                std::fs::read_to_string(parent.join("cgroup.subtree_control")).unwrap_or_default();
             let mut list = super::controller_list(&sub);
             list.dedup();
             v2_cgroup(dir, &list.join(" "), false);
@@ -915,7 +930,10 @@ pub(crate) mod fake {
             ("cgroup.subtree_control", String::new()),
             ("cgroup.procs", String::new()),
             ("cgroup.threads", String::new()),
-            ("cpu.stat", "usage_usec 0\nuser_usec 0\nsystem_usec 0\n".into()),
+            (
+                "cpu.stat",
+                "usage_usec 0\nuser_usec 0\nsystem_usec 0\n".into(),
+            ),
         ];
         if !root {
             files.push(("cgroup.type", "domain\n".into()));

@@ -46,9 +46,9 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
             continue;
         }
         let base = mount.join(BASE);
-        let check = owned_writable(&mount, inputs.euid).and_then(|()| {
+        let check = owned_writable(&mount, inputs).and_then(|()| {
             if base.exists() {
-                owned_writable(&base, inputs.euid)
+                owned_writable(&base, inputs)
             } else {
                 Ok(())
             }
@@ -281,7 +281,11 @@ mod tests {
     #[test]
     fn controllers_of_another_owner_or_read_only_are_not_usable() {
         let t = tree(true);
-        let d = Detection::run(t.path(), &inputs(me().wrapping_add(1)));
+        let other = Inputs {
+            privileged: false,
+            ..inputs(me().wrapping_add(1))
+        };
+        let d = Detection::run(t.path(), &other);
         let why = d.v1.expect_err("not ours");
         assert!(why.contains("only root may make cgroups"), "{why}");
         assert!(why.contains("belongs to uid"), "{why}");
@@ -319,7 +323,11 @@ mod tests {
         let cg = h.create("box", &limits).expect("create");
         assert_eq!(cg.version, 1);
         assert_eq!(cg.dirs.len(), 3);
-        let leaf = cg.dirs[0].file_name().expect("name").to_str().expect("utf8");
+        let leaf = cg.dirs[0]
+            .file_name()
+            .expect("name")
+            .to_str()
+            .expect("utf8");
         assert_eq!(sandbox_of(leaf), Some("box"));
         let mem = r.join("memory/sifbox").join(leaf);
         let pids = r.join("pids/sifbox").join(leaf);
@@ -346,7 +354,11 @@ mod tests {
         cg.join(4242).expect("join");
         for d in &cg.dirs {
             assert_eq!(text(&d.join(PAYLOAD).join("cgroup.procs")), "4242");
-            assert_eq!(text(&d.join("cgroup.procs")), "", "only payload/ holds processes");
+            assert_eq!(
+                text(&d.join("cgroup.procs")),
+                "",
+                "only payload/ holds processes"
+            );
         }
 
         // The counters, in the kernel's formats (a kill is counted in the

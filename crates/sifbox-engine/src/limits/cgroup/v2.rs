@@ -52,7 +52,10 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
         .ok_or("no cgroup2 file system is mounted")?;
     let mount = under_root(root, &m.point);
     if m.readonly {
-        return Err(format!("the cgroup v2 mount {} is read-only", mount.display()));
+        return Err(format!(
+            "the cgroup v2 mount {} is read-only",
+            mount.display()
+        ));
     }
     let top = read(&mount.join("cgroup.controllers"))
         .map_err(|e| format!("{}/cgroup.controllers: {e}", mount.display()))?;
@@ -94,7 +97,11 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
             locate(&mount, &m.root, path)
         };
         in_hierarchy.ok_or_else(|| {
-            format!("${} = {e} is not a cgroup below {}", super::ENV, mount.display())
+            format!(
+                "${} = {e} is not a cgroup below {}",
+                super::ENV,
+                mount.display()
+            )
         })?
     } else if inputs.privileged {
         mount.clone()
@@ -112,11 +119,11 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
 
     read(&delegated.join("cgroup.controllers"))
         .map_err(|e| format!("{}: not a cgroup ({e})", delegated.display()))?;
-    let writable = owned_writable(&delegated, inputs.euid)
-        .and_then(|()| owned_writable(&delegated.join("cgroup.procs"), inputs.euid))
-        .and_then(|()| owned_writable(&delegated.join("cgroup.subtree_control"), inputs.euid))
+    let writable = owned_writable(&delegated, inputs)
+        .and_then(|()| owned_writable(&delegated.join("cgroup.procs"), inputs))
+        .and_then(|()| owned_writable(&delegated.join("cgroup.subtree_control"), inputs))
         .and_then(|()| match delegated.join(BASE) {
-            b if b.exists() => owned_writable(&b, inputs.euid),
+            b if b.exists() => owned_writable(&b, inputs),
             _ => Ok(()),
         });
     if let Err(why) = writable {
@@ -155,7 +162,7 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
         // Moving a process between cgroups needs write access to the
         // cgroup.procs of their common ancestor.
         let common = common_ancestor(&own, &delegated);
-        if let Err(why) = owned_writable(&common.join("cgroup.procs"), inputs.euid) {
+        if let Err(why) = owned_writable(&common.join("cgroup.procs"), inputs) {
             return Err(format!(
                 "sifbox runs in cgroup {}, outside {}: moving its processes there needs write \
                  access to the cgroup.procs of {} ({why}); start sifbox inside {}",
@@ -172,7 +179,8 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
             && std::fs::read_dir(&delegated).is_ok_and(|mut d| {
                 d.any(|e| e.is_ok_and(|e| e.path().join("memory.swap.max").exists()))
             }));
-    let enabled = controller_list(&read(&delegated.join("cgroup.subtree_control")).unwrap_or_default());
+    let enabled =
+        controller_list(&read(&delegated.join("cgroup.subtree_control")).unwrap_or_default());
     let ready = controllers.iter().all(|c| enabled.contains(c));
     let occupied = if is_root || ready {
         0
@@ -204,7 +212,9 @@ fn slurm_user_cgroup(own: &Path, own_path: &str) -> Option<PathBuf> {
 /// The memory.max of Slurm job `job`'s cgroup, an ancestor of `own`.
 fn job_memory(own: &Path, job: &str) -> Option<String> {
     let name = format!("job_{job}");
-    let dir = own.ancestors().find(|a| a.file_name().is_some_and(|n| *n == *name))?;
+    let dir = own
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| *n == *name))?;
     Some(read(&dir.join("memory.max")).ok()?.trim().to_string())
 }
 
@@ -258,13 +268,20 @@ pub fn create(
             Ok(()) => {}
             // A clash of the random part, or the base removed by a
             // sandbox that ended meanwhile: again.
-            Err(e) if matches!(e.kind(), io::ErrorKind::AlreadyExists | io::ErrorKind::NotFound) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::AlreadyExists | io::ErrorKind::NotFound
+                ) =>
+            {
                 last = Some(e);
                 continue;
             }
             Err(e) => return Err(e),
         }
-        if let Err(e) = write_limits(&dir, limits).and_then(|()| make_cgroup(&dir.join(PAYLOAD), true)) {
+        if let Err(e) =
+            write_limits(&dir, limits).and_then(|()| make_cgroup(&dir.join(PAYLOAD), true))
+        {
             let _ = remove_tree(&dir, std::time::Instant::now());
             return Err(e);
         }
@@ -278,7 +295,13 @@ pub fn create(
             })
             .and_then(|l| locate(mount, mount_root, &l.path))
             .filter(|p| p.is_dir() && (*is_root || p != delegated))
-            .unwrap_or_else(|| if main.is_dir() { main } else { delegated.clone() });
+            .unwrap_or_else(|| {
+                if main.is_dir() {
+                    main
+                } else {
+                    delegated.clone()
+                }
+            });
         return Ok(SandboxCgroup::new(2, vec![dir], vec![home]));
     }
     Err(last.unwrap_or_else(|| io::Error::other("no free cgroup name")))
@@ -347,7 +370,11 @@ fn enable(dir: &Path, list: &[&str], needed: &[&str], may_evacuate: bool) -> io:
                     evacuate(dir)?;
                 }
                 Err(e) if needed.contains(c) => {
-                    return Err(context(e, &format!("enabling the {c} controller in"), &file));
+                    return Err(context(
+                        e,
+                        &format!("enabling the {c} controller in"),
+                        &file,
+                    ));
                 }
                 Err(_) => break,
             }
@@ -414,7 +441,10 @@ fn write_limits(dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
                 f.display()
             )));
         }
-        set("memory.swap.max", t.saturating_sub(limits.memory.unwrap_or(0)).to_string())?;
+        set(
+            "memory.swap.max",
+            t.saturating_sub(limits.memory.unwrap_or(0)).to_string(),
+        )?;
     }
     if let Some(p) = limits.pids {
         set("pids.max", p.to_string())?;
@@ -490,7 +520,11 @@ mod tests {
         for what in ["memory", "swap", "pids", "cpu"] {
             assert!(h.can(what), "{what}");
         }
-        assert!(h.describe().contains("2 process(es) move to"), "{}", h.describe());
+        assert!(
+            h.describe().contains("2 process(es) move to"),
+            "{}",
+            h.describe()
+        );
     }
 
     #[test]
@@ -502,7 +536,10 @@ mod tests {
         };
         let why = Detection::run(t.path(), &i).v2.expect_err("not delegated");
         assert!(why.contains("is not delegated to the caller"), "{why}");
-        assert!(why.contains("systemd-run --user --scope -p Delegate=yes"), "{why}");
+        assert!(
+            why.contains("systemd-run --user --scope -p Delegate=yes"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -555,13 +592,19 @@ mod tests {
             "+memory\n+pids\n+cpu"
         );
         let base = scope.join(BASE);
-        assert_eq!(text(&base.join("cgroup.subtree_control")), "+memory\n+pids\n+cpu");
+        assert_eq!(
+            text(&base.join("cgroup.subtree_control")),
+            "+memory\n+pids\n+cpu"
+        );
         assert_eq!(cg.version, 2);
         assert_eq!(cg.dirs.len(), 1);
         let dir = &cg.dirs[0];
         assert_eq!(dir.parent(), Some(base.as_path()));
         assert_eq!(last(&dir.join("memory.max")), "67108864");
-        assert_eq!(last(&dir.join("memory.swap.max")), (32u64 << 20).to_string());
+        assert_eq!(
+            last(&dir.join("memory.swap.max")),
+            (32u64 << 20).to_string()
+        );
         assert_eq!(last(&dir.join("pids.max")), "20");
         assert_eq!(last(&dir.join("cpu.max")), "50000 100000");
         assert!(dir.join(PAYLOAD).join("cgroup.procs").exists());
@@ -596,7 +639,11 @@ mod tests {
         )
         .expect("w");
         assert_eq!(cg.oom_kills(), Some(2));
-        std::fs::write(dir.join("cpu.stat"), "usage_usec 2500000\nuser_usec 2000000\n").expect("w");
+        std::fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 2500000\nuser_usec 2000000\n",
+        )
+        .expect("w");
         assert_eq!(cg.cpu_usage_ns(), Some(2_500_000_000));
         std::fs::write(dir.join("memory.peak"), "1048576\n").expect("w");
         assert_eq!(cg.memory_peak(), Some(1 << 20));
@@ -618,7 +665,11 @@ mod tests {
         assert!(msg.contains("no-internal-processes"), "{msg}");
         assert_eq!(text(&scope.join(MAIN).join("cgroup.procs")), "100");
         assert_eq!(last(&scope.join("cgroup.procs")), "100", "moved back");
-        assert_eq!(text(&scope.join("cgroup.subtree_control")), "", "nothing enabled");
+        assert_eq!(
+            text(&scope.join("cgroup.subtree_control")),
+            "",
+            "nothing enabled"
+        );
     }
 
     #[test]
@@ -685,7 +736,10 @@ mod tests {
         std::fs::set_permissions(&procs, perm).expect("chmod");
         let why = Detection::run(t.path(), &outside).v2.expect_err("outside");
         assert!(why.contains("outside"), "{why}");
-        assert!(why.contains("needs write access to the cgroup.procs of"), "{why}");
+        assert!(
+            why.contains("needs write access to the cgroup.procs of"),
+            "{why}"
+        );
         let bad = Inputs {
             explicit: Some("/../etc".into()),
             ..inputs(SCOPE)
@@ -701,8 +755,14 @@ mod tests {
         let job = r.join("system.slice/slurmstepd.scope/job_3385");
         let task = job.join("step_0/user/task_0");
         let mut p = r.to_path_buf();
-        for part in ["system.slice", "slurmstepd.scope", "job_3385", "step_0", "user", "task_0"]
-        {
+        for part in [
+            "system.slice",
+            "slurmstepd.scope",
+            "job_3385",
+            "step_0",
+            "user",
+            "task_0",
+        ] {
             p.push(part);
             v2_cgroup(&p, "cpuset cpu memory pids", false);
         }
@@ -721,7 +781,10 @@ mod tests {
             panic!()
         };
         assert_eq!(delegated, &job.join("step_0/user"));
-        assert_eq!(*occupied, 0, "the task's processes stay where Slurm put them");
+        assert_eq!(
+            *occupied, 0,
+            "the task's processes stay where Slurm put them"
+        );
         // As Slurm makes them (root's): not usable, and the job's limit
         // is named.
         let other = Inputs {
