@@ -42,7 +42,7 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
         }
         let what = format!("{} at {}", controllers.join(","), mount.display());
         if m.readonly {
-            refused.push(format!("{what} is mounted read-only"));
+            refused.push((what, "it is mounted read-only".to_string()));
             continue;
         }
         let base = mount.join(BASE);
@@ -54,7 +54,7 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
             }
         });
         if let Err(why) = check {
-            refused.push(format!("{what}: {why}"));
+            refused.push((what, why));
             continue;
         }
         // The caller's own cgroup there, to move processes back to.
@@ -71,13 +71,25 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
         });
     }
     if dirs.is_empty() {
+        let mounts: Vec<&str> = refused.iter().map(|(w, _)| w.as_str()).collect();
         return Err(if refused.is_empty() {
             "no cgroup v1 memory, pids or cpu controller is mounted".to_string()
-        } else {
+        } else if refused
+            .iter()
+            .all(|(_, why)| why.contains("belongs to uid 0,"))
+        {
             format!(
-                "no cgroup v1 controller is writable (only root may make cgroups there): {}",
-                refused.join("; ")
+                "the cgroup v1 controllers ({}) belong to root, and only root may make cgroups \
+                 there (the caller is uid {})",
+                mounts.join(", "),
+                inputs.euid
             )
+        } else {
+            let each: Vec<String> = refused
+                .iter()
+                .map(|(w, why)| format!("{w}: {why}"))
+                .collect();
+            format!("no cgroup v1 controller is writable: {}", each.join("; "))
         });
     }
     dirs.sort_by(|a, b| a.mount.cmp(&b.mount));
@@ -287,8 +299,14 @@ mod tests {
         };
         let d = Detection::run(t.path(), &other);
         let why = d.v1.expect_err("not ours");
-        assert!(why.contains("only root may make cgroups"), "{why}");
-        assert!(why.contains("belongs to uid"), "{why}");
+        if me() == 0 {
+            // Root's, as on a real host: said once for all of them.
+            assert!(why.contains("belong to root, and only root"), "{why}");
+            assert!(why.contains("memory at"), "{why}");
+        } else {
+            assert!(why.contains("no cgroup v1 controller is writable"), "{why}");
+            assert!(why.contains(&format!("belongs to uid {}", me())), "{why}");
+        }
         let ro = MOUNTINFO.replace(
             "0:32 / /sys/fs/cgroup/memory rw,relatime",
             "0:32 / /sys/fs/cgroup/memory ro,relatime",
