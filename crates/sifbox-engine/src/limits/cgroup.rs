@@ -899,10 +899,13 @@ pub(crate) mod fake {
     }
 
     /// What the kernel checks before it removes a cgroup dir: no process
-    /// in it (EBUSY); its files then go with it.
+    /// and no child cgroup in it (EBUSY); its files then go with it.
     pub fn before_rmdir(dir: &Path) -> std::io::Result<()> {
         let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        if !super::pids(&procs).is_empty() {
+        let children = std::fs::read_dir(dir)
+            .map(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
+            .unwrap_or(false);
+        if !super::pids(&procs).is_empty() || children {
             return Err(std::io::Error::from_raw_os_error(libc::EBUSY));
         }
         if let Ok(entries) = std::fs::read_dir(dir) {
@@ -1176,6 +1179,34 @@ garbage line
         assert!(home.exists());
         // Gone already: fine.
         cg.remove(0).expect("again");
+    }
+
+    #[test]
+    fn removing_one_sandbox_keeps_the_base_of_the_others() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let top = t.path().join("deleg");
+        v2_cgroup(&top, "memory pids", false);
+        std::fs::write(top.join("cgroup.subtree_control"), "memory pids\n").expect("w");
+        let base = top.join(BASE);
+        make_cgroup(&base, false).expect("base");
+        std::fs::write(base.join("cgroup.subtree_control"), "memory pids\n").expect("w");
+        let mk = |n: &str| {
+            let d = base.join(n);
+            make_cgroup(&d, true).expect("dir");
+            make_cgroup(&d.join(PAYLOAD), true).expect("payload");
+            SandboxCgroup::new(2, vec![d], vec![top.clone()])
+        };
+        let a = mk("a-0a1b2c3d");
+        let b = mk("b-0a1b2c3d");
+        a.remove(0).expect("remove a");
+        assert!(!a.dirs[0].exists() && b.dirs[0].exists());
+        assert_eq!(
+            text(&base.join("cgroup.subtree_control")),
+            "memory pids",
+            "the base is intact"
+        );
+        b.remove(0).expect("remove b");
+        assert!(!base.exists());
     }
 
     #[test]
