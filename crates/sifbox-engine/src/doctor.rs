@@ -81,10 +81,11 @@ pub fn run_checks(self_exe: &Path) -> Vec<Check> {
         check_subordinate_ids(),
         check_overlay(self_exe, userns_ok),
         check_cgroups(),
-        check_dev_fuse(),
-        check_runtime_dir(),
-        check_apptainer(),
     ]
+    .into_iter()
+    .chain(limit_checks(&limits_plan(), kernel_version()))
+    .chain([check_dev_fuse(), check_runtime_dir(), check_apptainer()])
+    .collect()
 }
 
 /// Entry point of `sifbox __doctor-child KIND`; returns the process exit code:
@@ -642,140 +643,188 @@ fn remove_tree(path: &Path) -> std::io::Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// cgroup delegation
+// cgroups and resource limits
 
-/// The cgroup v2 path in a /proc/self/cgroup text (the `0::/path` line).
-fn parse_cgroup_v2_path(text: &str) -> Option<&str> {
-    text.lines().find_map(|line| {
-        let mut fields = line.splitn(3, ':');
-        let id = fields.next()?;
-        let controllers = fields.next()?;
-        let path = fields.next()?;
-        (id == "0" && controllers.is_empty() && path.starts_with('/')).then_some(path.trim_end())
-    })
-}
-
-/// The names in a `cgroup.controllers` / `cgroup.subtree_control` text.
-fn parse_controllers(text: &str) -> Vec<&str> {
-    text.split_whitespace().collect()
-}
+/// What to do to get a cgroup when the host has cgroup v2.
+const FIX_DELEGATE: &str = "sandboxes still run, with the fallbacks below.\nfor \
+    kernel-enforced limits, start sifbox in a delegated cgroup: `systemd-run --user --scope \
+    -p Delegate=yes sifbox ...`, Delegate=yes in the systemd unit that starts it (login \
+    sessions: `systemctl edit user@.service`, [Service] Delegate=memory pids cpu), or name a \
+    delegated cgroup in $SIFBOX_CGROUP";
+/// What to do on a host with cgroup v1 only (or v2 without controllers).
+const FIX_UNIFIED: &str = "sandboxes still run, with the fallbacks below.\nfor \
+    kernel-enforced limits, run sifbox as root (cgroup v1 is writable by root only), or boot \
+    with the unified cgroup v2 hierarchy (kernel parameter systemd.unified_cgroup_hierarchy=1) \
+    and start sifbox in a delegated cgroup: `systemd-run --user --scope -p Delegate=yes sifbox \
+    ...`";
 
 fn check_cgroups() -> Check {
-    const NAME: &str = "cgroup delegation";
-    const FIX_DELEGATE: &str = "resource limits (--memory/--cpus/--pids) will be unavailable; \
-        sandboxes still run.\nto get them, start sifbox in a delegated cgroup: \
-        `systemd-run --user --scope -p Delegate=yes sifbox ...`, or set Delegate=yes in the \
-        systemd unit that starts it (login sessions: `systemctl edit user@.service`, \
-        [Service] Delegate=memory pids cpu)";
-    const FIX_UNIFIED: &str = "resource limits (--memory/--cpus/--pids) will be unavailable; \
-        sandboxes still run.\nto get them, boot with the unified cgroup v2 hierarchy (kernel \
-        parameter systemd.unified_cgroup_hierarchy=1) and start sifbox in a delegated cgroup: \
-        `systemd-run --user --scope -p Delegate=yes sifbox ...` or Delegate=yes in its \
-        systemd unit";
-
-    let (mount, layout, hybrid) = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-        ("/sys/fs/cgroup", "cgroup v2", false)
-    } else if Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
-        (
-            "/sys/fs/cgroup/unified",
-            "hybrid hierarchy (v1 + v2 at /sys/fs/cgroup/unified)",
-            true,
-        )
-    } else {
-        return Check::fail(NAME, "no cgroup v2 mount (cgroup v1 only)", FIX_UNIFIED);
+    use crate::limits::cgroup::{Detection, Hierarchy, Inputs, MOUNT_ROOT};
+    const NAME: &str = "cgroups";
+    let d = Detection::run(Path::new(MOUNT_ROOT), &Inputs::current());
+    let why = |r: &Result<Hierarchy, String>| match r {
+        Ok(h) => format!("usable ({})", h.describe()),
+        Err(e) => e.clone(),
     };
-    let own = match fs::read_to_string("/proc/self/cgroup") {
-        Ok(text) => match parse_cgroup_v2_path(&text) {
-            Some(p) => p.to_owned(),
-            None => {
-                return Check::fail(
-                    NAME,
-                    format!("{layout}: /proc/self/cgroup has no v2 (0::) entry"),
-                    if hybrid { FIX_UNIFIED } else { FIX_DELEGATE },
-                )
-            }
-        },
-        Err(e) => {
-            return Check::fail(
+    match d.chosen() {
+        Some(h) => {
+            let other = match h {
+                Hierarchy::V1 { .. } => format!("; v2: {}", why(&d.v2)),
+                Hierarchy::V2 { .. } => String::new(),
+            };
+            Check::ok(
                 NAME,
-                format!("read /proc/self/cgroup: {}", io_text(&e)),
-                FIX_DELEGATE,
+                format!("sandboxes get their own cgroup: {}{other}", h.describe()),
             )
         }
-    };
-    let dir = Path::new(mount).join(own.trim_start_matches('/'));
-    let controllers = match fs::read_to_string(dir.join("cgroup.controllers")) {
-        Ok(t) => t,
-        Err(e) => {
-            return Check::fail(
+        None => {
+            let v2 = why(&d.v2);
+            let fix = if v2.contains("no cgroup2") || v2.contains("holds none") {
+                FIX_UNIFIED
+            } else {
+                FIX_DELEGATE
+            };
+            Check::fail(
                 NAME,
+                format!("no cgroup sifbox may make: v2: {v2}; v1: {}", why(&d.v1)),
+                fix,
+            )
+        }
+    }
+}
+
+/// The limits doctor asks the planner about: every one set.
+fn every_limit() -> crate::spec::Limits {
+    crate::spec::Limits {
+        memory: Some(1 << 30),
+        // Unset: twice the memory, as Docker.
+        memory_swap: None,
+        pids: Some(crate::spec::DEFAULT_PIDS),
+        cpus_milli: Some(1500),
+    }
+}
+
+/// How this host enforces each limit for the caller (a sandbox asking for
+/// all of them: 1 GiB, swap as much again, the default pids cap, 1.5 CPUs).
+#[must_use]
+pub fn limits_plan() -> crate::limits::Enforcement {
+    crate::limits::plan(&every_limit(), &crate::limits::Host::detect(), 0)
+}
+
+/// One check per limit: the mechanism `plan` chose and what it promises;
+/// `ok` when the kernel enforces the limit for the sandbox alone.
+fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)) -> Vec<Check> {
+    use crate::limits::How;
+    let fix = if plan
+        .applied
+        .iter()
+        .any(|a| matches!(a.how, How::CgroupV1 | How::CgroupV2))
+    {
+        // Some limit has a cgroup: what is missing is a controller.
+        "the cgroup sifbox uses lacks this controller: enable it in the delegated cgroup's \
+         parent (systemd: Delegate=memory pids cpu)"
+    } else {
+        "a cgroup would enforce it in the kernel: see the cgroups check"
+    };
+    let mut out = Vec::new();
+    for (name, key) in [
+        ("limit: memory", "memory"),
+        ("limit: memory+swap", "memory_swap"),
+        ("limit: pids", "pids"),
+        ("limit: cpus", "cpus"),
+    ] {
+        let Some(a) = plan.applied.iter().find(|a| a.limit == key) else {
+            let note = plan
+                .not_enforced
+                .iter()
+                .find(|n| n.starts_with(key) && !n.starts_with(&format!("{key}_")))
+                .cloned()
+                .unwrap_or_else(|| format!("{key}: not enforced here"));
+            out.push(Check::fail(name, format!("not enforced: {note}"), fix));
+            continue;
+        };
+        let cg = |v: &str| format!("kernel-enforced by cgroup {v} ({})", a.detail);
+        let check = match (key, a.how) {
+            ("memory", How::CgroupV1 | How::CgroupV2) => Check::ok(
+                name,
                 format!(
-                    "{layout}: own cgroup {own}: {}: {}",
-                    dir.display(),
-                    io_text(&e)
+                    "{}: the sandbox's processes, page cache and tmpfs pages (its writable \
+                     layer, /dev/shm) are charged; past it the kernel reclaims, then its OOM \
+                     killer kills inside the sandbox only, and the kill is counted",
+                    cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
                 ),
-                if hybrid { FIX_UNIFIED } else { FIX_DELEGATE },
-            )
-        }
-    };
-    let controllers = parse_controllers(&controllers);
-    let subtree = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-    let subtree = parse_controllers(&subtree);
-    // Delegation chowns the directory and its cgroup.procs / cgroup.subtree_control.
-    let rwx = rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK;
-    let writable = rustix::fs::access(&dir, rwx)
-        .and_then(|()| {
-            rustix::fs::access(
-                dir.join("cgroup.subtree_control"),
-                rustix::fs::Access::WRITE_OK,
-            )
-        })
-        .map_err(errno_text);
-    let missing: Vec<&str> = ["memory", "pids"]
-        .into_iter()
-        .filter(|c| !controllers.contains(c))
-        .collect();
+            ),
+            ("memory", _) => Check::fail(
+                name,
+                "fallback: sifbox's watchdog samples the private resident memory of the \
+                 sandbox's processes and its tmpfs use (every 20 ms to 1 s, faster near the \
+                 limit) and kills the largest process above the limit; it cannot promise the \
+                 limit: a burst between samples overshoots it, shared and kernel memory are \
+                 not counted, and the host's OOM killer may act first",
+                fix,
+            ),
+            ("memory_swap", _) => Check::ok(
+                name,
+                format!(
+                    "{}: memory plus swap capped together",
+                    cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
+                ),
+            ),
+            ("pids", How::CgroupV1 | How::CgroupV2) => Check::ok(
+                name,
+                format!(
+                    "{}: processes and threads of the whole sandbox; a fork past it fails \
+                     with EAGAIN",
+                    cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
+                ),
+            ),
+            ("pids", _) if kernel < (5, 14) => Check::fail(
+                name,
+                format!(
+                    "fallback: RLIMIT_NPROC, but this kernel ({}.{}) counts it for the \
+                     caller's user id across the whole host, not per sandbox (Linux 5.14 \
+                     counts per user namespace)",
+                    kernel.0, kernel.1
+                ),
+                fix,
+            ),
+            ("pids", _) => Check::ok(
+                name,
+                "fallback, kernel-enforced: RLIMIT_NPROC of the sandbox's user namespace \
+                 (Linux 5.14 counts processes per user namespace); a fork past it fails with \
+                 EAGAIN; it counts per user id inside the sandbox, threads included",
+            ),
+            ("cpus", How::CgroupV1 | How::CgroupV2) => Check::ok(
+                name,
+                format!(
+                    "{}: a share of CPU time per 100 ms on any CPU, fractions exact",
+                    cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
+                ),
+            ),
+            ("cpus", _) => Check::fail(
+                name,
+                format!(
+                    "fallback: {}; it cannot promise a share: a fraction is rounded up to \
+                     whole CPUs and sandboxes on the same CPUs share them",
+                    a.detail
+                ),
+                fix,
+            ),
+            _ => Check::ok(name, a.detail.clone()),
+        };
+        out.push(check);
+    }
+    out
+}
 
-    let show = |list: &[&str]| {
-        if list.is_empty() {
-            "none".to_owned()
-        } else {
-            list.join(" ")
-        }
-    };
-    let mut detail = String::from(layout);
-    if hybrid {
-        if controllers.is_empty() {
-            detail.push_str(": v2 mount holds no controllers");
-        } else if missing.is_empty() {
-            let _ = write!(detail, ": v2 mount holds {}", show(&controllers));
-        } else {
-            let _ = write!(detail, ": v2 mount holds only {}", show(&controllers));
-        }
-    }
-    let _ = write!(
-        detail,
-        "; own cgroup {own} is {}",
-        match &writable {
-            Ok(()) => "writable".to_owned(),
-            Err(e) => format!("not writable: {e}"),
-        }
-    );
-    if !hybrid {
-        let _ = write!(detail, "; controllers: {}", show(&controllers));
-    }
-    let _ = write!(detail, "; subtree_control: {}", show(&subtree));
-    if !missing.is_empty() {
-        let _ = write!(detail, "; missing {}", missing.join(" and "));
-    }
-
-    if writable.is_ok() && missing.is_empty() {
-        Check::ok(NAME, detail)
-    } else if hybrid {
-        Check::fail(NAME, detail, FIX_UNIFIED)
-    } else {
-        Check::fail(NAME, detail, FIX_DELEGATE)
-    }
+/// The kernel's major and minor version.
+fn kernel_version() -> (u32, u32) {
+    let uname = rustix::system::uname();
+    let release = uname.release().to_string_lossy();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
 // ---------------------------------------------------------------------------
@@ -1325,31 +1374,75 @@ alice:400000:10
     }
 
     #[test]
-    fn proc_self_cgroup_v2_line() {
-        let hybrid = "\
-12:memory:/user.slice
-1:name=systemd:/user.slice/user-1000.slice/session-1.scope
-0::/user.slice/user-1000.slice/session-1.scope
-";
+    fn every_limit_gets_a_line_saying_what_enforces_it() {
+        use crate::limits::{plan, Host};
+        let limits = every_limit();
+        // No cgroup, an unprivileged user: the fallbacks, and what they
+        // cannot promise.
+        let host = Host {
+            cgroup: None,
+            cpus: vec![0, 1, 2, 3],
+            root: false,
+        };
+        let checks = limit_checks(&plan(&limits, &host, 0), (6, 1));
+        let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
         assert_eq!(
-            parse_cgroup_v2_path(hybrid),
-            Some("/user.slice/user-1000.slice/session-1.scope")
+            names,
+            [
+                "limit: memory",
+                "limit: memory+swap",
+                "limit: pids",
+                "limit: cpus"
+            ]
         );
-        assert_eq!(parse_cgroup_v2_path("0::/\n"), Some("/"));
-        assert_eq!(parse_cgroup_v2_path("0::/a:b\n"), Some("/a:b"));
-        assert_eq!(parse_cgroup_v2_path("4:memory:/x\n1:cpu:/\n"), None);
-        assert_eq!(parse_cgroup_v2_path(""), None);
-        assert_eq!(parse_cgroup_v2_path("0:memory:/x\n"), None);
-    }
-
-    #[test]
-    fn controller_lists() {
-        assert_eq!(
-            parse_controllers("cpuset cpu io memory hugetlb pids rdma misc\n").len(),
-            8
+        assert!(
+            !checks[0].ok && checks[0].detail.contains("watchdog"),
+            "{:?}",
+            checks[0]
         );
-        assert_eq!(parse_controllers("hugetlb\n"), vec!["hugetlb"]);
-        assert_eq!(parse_controllers("\n"), Vec::<&str>::new());
+        assert!(checks[0].detail.contains("cannot promise"));
+        assert!(!checks[1].ok && checks[1].detail.starts_with("not enforced: memory_swap"));
+        assert!(checks[2].ok && checks[2].detail.contains("RLIMIT_NPROC"));
+        assert!(
+            !checks[3].ok && checks[3].detail.contains("rounded up"),
+            "{:?}",
+            checks[3]
+        );
+        // Before 5.14 the rlimit is the user's, host-wide.
+        let old = limit_checks(&plan(&limits, &host, 0), (5, 10));
+        assert!(!old[2].ok && old[2].detail.contains("whole host"));
+        // Root without cgroups: no pids limit at all, said.
+        let root = limit_checks(&plan(&limits, &Host { root: true, ..host }, 0), (6, 1));
+        assert!(
+            !root[2].ok && root[2].detail.contains("exempt"),
+            "{:?}",
+            root[2]
+        );
+        // A v1 cgroup: the kernel enforces every one.
+        let v1 = Host {
+            cgroup: Some(crate::limits::cgroup::Hierarchy::V1 {
+                dirs: ["memory", "pids", "cpu"]
+                    .iter()
+                    .map(|c| crate::limits::cgroup::V1Dir {
+                        controllers: vec![(*c).to_string()],
+                        mount: PathBuf::from(format!("/sys/fs/cgroup/{c}")),
+                        home: PathBuf::from(format!("/sys/fs/cgroup/{c}")),
+                    })
+                    .collect(),
+                swap: true,
+                quota: true,
+            }),
+            cpus: vec![0],
+            root: true,
+        };
+        let checks = limit_checks(&plan(&limits, &v1, 0), (6, 1));
+        for c in &checks {
+            assert!(c.ok && c.detail.contains("cgroup v1"), "{c:?}");
+            assert!(c.fix.is_none());
+        }
+        assert!(checks[0].detail.contains("memory.limit_in_bytes"));
+        let text = render_text(&checks);
+        assert!(text.is_ascii() && text.lines().count() == 4, "{text}");
     }
 
     #[test]

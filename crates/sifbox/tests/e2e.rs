@@ -1307,8 +1307,23 @@ fn doctor_reports_what_sifbox_run_needs() {
             .unwrap_or_else(|| panic!("no check named {name:?} in {report}"));
         assert_eq!(c["ok"], true, "doctor says {name} does not work here: {c}");
     }
+    // One line per limit says what enforces it here; the plan comes along.
+    for name in [
+        "cgroups",
+        "limit: memory",
+        "limit: memory+swap",
+        "limit: pids",
+        "limit: cpus",
+    ] {
+        assert!(
+            checks.iter().any(|c| c["name"] == name),
+            "no check named {name:?} in {report}"
+        );
+    }
+    assert!(report["limits"]["applied"].is_array(), "{report}");
     // The text form names the same checks.
     let text = sb.cmd(["doctor"]).output();
     text.success();
     assert!(text.stdout.contains("user namespaces"), "{}", text.stdout);
+    assert!(text.stdout.contains("limit: pids"), "{}", text.stdout);
 }

@@ -16,7 +16,8 @@ pub fn run(args: DoctorArgs) -> sifbox_engine::Result<ExitCode> {
         .map_err(|e| sifbox_engine::Error::io("locating the sifbox binary", e))?;
     let checks = doctor::run_checks(&exe);
     if args.json {
-        let out = serde_json::json!({ "checks": checks });
+        // How each limit would be enforced here, as sandbox.json records it.
+        let out = serde_json::json!({ "checks": checks, "limits": doctor::limits_plan() });
         println!("{out}");
     } else {
         print!("{}", doctor::render_text(&checks));

@@ -1,6 +1,7 @@
-//! `sifbox gc`: remove what dead sandboxes and interrupted imports left;
-//! with `--blobs`, also unused registry blobs and interrupted downloads;
-//! with `--build-cache`, the layers of build steps and their cache mounts.
+//! `sifbox gc`: remove what dead sandboxes and interrupted imports left
+//! (runtime dirs, empty cgroups); with `--blobs`, also unused registry
+//! blobs and interrupted downloads; with `--build-cache`, the layers of
+//! build steps and their cache mounts.
 
 use std::process::ExitCode;
 
@@ -26,6 +27,7 @@ pub struct GcArgs {
 pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
     let root = runtime::root()?;
     let removed = runtime::reap_dead(&root)?;
+    let cgroups = stale_cgroups(&root)?;
     let store_err = |e: sifbox_image::store::StoreError| sifbox_engine::Error::BadInput {
         what: format!("image store {}", Store::default_root().display()),
         why: e.to_string(),
@@ -62,7 +64,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "removed_sandboxes": removed, "store": store, "blobs": blobs, "build_cache": pruned })
+            serde_json::json!({ "removed_sandboxes": removed, "cgroups": cgroups, "store": store, "blobs": blobs, "build_cache": pruned })
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -77,6 +79,9 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
     for name in &removed {
         println!("removed dead sandbox {name}");
     }
+    for p in &cgroups {
+        println!("removed cgroup {}", p.display());
+    }
     for p in store
         .temp_dirs
         .iter()
@@ -86,6 +91,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         println!("removed {}", p.display());
     }
     if removed.is_empty()
+        && cgroups.is_empty()
         && store.temp_dirs.is_empty()
         && store.unpacked_without_image.is_empty()
         && store.stale_sources.is_empty()
@@ -95,6 +101,22 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         println!("nothing to clean up");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the empty cgroups of sandboxes this runtime dir no longer has
+/// (live and starting ones keep theirs; a minute's grace covers a sandbox
+/// between making its cgroup and starting in it).
+fn stale_cgroups(root: &std::path::Path) -> sifbox_engine::Result<Vec<std::path::PathBuf>> {
+    use sifbox_engine::limits::cgroup;
+    let Some(h) = cgroup::Hierarchy::detect(std::path::Path::new(cgroup::MOUNT_ROOT)) else {
+        return Ok(Vec::new());
+    };
+    let live: Vec<String> = runtime::scan(root)?.into_iter().map(|e| e.name).collect();
+    Ok(cgroup::gc(
+        &h,
+        &|name| live.iter().any(|l| l == name),
+        std::time::Duration::from_secs(60),
+    ))
 }
 
 fn build_err(e: &sifbox_build::error::BuildError) -> sifbox_engine::Error {
