@@ -4,9 +4,10 @@
 //! safely (unshare, pivot_root, mount, pidfd, prctl, SCM_RIGHTS, ptys) is used
 //! directly by the engine; this crate covers the remainder: `fork`, the hooks
 //! that run between `fork` and `exec` of a `std::process::Command`,
-//! `mount_setattr`, bringing the loopback interface up, giving idle
-//! supervisors' clean pages back (`madvise`), installing seccomp filters
-//! and (feature `probe`, for tests) raw system call probes. Each function is
+//! `mount_setattr`, bringing the loopback interface up, attaching loop
+//! devices, giving idle supervisors' clean pages back (`madvise`),
+//! installing seccomp filters and (feature `probe`, for tests) raw system
+//! call probes. Each function is
 //! small, checks its preconditions, and maps each failing call to its own
 //! error variant so that an error names the exact syscall that failed.
 
@@ -48,6 +49,20 @@ pub enum Error {
     LoopbackSetFlags(std::io::Error),
     #[error("seccomp(SECCOMP_SET_MODE_FILTER): {0}{hint}", hint = seccomp_hint(.0))]
     Seccomp(std::io::Error),
+    #[error("opening /dev/loop-control: {0}")]
+    LoopControl(std::io::Error),
+    #[error("ioctl(LOOP_CTL_GET_FREE): {0}")]
+    LoopGetFree(std::io::Error),
+    #[error("opening {path}: {source}")]
+    LoopOpen {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("ioctl({path}, LOOP_CONFIGURE): {source}")]
+    LoopConfigure {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// Result of [`fork`].
@@ -554,6 +569,109 @@ pub fn loopback_up() -> Result<(), Error> {
         return Err(Error::LoopbackSetFlags(std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Loop devices: a file as a block device, for disk-backed writable layers
+// ---------------------------------------------------------------------------
+
+/// `LOOP_CTL_GET_FREE` of linux/loop.h: finds (or makes) a free device.
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+/// `LOOP_CONFIGURE` (Linux 5.8): backing file, block size and flags in one
+/// call.
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+/// The device detaches itself when its last user (the mount) lets go.
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+/// I/O goes to the backing file with O_DIRECT: no second page cache.
+const LO_FLAGS_DIRECT_IO: u32 = 16;
+
+/// `struct loop_info64` of linux/loop.h (232 bytes).
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` of linux/loop.h (304 bytes).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
+const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
+
+/// Attaches `backing` (a regular file, open read-write) to a free loop
+/// device with 4 KiB blocks, direct I/O and auto-clear; returns the
+/// device, open read-write and close-on-exec. The device goes away by
+/// itself once the returned fd and every mount of it are gone. A device
+/// that another process takes between the lookup and the attach is
+/// skipped (a few tries).
+pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<std::os::fd::OwnedFd, Error> {
+    use rustix::fs::{open, Mode, OFlags};
+    let control = open(
+        "/dev/loop-control",
+        OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::LoopControl(e.into()))?;
+    let fd = u32::try_from(backing.as_raw_fd())
+        .map_err(|_| Error::LoopGetFree(std::io::Error::from_raw_os_error(libc::EBADF)))?;
+    let mut last = None;
+    for _ in 0..16 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device
+        // number; the control fd is open for the call.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if n < 0 {
+            return Err(Error::LoopGetFree(std::io::Error::last_os_error()));
+        }
+        let path = format!("/dev/loop{n}");
+        let dev =
+            open(path.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()).map_err(|e| {
+                Error::LoopOpen {
+                    path: path.clone(),
+                    source: e.into(),
+                }
+            })?;
+        // SAFETY: LoopConfig is plain old data; all-zero is a valid value.
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = fd;
+        config.block_size = 4096;
+        config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        // SAFETY: LOOP_CONFIGURE reads a struct loop_config, which `config`
+        // is (repr(C), its size checked above), alive for the call; both
+        // fds are open.
+        let rc = unsafe {
+            libc::ioctl(
+                dev.as_raw_fd(),
+                LOOP_CONFIGURE,
+                &config as *const LoopConfig,
+            )
+        };
+        if rc == 0 {
+            return Ok(dev);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(Error::LoopConfigure { path, source: err });
+        }
+        last = Some(Error::LoopConfigure { path, source: err });
+    }
+    Err(last.unwrap_or_else(|| Error::LoopGetFree(std::io::Error::from_raw_os_error(libc::EBUSY))))
 }
 
 // ---------------------------------------------------------------------------
