@@ -84,6 +84,7 @@ pub fn run_checks(self_exe: &Path) -> Vec<Check> {
     ]
     .into_iter()
     .chain(limit_checks(&limits_plan(), kernel_version()))
+    .chain([check_storage(crate::disk::unavailable())])
     .chain([check_dev_fuse(), check_runtime_dir(), check_apptainer()])
     .collect()
 }
@@ -815,6 +816,28 @@ fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)) -> Vec<Ch
         out.push(check);
     }
     out
+}
+
+/// Where writable layers can live: on disk (host root with loop devices and
+/// mkfs.ext4) or only in a tmpfs; `why_not` is [`crate::disk::unavailable`].
+fn check_storage(why_not: Option<String>) -> Check {
+    const NAME: &str = "limit: storage";
+    match why_not {
+        None => Check::ok(
+            NAME,
+            "writable layers can be on disk (`--disk SIZE`; eval's default): an ext4 file \
+             system of the size asked on a loop device, full at its size (ENOSPC), holding no \
+             memory; else a tmpfs of --tmpfs-size, whose pages are memory",
+        ),
+        Some(why) => Check::fail(
+            NAME,
+            format!(
+                "writable layers are tmpfs only: full at their size (ENOSPC), but their pages \
+                 are memory, counted in the memory limit; no disk-backed layer: {why}"
+            ),
+            "keep storage_mb below memory_mb, or run as root for disk-backed layers",
+        ),
+    }
 }
 
 /// The kernel's major and minor version.

@@ -46,12 +46,18 @@ pub enum How {
     Watchdog,
     /// CPU affinity (whole CPUs).
     Affinity,
+    /// The size of the tmpfs that holds the writable layer (its pages are
+    /// memory).
+    Tmpfs,
+    /// The size of the ext4 file system on a loop device that holds the
+    /// writable layer (on the host's disk).
+    Disk,
 }
 
 /// One limit as it is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applied {
-    /// `memory`, `memory_swap`, `pids` or `cpus`.
+    /// `memory`, `memory_swap`, `pids`, `cpus` or `storage`.
     pub limit: String,
     /// The value enforced (bytes, processes, thousandths of a CPU).
     pub value: u64,
@@ -238,6 +244,41 @@ pub fn plan(limits: &Limits, host: &Host, seed: u64) -> Enforcement {
     }
     e.not_enforced = not_enforced;
     e
+}
+
+/// Adds how the writable layer's size is enforced to `e`: a tmpfs's size
+/// (memory, counted in the memory limit), an ext4 file system's (disk), or
+/// nothing for a host directory (`--overlay DIR`).
+pub fn plan_storage(e: &mut Enforcement, writable: &crate::spec::Writable) {
+    use crate::spec::Writable;
+    let counted = match e.how("memory") {
+        Some(How::Watchdog) => "; the watchdog counts its pages in the memory limit",
+        Some(_) => "; the memory cgroup charges its pages",
+        None => "",
+    };
+    match writable {
+        Writable::Tmpfs { size_mib } => e.applied.push(Applied {
+            limit: "storage".into(),
+            value: size_mib.saturating_mul(1 << 20),
+            how: How::Tmpfs,
+            detail: format!(
+                "the writable layer is a tmpfs of {size_mib} MiB (full: ENOSPC), held in memory{counted}"
+            ),
+        }),
+        Writable::Disk { size_mib, scratch } => e.applied.push(Applied {
+            limit: "storage".into(),
+            value: size_mib.saturating_mul(1 << 20),
+            how: How::Disk,
+            detail: format!(
+                "the writable layer is an ext4 file system of {size_mib} MiB (full: ENOSPC) on a loop device over a nameless file in {}, on disk",
+                scratch.display()
+            ),
+        }),
+        Writable::Overlay { dir } => e.not_enforced.push(format!(
+            "storage: the writable layer is the host directory {}, whose size nothing limits",
+            dir.display()
+        )),
+    }
 }
 
 /// `milli` thousandths of a CPU as whole CPUs of `allowed`, starting at a

@@ -21,8 +21,8 @@
 //! name the image could have redirected.
 //!
 //! The writable layer and the overlay (prepared by [`prepare_root`]) live
-//! on a tmpfs at `m/` in the runtime dir that only this mount namespace
-//! sees; the overlay's layers are named to the kernel as `/proc/self/fd/N`,
+//! on a tmpfs (or the disk-backed ext4 of [`crate::disk`]) at `m/` in the
+//! runtime dir that only this mount namespace sees; the overlay's layers are named to the kernel as `/proc/self/fd/N`,
 //! so no host path shows in the sandbox's `/proc/self/mountinfo`.
 
 use std::collections::HashMap;
@@ -921,10 +921,12 @@ fn open_dir(p: &Path, nofollow: bool) -> Result<OwnedFd> {
     rustix::fs::open(p, flags, Mode::empty()).map_err(sys_err(format!("opening {}", p.display())))
 }
 
-/// Makes the private mount namespace's writable layer (a tmpfs at `m/` in
-/// the runtime dir `dir`, or `--overlay DIR`) and the overlay root over the
-/// image's layers; returns the root, ready for [`apply`].
-pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
+/// Makes the private mount namespace's writable layer at `m/` in the
+/// runtime dir `dir` (a tmpfs; `disk`, the detached ext4 mount outer made
+/// for [`Writable::Disk`]; or a small tmpfs beside `--overlay DIR`) and the
+/// overlay root over the image's layers; returns the root, ready for
+/// [`apply`].
+pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Result<NewRoot> {
     mount_change(
         "/",
         MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
@@ -932,21 +934,29 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
     .map_err(sys_err("making the mount namespace private"))?;
     let tmpfs_bytes = match &spec.writable {
         Writable::Tmpfs { size_mib } => size_mib.saturating_mul(1 << 20),
-        Writable::Overlay { .. } => 1 << 20,
+        Writable::Overlay { .. } | Writable::Disk { .. } => 1 << 20,
     };
     let m_target = open_dir(&dir.join("m"), true)?;
-    let m = make_fs(
-        &Fs::Tmpfs {
-            mode: 0o755,
-            size: tmpfs_bytes,
-        },
-        Attrs {
-            nosuid: true,
-            nodev: true,
-            ..Attrs::default()
-        },
-        "the writable layer",
-    )?;
+    let m = match (&spec.writable, disk) {
+        (Writable::Disk { .. }, Some(disk)) => disk,
+        (Writable::Disk { .. }, None) => {
+            return Err(Error::Setup(
+                "the disk-backed writable layer was not made".into(),
+            ))
+        }
+        _ => make_fs(
+            &Fs::Tmpfs {
+                mode: 0o755,
+                size: tmpfs_bytes,
+            },
+            Attrs {
+                nosuid: true,
+                nodev: true,
+                ..Attrs::default()
+            },
+            "the writable layer",
+        )?,
+    };
     attach(&m, m_target.as_fd(), "the writable layer")?;
     let mkdir = |name: &str| {
         rustix::fs::mkdirat(&m, name, Mode::from_raw_mode(0o755))
@@ -954,7 +964,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
     };
     mkdir("root")?;
     let (upper, work) = match &spec.writable {
-        Writable::Tmpfs { .. } => {
+        Writable::Tmpfs { .. } | Writable::Disk { .. } => {
             mkdir("upper")?;
             mkdir("work")?;
             (
@@ -1054,8 +1064,8 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
 }
 
 /// Prepares the overlay root and carries out the plan of `spec` on it.
-pub fn assemble(spec: &SandboxSpec, dir: &Path) -> Result<NewRoot> {
-    let mut root = prepare_root(spec, dir)?;
+pub fn assemble(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Result<NewRoot> {
+    let mut root = prepare_root(spec, dir, disk)?;
     apply(&mut root, &plan(spec))?;
     Ok(root)
 }

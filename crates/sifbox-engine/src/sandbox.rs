@@ -286,6 +286,26 @@ impl Sandbox {
                 }
             }
         }
+        if let Writable::Disk { size_mib, scratch } = &spec.writable {
+            let bad = |why: String, fix: &str| Error::BadInput {
+                what: format!("a disk-backed writable layer of {size_mib} MiB"),
+                why,
+                fix: fix.into(),
+            };
+            if let Some(why) = crate::disk::unavailable() {
+                return Err(bad(
+                    why,
+                    "leave out --disk (the layer is then a tmpfs: --tmpfs-size)",
+                ));
+            }
+            if *size_mib < 16 {
+                return Err(bad(
+                    "ext4 needs at least 16 MiB".into(),
+                    "pass a larger size, e.g. --disk 10g",
+                ));
+            }
+            crate::disk::prepare_scratch(scratch)?;
+        }
 
         let image = opts.image.clone().unwrap_or_else(|| ImageRef {
             reference: spec.rootfs.display().to_string(),
@@ -1401,6 +1421,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
         h.finish()
     };
     let mut e = limits::plan(&spec.limits, &host, seed);
+    limits::plan_storage(&mut e, &spec.writable);
     let wants_cgroup = e
         .applied
         .iter()
@@ -1421,6 +1442,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
                     ..host
                 };
                 e = limits::plan(&spec.limits, &host, seed);
+                limits::plan_storage(&mut e, &spec.writable);
                 e.not_enforced.push(format!(
                     "cgroup: could not make the sandbox's cgroup ({err}); using the fallbacks"
                 ));

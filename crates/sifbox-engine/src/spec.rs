@@ -236,6 +236,10 @@ pub enum Writable {
     Tmpfs { size_mib: u64 },
     /// An upper dir (`DIR/upper`, `DIR/work`) kept on the host for inspection.
     Overlay { dir: PathBuf },
+    /// An upper dir on an ext4 file system of this many MiB, on a loop
+    /// device over a nameless file in `scratch`, gone with the sandbox
+    /// (host root only: see [`crate::disk`]).
+    Disk { size_mib: u64, scratch: PathBuf },
 }
 
 /// A host path made visible inside the sandbox.

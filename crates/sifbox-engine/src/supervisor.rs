@@ -233,6 +233,22 @@ fn outer(
     // Out of the client's session: terminal signals go to the client, which
     // then stops the sandbox.
     let _ = rustix::process::setsid();
+    // A disk-backed writable layer while we are in the host's namespaces
+    // (its loop device and ext4 mount need host root), outside the
+    // sandbox's limits (mkfs is ours, not the sandbox's).
+    let disk = match &launch.spec.writable {
+        crate::spec::Writable::Disk { size_mib, scratch } => {
+            let mkfs = crate::disk::mkfs_path().ok_or_else(|| {
+                Error::Setup("the disk-backed layer: mkfs.ext4 is not installed".into())
+            })?;
+            let owner = (
+                launch.spec.ids.uid[0].outside,
+                launch.spec.ids.gid[0].outside,
+            );
+            Some(crate::disk::make(*size_mib, scratch, owner, &mkfs)?)
+        }
+        _ => None,
+    };
     // Limits first, so that everything forked from here on is under them.
     enter_limits(&launch.limits)?;
 
@@ -264,7 +280,7 @@ fn outer(
         sifbox_sys::Forked::Child => {
             drop(nest_outer);
             let nest = Nest(nest_init);
-            let code = match init_main(launch, status, nest, listener) {
+            let code = match init_main(launch, status, nest, listener, disk) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);
@@ -275,7 +291,8 @@ fn outer(
         }
         sifbox_sys::Forked::Parent(pid) => pid,
     };
-    drop((nest_init, listener));
+    // init holds the disk-backed layer now: it goes with init's mounts.
+    drop((nest_init, listener, disk));
     sifbox_sys::release_free_memory();
     let waited = wait_init(init, launch, nest_outer);
     if let Some(cg) = &launch.limits.cgroup {
@@ -599,6 +616,7 @@ fn init_main(
     status: &mut Status,
     nest: Nest,
     listener: Option<UnixListener>,
+    disk: Option<OwnedFd>,
 ) -> Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -629,7 +647,7 @@ fn init_main(
     // Host supplementary groups do not follow into the sandbox where the
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
-    let root = rootfs::assemble(spec, &launch.dir)?;
+    let root = rootfs::assemble(spec, &launch.dir, disk)?;
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }

@@ -1314,6 +1314,7 @@ fn doctor_reports_what_sifbox_run_needs() {
         "limit: memory+swap",
         "limit: pids",
         "limit: cpus",
+        "limit: storage",
     ] {
         assert!(
             checks.iter().any(|c| c["name"] == name),

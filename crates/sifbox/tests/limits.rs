@@ -1,7 +1,7 @@
 //! End-to-end tests of resource limits (issue 13): a fork bomb capped by
 //! `--pids` (and by the default cap), a memory hog killed at its limit
-//! while its neighbour runs on, `--cpus 1` measured, a full writable layer,
-//! and the records in sandbox.json. They run as root (cgroups) and as the
+//! while its neighbour runs on, `--cpus 1` measured, a full writable layer
+//! (in memory, and on disk with `--disk`), and the records in sandbox.json. They run as root (cgroups) and as the
 //! unprivileged user (RLIMIT_NPROC, the watchdog, affinity); every test is
 //! bounded and leaves nothing running.
 
@@ -111,7 +111,8 @@ fn a_fork_bomb_is_capped_by_pids() {
     sb.assert_clean();
 }
 
-/// Without --pids a sandbox still has a cap (4096), recorded.
+/// Without --pids a sandbox still has a cap (4096), recorded, and so is
+/// its writable layer's size.
 #[test]
 fn every_sandbox_has_a_pids_cap() {
     let sb = Sifbox::new();
@@ -123,6 +124,12 @@ fn every_sandbox_has_a_pids_cap() {
         .and_then(|a| a.iter().find(|x| x["limit"] == "pids"))
         .unwrap_or_else(|| panic!("no pids cap: {record:#}"));
     assert_eq!(pids["value"], 4096);
+    // The writable layer's size is recorded too: a tmpfs by default.
+    assert_eq!(
+        how(&record, "storage").as_deref(),
+        Some("tmpfs"),
+        "{record:#}"
+    );
 }
 
 /// A process allocating past `--memory` is killed (exit 137, a warning
@@ -170,6 +177,146 @@ fn a_full_writable_layer_is_enospc() {
         "{}",
         out.stdout
     );
+}
+
+/// The loop devices whose backing file is in `dir` (an unlinked file shows
+/// as `DIR/#INODE (deleted)`).
+fn loops_backed_in(dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/sys/block")
+        .expect("/sys/block")
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Ok(f) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
+            if f.starts_with(&format!("{dir}/")) {
+                out.push(format!("{name}: {}", f.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// `--disk SIZE`, as root: the writable layer is an ext4 file system of
+/// that size on a loop device over a nameless file in the scratch dir:
+/// ENOSPC at its size, recorded as `disk`, no device or host path visible
+/// inside, and nothing left after the sandbox (stopped, or its client
+/// killed). As another user it is refused with exit 125, saying why.
+#[test]
+fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
+    let sb = Sifbox::new();
+    let scratch = tempdir("sifbox-scratch.");
+    let sp = scratch.path().display().to_string();
+    if !rustix::process::geteuid().is_root() {
+        let out = sb
+            .run(["--disk", "64m", "--", "true"])
+            .env("SIFBOX_SCRATCH", scratch.path())
+            .output();
+        out.sifbox_error().stderr_has("needs host root");
+        sb.assert_clean();
+        return;
+    }
+    let name = unique("disk");
+    let logs = tempdir("sifbox-lim-logs.");
+    let logs_dir = logs.path().join("logs");
+    let rootfs = harness::rootfs().display().to_string();
+    let ld = logs_dir.display().to_string();
+    sb.cmd([
+        "start", "--rootfs", &rootfs, "--name", &name, "--logs", &ld, "--disk", "64m",
+    ])
+    .env("SIFBOX_SCRATCH", scratch.path())
+    .no_clean_check()
+    .output()
+    .success();
+    let exec = |script: &str| {
+        sb.cmd(["exec", &name, "--", "sh", "-c", script])
+            .no_clean_check()
+            .timeout(Duration::from_secs(60))
+            .output()
+    };
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(logs_dir.join("sandbox.json")).expect("sandbox.json"),
+    )
+    .expect("sandbox.json is JSON");
+    assert_eq!(
+        how(&record, "storage").as_deref(),
+        Some("disk"),
+        "{record:#}"
+    );
+    // On disk: one loop device over a file in the scratch dir, which has
+    // no name there.
+    assert_eq!(
+        loops_backed_in(scratch.path()).len(),
+        1,
+        "{:?}",
+        loops_backed_in(scratch.path())
+    );
+    assert_eq!(
+        std::fs::read_dir(scratch.path()).expect("scratch").count(),
+        0
+    );
+    let out = exec("df -k / | tail -1");
+    out.success();
+    let kib: u64 = out
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("df: {}", out.stdout));
+    assert!(
+        (48_000..=65_536).contains(&kib),
+        "a 64 MiB layer has {kib} KiB"
+    );
+    let out = exec(
+        "dd if=/dev/zero of=/root/fill bs=1048576 count=128 2>&1; rm -f /root/fill; echo written",
+    );
+    out.success();
+    assert!(
+        out.stdout.contains("No space left on device"),
+        "{}",
+        out.stdout
+    );
+    // Inside: no loop device, none can be made, no host path in mountinfo.
+    let out = exec(&format!(
+        "ls /dev; mknod /tmp/l b 7 0 && cat /tmp/l >/dev/null && echo OPENED; grep -c '{sp}' /proc/self/mountinfo; true"
+    ));
+    out.success();
+    assert!(!out.stdout.contains("loop"), "{}", out.stdout);
+    assert!(!out.stdout.contains("OPENED"), "{}", out.stdout);
+    assert!(out.stdout.trim_end().ends_with('0'), "{}", out.stdout);
+    sb.cmd(["stop", "--timeout", "0", &name]).output().success();
+    assert!(
+        harness::eventually(Duration::from_secs(10), || loops_backed_in(scratch.path())
+            .is_empty()),
+        "loop devices left: {:?}",
+        loops_backed_in(scratch.path())
+    );
+
+    // A one-shot sandbox whose client is killed leaves nothing either.
+    let mut running = sb
+        .run(["--disk", "64m", "--", "sh", "-c", "echo up; sleep 600"])
+        .env("SIFBOX_SCRATCH", scratch.path())
+        .no_clean_check()
+        .spawn();
+    running.wait_for_line(|l| l == "up");
+    assert_eq!(loops_backed_in(scratch.path()).len(), 1);
+    running.signal(rustix::process::Signal::KILL);
+    let _ = running.wait();
+    assert!(
+        harness::eventually(Duration::from_secs(10), || loops_backed_in(scratch.path())
+            .is_empty()),
+        "loop devices left after a SIGKILL: {:?}",
+        loops_backed_in(scratch.path())
+    );
+    assert_eq!(
+        std::fs::read_dir(scratch.path()).expect("scratch").count(),
+        0
+    );
+    // The killed sandbox's runtime dir is reaped by the next command that
+    // looks (gc here).
+    sb.cmd(["gc"]).output().success();
+    sb.assert_clean();
 }
 
 /// CPU time two busy loops got in `secs` seconds of wall time, as the

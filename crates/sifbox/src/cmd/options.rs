@@ -140,6 +140,11 @@ pub struct SandboxArgs {
     /// Keep writes in DIR/upper on the host, for inspection afterwards.
     #[arg(long, value_name = "DIR", conflicts_with = "writable_tmpfs")]
     pub overlay: Option<PathBuf>,
+    /// Keep writes on disk, in an ext4 file system of SIZE (`10g`) made for
+    /// the sandbox and gone with it, instead of in memory (host root only;
+    /// in $SIFBOX_SCRATCH, else <store>/scratch).
+    #[arg(long, value_name = "SIZE", value_parser = size_arg, conflicts_with_all = ["overlay", "writable_tmpfs", "tmpfs_size"])]
+    pub disk: Option<u64>,
     /// Host name inside (default: the sandbox name).
     #[arg(long)]
     pub hostname: Option<String>,
@@ -258,8 +263,14 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         UsernsArg::Full => UsernsMode::Full,
     };
     let ids = idmap::resolve(mode, &idmap::Caller::current())?;
-    let writable = match &a.overlay {
-        Some(dir) => {
+    let writable = match (&a.overlay, a.disk) {
+        (_, Some(bytes)) => Writable::Disk {
+            size_mib: bytes.div_ceil(1 << 20),
+            scratch: sifbox_engine::disk::scratch_dir(
+                &sifbox_image::store::Store::default_root().join("scratch"),
+            ),
+        },
+        (Some(dir), None) => {
             let dir = std::path::absolute(dir)
                 .map_err(|e| Error::io(format!("--overlay {}", dir.display()), e))?;
             if dir.starts_with(&rootfs) {
@@ -271,7 +282,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
             }
             Writable::Overlay { dir }
         }
-        None => {
+        (None, None) => {
             if a.tmpfs_size == 0 {
                 return Err(bad(
                     "--tmpfs-size 0",
