@@ -136,6 +136,21 @@ pub struct EvalOptions {
     pub allow_userns: bool,
     /// Limits set for every task (`--override-*`, `--pids`).
     pub limits: Overrides,
+    /// Where rollouts' writable layers live.
+    pub layer: Layer,
+}
+
+/// Where a rollout's writable layer (its `storage_mb`) lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layer {
+    /// On disk where this host allows it (host root), else in a tmpfs.
+    #[default]
+    Auto,
+    /// A tmpfs: memory, counted in the rollout's memory limit.
+    Tmpfs,
+    /// An ext4 file system on a loop device over a nameless file in the
+    /// scratch dir (host root only; see `sifbox_engine::disk`).
+    Disk,
 }
 
 impl EvalOptions {
@@ -267,6 +282,8 @@ struct Ctx<'a> {
     agent_label: String,
     images: Mutex<HashMap<String, Slot>>,
     seq: AtomicUsize,
+    /// The scratch dir of disk-backed layers; `None`: tmpfs layers.
+    scratch: Option<PathBuf>,
 }
 
 /// `job.json`: what the job was asked to do.
@@ -387,6 +404,25 @@ fn lock_job(dir: &Path) -> Result<JobLock> {
     }
 }
 
+/// The scratch dir of disk-backed layers for `layer` on this host, made if
+/// missing; `None` for tmpfs layers.
+fn layer_scratch(store: &Store, layer: Layer) -> Result<Option<PathBuf>> {
+    let why_not = sifbox_engine::disk::unavailable();
+    let dir = sifbox_engine::disk::scratch_dir(&store.root().join("scratch"));
+    match (layer, why_not) {
+        (Layer::Tmpfs, _) | (Layer::Auto, Some(_)) => Ok(None),
+        (Layer::Disk, Some(why)) => Err(EvalError::bad(
+            "--layer disk",
+            why,
+            "pass --layer tmpfs (or auto), or run as root",
+        )),
+        (Layer::Auto | Layer::Disk, None) => {
+            sifbox_engine::disk::prepare_scratch(&dir)?;
+            Ok(Some(dir))
+        }
+    }
+}
+
 /// Runs the job: every task in `tasks` `opts.attempts` times.
 pub fn run(
     store: &Store,
@@ -438,6 +474,7 @@ pub fn run(
     // dir exists: bad input leaves nothing behind.
     let envs: Vec<TaskEnv> = tasks.iter().map(resolve_env).collect::<Result<_>>()?;
     let ids = idmap::resolve(opts.userns, &idmap::Caller::current())?;
+    let scratch = layer_scratch(store, opts.layer)?;
     let (job, dir) = job_dir(opts)?;
     let _lock = lock_job(&dir)?;
     let agent_label = opts.agent.label();
@@ -516,6 +553,7 @@ pub fn run(
         agent_label: agent_label.clone(),
         images: Mutex::new(HashMap::new()),
         seq: AtomicUsize::new(0),
+        scratch,
     };
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<(usize, u32, RolloutResult)>> = Mutex::new(Vec::new());
@@ -1002,8 +1040,14 @@ fn run_rollout(
         hostname: task.name.chars().take(64).collect(),
         net: sandbox_net,
         ids: ctx.ids.clone(),
-        writable: Writable::Tmpfs {
-            size_mib: r.limits.storage_mib(),
+        writable: match &ctx.scratch {
+            Some(scratch) => Writable::Disk {
+                size_mib: r.limits.storage_mib(),
+                scratch: scratch.clone(),
+            },
+            None => Writable::Tmpfs {
+                size_mib: r.limits.storage_mib(),
+            },
         },
         binds,
         host_dns: true,
@@ -1512,7 +1556,7 @@ fn how_name(h: sifbox_engine::limits::How) -> String {
 /// sifbox does not give) goes to the notes.
 fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) {
     let unit = |limit: &str| match limit {
-        "memory" | "memory_swap" => "bytes",
+        "memory" | "memory_swap" | "storage" => "bytes",
         "pids" => "processes",
         "cpus" => "millicpus",
         _ => "",
@@ -1526,16 +1570,6 @@ fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) 
             detail: a.detail.clone(),
         });
     }
-    let storage = r.limits.storage_mib();
-    r.limits_applied.push(AppliedLimit {
-        limit: "storage".into(),
-        value: storage.saturating_mul(1 << 20),
-        unit: "bytes".into(),
-        how: "tmpfs".into(),
-        detail: format!(
-            "the writable layer is a tmpfs of {storage} MiB (full: ENOSPC); its pages are memory and count in the memory limit"
-        ),
-    });
     for n in &e.not_enforced {
         // Eval asks for no swap limit of its own: the engine's is Docker's
         // default for a memory limit, which a reader may not expect.
@@ -1552,6 +1586,7 @@ fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) 
         ("memory", r.limits.memory_mb.is_some()),
         ("pids", r.limits.pids.is_some()),
         ("cpus", r.limits.cpus.is_some()),
+        ("storage", true),
     ];
     for (limit, is_asked) in asked {
         let said = e.applied.iter().any(|a| a.limit == limit)
@@ -1576,7 +1611,8 @@ fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) 
             "limit not enforced: gpus = {g}{types}: recorded only; sifbox gives sandboxes no GPU (no device of the host's is visible inside)"
         ));
     }
-    if let (Some(s), Some(m)) = (r.limits.storage_mb, r.limits.memory_mb) {
+    let in_memory = e.how("storage") == Some(sifbox_engine::limits::How::Tmpfs);
+    if let (true, Some(s), Some(m)) = (in_memory, r.limits.storage_mb, r.limits.memory_mb) {
         let asked = r.limits.source.get("storage_mb") != Some(&crate::task::LimitSource::Default);
         if asked && s > m {
             r.notes.push(format!(
@@ -1736,7 +1772,7 @@ mod tests {
 
     #[test]
     fn records_say_what_is_enforced_and_every_limit_that_is_not() {
-        let e = Enforcement {
+        let mut e = Enforcement {
             applied: vec![
                 Applied {
                     limit: "memory".into(),
@@ -1756,6 +1792,8 @@ mod tests {
             ],
             ..Enforcement::default()
         };
+        let mut on_disk = e.clone();
+        sifbox_engine::limits::plan_storage(&mut e, &Writable::Tmpfs { size_mib: 1024 });
         let task = crate::task::Limits {
             cpus: Some(1.5),
             memory_mb: Some(512),
@@ -1763,7 +1801,7 @@ mod tests {
             gpus: Some(1),
             gpu_types: Some(vec!["H100".into()]),
         };
-        let mut r = rollout_with(task, &Overrides::default());
+        let mut r = rollout_with(task.clone(), &Overrides::default());
         record_limits(&mut r, &e);
         let names: Vec<(&str, &str, &str)> = r
             .limits_applied
@@ -1794,6 +1832,29 @@ mod tests {
             notes.contains("storage_mb = 1024 is above the memory limit"),
             "{notes}"
         );
+        assert!(
+            r.limits_applied[2]
+                .detail
+                .contains("the watchdog counts its pages"),
+            "{:?}",
+            r.limits_applied[2]
+        );
+        // On disk the layer holds no memory: no note about the memory limit.
+        sifbox_engine::limits::plan_storage(
+            &mut on_disk,
+            &Writable::Disk {
+                size_mib: 1024,
+                scratch: PathBuf::from("/scratch"),
+            },
+        );
+        let mut r = rollout_with(task.clone(), &Overrides::default());
+        record_limits(&mut r, &on_disk);
+        assert_eq!(r.limits_applied[2].how, "disk");
+        assert!(
+            !r.notes.join("\n").contains("above the memory limit"),
+            "{:?}",
+            r.notes
+        );
         // Defaults only: no note on storage (10240 > 4096 is the default's
         // doing), and nothing on GPUs.
         let mut r = rollout_with(crate::task::Limits::default(), &Overrides::default());
@@ -1814,8 +1875,21 @@ mod tests {
             ],
             ..Enforcement::default()
         };
-        record_limits(&mut r, &e);
+        let mut in_tmpfs = e.clone();
+        sifbox_engine::limits::plan_storage(&mut in_tmpfs, &Writable::Tmpfs { size_mib: 10240 });
+        record_limits(&mut r, &in_tmpfs);
         assert!(r.notes.is_empty(), "{:?}", r.notes);
+        // A sandbox that says nothing of its writable layer gets a note.
+        let mut silent = rollout_with(crate::task::Limits::default(), &Overrides::default());
+        record_limits(&mut silent, &e);
+        assert!(
+            silent
+                .notes
+                .iter()
+                .any(|n| n.contains("storage: the sandbox reported no mechanism")),
+            "{:?}",
+            silent.notes
+        );
         assert_eq!(r.limits_applied[0].how, "cgroup_v2");
         assert_eq!(r.limits_applied[1].how, "rlimit");
     }

@@ -801,6 +801,47 @@ fn enforced_or_noted(r: &Value, limit: &str, value: u64) {
     }
 }
 
+/// `--layer`: as root, `tmpfs` and `disk` put the writable layer where they
+/// say (recorded); as another user `disk` is bad input, refused before
+/// anything runs.
+#[test]
+fn the_layer_option_says_where_writes_go() {
+    let env = Env::with_evalbase();
+    let solve = "#!/bin/bash
+echo hi > /root/f
+";
+    let reward = "#!/bin/bash
+echo 1 > /logs/verifier/reward.txt
+";
+    env.task(
+        "layer",
+        "[environment]
+storage_mb = 64
+",
+        solve,
+        reward,
+    );
+    let tasks = env.path("tasks").display().to_string();
+    if !rustix::process::geteuid().is_root() {
+        let out = env.eval(&["--layer", "disk", &tasks]).output();
+        out.sifbox_error()
+            .stderr_has("--layer disk")
+            .stderr_has("host root");
+        assert!(!env.out().exists() || std::fs::read_dir(env.out()).expect("out").count() == 0);
+        return;
+    }
+    for layer in ["tmpfs", "disk"] {
+        env.eval(&["--job", layer, "--layer", layer, &tasks])
+            .output()
+            .success();
+        let r = env.result(layer, "layer__1");
+        assert_eq!(outcome(&r), ok(1.0), "{r:#}");
+        let storage = applied(&r, "storage").expect("storage");
+        assert_eq!(storage["how"], layer, "{storage}");
+        assert_eq!(storage["value"], 64u64 << 20, "{storage}");
+    }
+}
+
 #[test]
 fn task_limits_defaults_and_overrides_are_recorded_with_what_enforced_them() {
     let env = Env::with_evalbase();
@@ -840,8 +881,14 @@ fn task_limits_defaults_and_overrides_are_recorded_with_what_enforced_them() {
     // (affinity).
     assert!(applied(&r, "memory").is_some(), "{r:#}");
     assert!(applied(&r, "cpus").is_some(), "{r:#}");
+    // As root the layer is on disk (`--layer auto`), else in memory.
     let storage = applied(&r, "storage").expect("storage");
-    assert_eq!(storage["how"], "tmpfs", "{storage}");
+    let layer = if rustix::process::geteuid().is_root() {
+        "disk"
+    } else {
+        "tmpfs"
+    };
+    assert_eq!(storage["how"], layer, "{storage}");
     assert_eq!(storage["value"], 64u64 << 20, "{storage}");
     // The writable layer really is that size.
     assert_ne!(read("l/sized__1/agent/dd.rc"), "0\n");

@@ -66,13 +66,19 @@ pub struct EvalArgs {
     #[arg(long, value_name = "N")]
     pub override_cpus: Option<f64>,
     /// Every task's memory limit in MiB, replacing `memory_mb` (default:
-    /// the task's, else 4096); the writable layer's files count in it.
+    /// the task's, else 4096); a tmpfs writable layer's files count in it.
     #[arg(long, value_name = "MB")]
     pub override_memory_mb: Option<u64>,
     /// Every task's writable layer in MiB, replacing `storage_mb`
     /// (default: the task's, else 10240).
     #[arg(long, value_name = "MB")]
     pub override_storage_mb: Option<u64>,
+    /// Where the writable layers live: `disk` (an ext4 file system of
+    /// storage_mb in $SIFBOX_SCRATCH, else <store>/scratch: host root
+    /// only), `tmpfs` (memory, counted in the memory limit), or `auto`
+    /// (disk where the host allows it).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub layer: LayerArg,
     /// Every task's GPUs, replacing `gpus` (recorded; sifbox gives
     /// sandboxes no GPU).
     #[arg(long, value_name = "N")]
@@ -87,6 +93,13 @@ pub struct EvalArgs {
     /// Task directories, or directories of them.
     #[arg(value_name = "TASK_OR_DIR", required = true)]
     pub tasks: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LayerArg {
+    Auto,
+    Tmpfs,
+    Disk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,6 +408,11 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
             storage_mb: a.override_storage_mb,
             gpus: a.override_gpus,
             pids: a.pids,
+        },
+        layer: match a.layer {
+            LayerArg::Auto => sifbox_eval::runner::Layer::Auto,
+            LayerArg::Tmpfs => sifbox_eval::runner::Layer::Tmpfs,
+            LayerArg::Disk => sifbox_eval::runner::Layer::Disk,
         },
     };
 
