@@ -6,7 +6,11 @@ spent in the agent's and the verifier's commands, as each result.json
 records it: a command's time is its exec as the client sees it, start to
 exit, so bash's start-up and the exec round trip count as the command's)
 and the throughput (rollouts per second of the job's wall time). The
-task's image is built (and cached) by a warm-up job first."""
+task's image is built (and cached) by a warm-up job first.
+
+With --layers tmpfs,disk (as root) the rollouts are split between the
+writable-layer kinds, in alternating jobs, and each kind's figures and the
+difference of their medians are reported too."""
 
 import argparse
 import json
@@ -47,10 +51,12 @@ def make_task(root: pathlib.Path) -> pathlib.Path:
 
 
 def run_job(sifbox: str, task: pathlib.Path, out: pathlib.Path, job: str,
-            attempts: int, jobs: int) -> float:
+            attempts: int, jobs: int, layer: str | None = None) -> float:
     cmd = [sifbox, "eval", str(task), "--attempts", str(attempts),
            "--jobs", str(jobs), "--out", str(out), "--job", job,
            "--progress", "quiet"]
+    if layer:
+        cmd += ["--layer", layer]
     started = time.perf_counter()
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, check=False)
@@ -68,7 +74,12 @@ def main() -> None:
     p.add_argument("--rollouts", type=int, default=100)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--layers", help="writable-layer kinds to compare "
+                   "(e.g. tmpfs,disk), in alternating jobs")
     a = p.parse_args()
+    if a.layers:
+        compare_layers(a)
+        return
 
     work = pathlib.Path(a.work)
     # The store bench-eval.sh bootstrapped debian:bookworm into.
@@ -116,6 +127,58 @@ def main() -> None:
           f" image {figures['build_ms_median']:.0f}")
     goal = figures["overhead_ms_median"] <= 50
     print(f"goal: median overhead <= 50 ms: {'met' if goal else 'NOT met'}")
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def compare_layers(a: argparse.Namespace) -> None:
+    work = pathlib.Path(a.work)
+    os.environ.setdefault("SIFBOX_CACHE", str(work / "cache"))
+    task = make_task(work / "tasks")
+    out = work / "jobs"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    layers = a.layers.split(",")
+    run_job(a.sifbox, task, out, f"warm-{stamp}", 1, 1)
+    rounds = 4
+    per_job = max(1, a.rollouts // (rounds * len(layers)))
+    overhead: dict[str, list[float]] = {k: [] for k in layers}
+    start: dict[str, list[float]] = {k: [] for k in layers}
+    stop: dict[str, list[float]] = {k: [] for k in layers}
+    for r in range(rounds):
+        for layer in layers:
+            job = f"layers-{stamp}-{layer}-{r}"
+            run_job(a.sifbox, task, out, job, per_job, a.jobs, layer)
+            for f in (out / job).glob("*/result.json"):
+                res = json.loads(f.read_text())
+                if res["status"] != "ok" or res["reward"] != 1.0:
+                    sys.exit(f"bench-eval: {f}: not reward 1")
+                how = [x["how"] for x in res["limits_applied"]
+                       if x["limit"] == "storage"]
+                if how != [layer]:
+                    sys.exit(f"bench-eval: {f}: storage by {how}, not {layer}")
+                t = res["timings_ms"]
+                overhead[layer].append(t["total"] - t["agent"] - t["verifier"])
+                start[layer].append(t["start"])
+                stop[layer].append(t["stop"])
+    figures = {}
+    for layer in layers:
+        figures[layer] = {
+            "rollouts": len(overhead[layer]),
+            "overhead_ms_median": percentile(overhead[layer], 50),
+            "overhead_ms_p95": percentile(overhead[layer], 95),
+            "start_ms_median": percentile(start[layer], 50),
+            "stop_ms_median": percentile(stop[layer], 50),
+        }
+        f = figures[layer]
+        print(f"{layer:6} {f['rollouts']} rollouts, --jobs {a.jobs}: "
+              f"overhead median {f['overhead_ms_median']:.1f} ms "
+              f"(p95 {f['overhead_ms_p95']:.1f}), start "
+              f"{f['start_ms_median']:.1f}, stop {f['stop_ms_median']:.1f}")
+    base, *rest = layers
+    for layer in rest:
+        d = (figures[layer]["overhead_ms_median"]
+             - figures[base]["overhead_ms_median"])
+        print(f"{layer} - {base}: {d:+.1f} ms overhead per rollout (median)")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(figures, indent=2) + "\n")
 

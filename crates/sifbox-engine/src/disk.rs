@@ -93,6 +93,11 @@ fn setup_err(what: impl std::fmt::Display) -> impl FnOnce(rustix::io::Errno) -> 
 /// Makes a `size_mib` ext4 file system in a nameless file in `scratch`,
 /// its root directory owned by `owner` (host ids), on a loop device, and
 /// mounts it detached (nosuid, nodev); returns the mount.
+///
+/// The device reads and writes the file through the host's page cache,
+/// not with direct I/O: what a short rollout writes often never reaches
+/// the disk, the file being freed first (eval overhead per rollout,
+/// median: 25 ms buffered, 33 ms direct, 11 ms on a tmpfs).
 pub fn make(size_mib: u64, scratch: &Path, owner: (u32, u32), mkfs: &Path) -> Result<OwnedFd> {
     let where_ = || format!("the disk-backed layer in {}", scratch.display());
     let dir = rustix::fs::open(
@@ -126,6 +131,10 @@ pub fn make(size_mib: u64, scratch: &Path, owner: (u32, u32), mkfs: &Path) -> Re
     // The inode tables stay unwritten: no lazy-init thread writes behind
     // the sandbox's back.
     let _ = fsconfig_set_flag(&ctx, "noinit_itable");
+    // No cache flushes: the layer dies with the sandbox, so an fsync inside
+    // (dpkg makes hundreds) need not reach the host's disk (200 small
+    // fsynced writes: 270 ms with barriers, 210 without, 170 on a tmpfs).
+    let _ = fsconfig_set_flag(&ctx, "nobarrier");
     fsconfig_create(&ctx).map_err(setup_err("the disk-backed layer: mounting ext4"))?;
     let m = fsmount(
         &ctx,

@@ -582,8 +582,6 @@ const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 /// The device detaches itself when its last user (the mount) lets go.
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
-/// I/O goes to the backing file with O_DIRECT: no second page cache.
-const LO_FLAGS_DIRECT_IO: u32 = 16;
 
 /// `struct loop_info64` of linux/loop.h (232 bytes).
 #[repr(C)]
@@ -616,7 +614,7 @@ const _: () = assert!(std::mem::size_of::<LoopInfo64>() == 232);
 const _: () = assert!(std::mem::size_of::<LoopConfig>() == 304);
 
 /// Attaches `backing` (a regular file, open read-write) to a free loop
-/// device with 4 KiB blocks, direct I/O and auto-clear; returns the
+/// device with 4 KiB blocks and auto-clear; returns the
 /// device, open read-write and close-on-exec. The device goes away by
 /// itself once the returned fd and every mount of it are gone. A device
 /// that another process takes between the lookup and the attach is
@@ -651,7 +649,7 @@ pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<std::os::fd::OwnedFd, Erro
         let mut config: LoopConfig = unsafe { std::mem::zeroed() };
         config.fd = fd;
         config.block_size = 4096;
-        config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
         // SAFETY: LOOP_CONFIGURE reads a struct loop_config, which `config`
         // is (repr(C), its size checked above), alive for the call; both
         // fds are open.
