@@ -27,6 +27,7 @@ readonly PACKAGES=(
     mmdebstrap     # Debian base trees for benchmarks and base images
     docker-registry # a local OCI registry for the pull tests and benchmark
     apache2-utils  # htpasswd, for the registry behind basic auth
+    e2fsprogs      # mkfs.ext4, for disk-backed writable layers (--disk, eval as root)
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
@@ -75,6 +76,12 @@ else
     apt-get install -y -qq --no-install-recommends \
         -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
         "${missing[@]}" </dev/null || die "apt-get install ${missing[*]} failed"
+fi
+
+# --- loop devices, for disk-backed writable layers ---------------------------
+if [[ ! -e /dev/loop-control ]]; then
+    modprobe loop 2>/dev/null ||
+        log "warning: no /dev/loop-control and \`modprobe loop\` failed: writable layers will be tmpfs only"
 fi
 
 # --- the unprivileged test user ----------------------------------------------

@@ -142,6 +142,13 @@ pub fn tempdir(prefix: &str) -> tempfile::TempDir {
         .expect("creating a temporary dir")
 }
 
+/// Whether sandboxes may have disk-backed writable layers here: host root
+/// with loop devices (install-deps.sh installs mkfs.ext4).
+#[allow(dead_code)]
+pub fn disk_layers() -> bool {
+    rustix::process::geteuid().is_root() && Path::new("/dev/loop-control").exists()
+}
+
 /// CPUs this test may run on.
 #[allow(dead_code)]
 pub fn host_cpus() -> usize {
