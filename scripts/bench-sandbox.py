@@ -254,11 +254,12 @@ def interleaved(args: argparse.Namespace, sb: Sifbox, rootfs: Path) -> dict:
     return stats
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of pid, in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def cpu_ns(pid: int) -> int:
+    """Time pid has run on a CPU, in ns (schedstat: exact, where utime and
+    stime are sampled at each clock tick, too coarse for processes that
+    wake for some microseconds)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
 
 
 def idle_memory(n: int, sb: Sifbox, rootfs: Path, extra: list[str] | None = None) -> dict:
@@ -302,10 +303,10 @@ def idle_memory(n: int, sb: Sifbox, rootfs: Path, extra: list[str] | None = None
         # What the supervisors spend while idle (the memory watchdog wakes
         # up to sample), over a 10 s window.
         sups = [p["pids"][0] for p in per]
-        before = sum(cpu_ticks(p) for p in sups)
+        before = sum(cpu_ns(p) for p in sups)
         time.sleep(10.0)
-        after = sum(cpu_ticks(p) for p in sups)
-        idle_cpu_percent = (after - before) / os.sysconf("SC_CLK_TCK") / 10.0 * 100
+        after = sum(cpu_ns(p) for p in sups)
+        idle_cpu_percent = (after - before) / 1e9 / 10.0 * 100
     finally:
         stop_ms = stop_all(sb, started)
     # Nothing may be left: not in ps, no runtime dir, no process, no mount.

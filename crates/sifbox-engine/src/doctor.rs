@@ -758,7 +758,7 @@ fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)) -> Vec<Ch
             ("memory", _) => Check::fail(
                 name,
                 "fallback: sifbox's watchdog samples the private resident memory of the \
-                 sandbox's processes and its tmpfs use (every 20 ms to 1 s, faster near the \
+                 sandbox's processes and its tmpfs use (every 20 ms to 5 s, faster near the \
                  limit) and kills the largest process above the limit; it cannot promise the \
                  limit: a burst between samples overshoots it, shared and kernel memory are \
                  not counted, and the host's OOM killer may act first",

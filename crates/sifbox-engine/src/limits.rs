@@ -355,12 +355,10 @@ pub fn tree_memory(proc: &Path, top: i32) -> Vec<ProcMemory> {
     out
 }
 
-/// The processes of a pid namespace and the memory each holds alone, from
-/// `proc`, a directory handle on that namespace's /proc (rewound and read
-/// again at each call: one getdents and a statm read per process, which
-/// keeps an idle sandbox's samples cheap). Pids are the namespace's own.
-pub fn ns_memory(proc: &mut rustix::fs::Dir) -> Vec<ProcMemory> {
-    let page = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
+/// The processes of a pid namespace (its thread-group leaders, zombies
+/// included), from `proc`, a directory handle on that namespace's /proc
+/// (rewound and read again at each call).
+pub fn ns_pids(proc: &mut rustix::fs::Dir) -> Vec<i32> {
     let mut pids = Vec::new();
     proc.rewind();
     while let Some(Ok(e)) = proc.read() {
@@ -371,6 +369,16 @@ pub fn ns_memory(proc: &mut rustix::fs::Dir) -> Vec<ProcMemory> {
             pids.push(pid);
         }
     }
+    pids
+}
+
+/// The processes of a pid namespace and the memory each holds alone, from
+/// `proc`, a directory handle on that namespace's /proc (rewound and read
+/// again at each call: one getdents and a statm read per process, which
+/// keeps an idle sandbox's samples cheap). Pids are the namespace's own.
+pub fn ns_memory(proc: &mut rustix::fs::Dir) -> Vec<ProcMemory> {
+    let page = u64::try_from(rustix::param::page_size()).unwrap_or(4096);
+    let pids = ns_pids(proc);
     let dir = proc.fd().ok();
     let mut out = Vec::with_capacity(pids.len());
     for pid in pids {

@@ -276,11 +276,23 @@ fn outer(
     // request carries what the memory watchdog measures tmpfs use on.
     let (nest_outer, nest_init) =
         UnixStream::pair().map_err(|e| Error::io("socketpair for init", e))?;
+    // With a watchdog, init says over this pipe when the sandbox goes idle
+    // and when work starts again (see [`Activity`]).
+    let (activity_outer, activity_init) = match launch.limits.watchdog_memory {
+        Some(_) => {
+            let (r, w) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )
+            .map_err(errno("pipe"))?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
     let init = match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
-            drop(nest_outer);
+            drop((nest_outer, activity_outer));
             let nest = Nest(nest_init);
-            let code = match init_main(launch, status, nest, listener, disk) {
+            let code = match init_main(launch, status, nest, listener, disk, activity_init) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);
@@ -292,9 +304,9 @@ fn outer(
         sifbox_sys::Forked::Parent(pid) => pid,
     };
     // init holds the disk-backed layer now: it goes with init's mounts.
-    drop((nest_init, listener, disk));
+    drop((nest_init, listener, disk, activity_init));
     sifbox_sys::release_free_memory();
-    let waited = wait_init(init, launch, nest_outer);
+    let waited = wait_init(init, launch, nest_outer, activity_outer);
     if let Some(cg) = &launch.limits.cgroup {
         // Out of the cgroup, which goes with the sandbox.
         if let Err(e) = cg.remove(std::process::id()) {
@@ -341,7 +353,12 @@ struct Nest(UnixStream);
 /// Waits for init, and maps its nested user namespace when it asks;
 /// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory
 /// limit and no cgroup, this is also the watchdog (see [`Watchdog`]).
-fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
+fn wait_init(
+    init: Pid,
+    launch: &Launch,
+    nest: UnixStream,
+    activity: Option<OwnedFd>,
+) -> Result<u64> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let spec = &launch.spec;
     let pipe = || {
@@ -371,7 +388,13 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
                 File::from(reset_w),
             )
             .map_err(|e| Error::io("installing signal handlers", e))?;
-            Some(Watchdog::new(limit, init, launch.dir.clone(), reset_r))
+            Some(Watchdog::new(
+                limit,
+                init,
+                launch.dir.clone(),
+                reset_r,
+                activity,
+            ))
         }
         None => None,
     };
@@ -381,10 +404,20 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
             PollFd::new(&pidfd, PollFlags::IN),
             PollFd::new(&sig_r, PollFlags::IN),
         ];
+        let nest_at = fds.len();
         if let Some(n) = &nest {
             fds.push(PollFd::new(n, PollFlags::IN));
         }
-        let timeout = watchdog.as_ref().filter(|w| w.armed()).map(|w| {
+        // An armed watchdog also wakes for a new peak and for init's word
+        // that the sandbox went idle or busy.
+        let watch_at = fds.len();
+        if let Some(w) = watchdog.as_ref().filter(|w| w.armed()) {
+            fds.push(PollFd::new(&w.reset, PollFlags::IN));
+            if let Some(a) = &w.activity {
+                fds.push(PollFd::new(a, PollFlags::IN));
+            }
+        }
+        let timeout = watchdog.as_ref().filter(|w| w.armed() && !w.idle).map(|w| {
             let ms = w.next_ms;
             Timespec {
                 tv_sec: i64::try_from(ms / 1000).unwrap_or(1),
@@ -397,7 +430,10 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
             Err(e) => return Err(errno("poll")(e)),
         };
         let (init_done, signalled) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
-        let nest_ready = fds.get(2).is_some_and(|f| !f.revents().is_empty());
+        let nest_ready = nest.is_some() && !fds[nest_at].revents().is_empty();
+        let activity_ready = fds
+            .get(watch_at + 1)
+            .is_some_and(|f| !f.revents().is_empty());
         drop(fds);
         if signalled {
             // Once is enough: init's exit is what we wait for next.
@@ -449,11 +485,15 @@ fn wait_init(init: Pid, launch: &Launch, nest: UnixStream) -> Result<u64> {
             break;
         }
         if let Some(w) = &mut watchdog {
+            let woke = activity_ready && w.activity_changed();
             if w.reset_asked() {
                 w.sample();
                 w.record();
-            } else if ready == 0 {
+            } else if ready == 0 || woke {
                 w.sample();
+            }
+            if woke && !w.idle {
+                w.next_ms = 20;
             }
         }
     }
@@ -484,6 +524,10 @@ struct Watchdog {
     /// upper layer's) and /dev/shm, from init.
     tmpfs: Vec<OwnedFd>,
     reset: OwnedFd,
+    /// init's word on the sandbox going idle or busy (see [`Activity`]).
+    activity: Option<OwnedFd>,
+    /// The sandbox is idle: no sampling until init says it is busy.
+    idle: bool,
     next_ms: u64,
     armed: bool,
     peak: u64,
@@ -496,7 +540,13 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn new(limit: u64, init: Pid, dir: PathBuf, reset: OwnedFd) -> Watchdog {
+    fn new(
+        limit: u64,
+        init: Pid,
+        dir: PathBuf,
+        reset: OwnedFd,
+        activity: Option<OwnedFd>,
+    ) -> Watchdog {
         Watchdog {
             limit,
             init,
@@ -504,6 +554,8 @@ impl Watchdog {
             proc: None,
             tmpfs: Vec::new(),
             reset,
+            activity,
+            idle: false,
             next_ms: 20,
             armed: false,
             peak: 0,
@@ -522,6 +574,30 @@ impl Watchdog {
 
     fn armed(&self) -> bool {
         self.armed
+    }
+
+    /// Reads what init said; whether the sandbox went from idle to busy or
+    /// back (the last word counts). EOF (init is gone) means busy.
+    fn activity_changed(&mut self) -> bool {
+        let Some(a) = &self.activity else {
+            return false;
+        };
+        let mut b = [0u8; 64];
+        let mut idle = self.idle;
+        loop {
+            match rustix::io::read(a, &mut b) {
+                Ok(0) => {
+                    idle = false;
+                    self.activity = None;
+                    break;
+                }
+                Ok(n) => idle = b[n - 1] == b'I',
+                Err(_) => break,
+            }
+        }
+        let changed = idle != self.idle;
+        self.idle = idle;
+        changed
     }
 
     /// Whether SIGUSR1 came (a new peak); drains it.
@@ -617,6 +693,7 @@ fn init_main(
     nest: Nest,
     listener: Option<UnixListener>,
     disk: Option<OwnedFd>,
+    activity: Option<OwnedFd>,
 ) -> Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -690,8 +767,10 @@ fn init_main(
     // What the watchdog measures: the root (whose statfs is the writable
     // layer's tmpfs) and /dev/shm.
     let mut tmpfs = Vec::new();
+    let mut activity = activity.map(|pipe| (pipe, None));
     if launch.limits.watchdog_memory.is_some() {
-        // The watchdog lists the sandbox's processes in its /proc.
+        // The watchdog lists the sandbox's processes in its /proc; so does
+        // init, to tell it when the sandbox is idle.
         match rustix::fs::open(
             "/proc",
             rustix::fs::OFlags::RDONLY
@@ -699,7 +778,14 @@ fn init_main(
                 | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         ) {
-            Ok(fd) => tmpfs.push(fd),
+            Ok(fd) => {
+                if let Some((_, proc)) = &mut activity {
+                    *proc = rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+                        .ok()
+                        .and_then(|d| rustix::fs::Dir::read_from(d).ok());
+                }
+                tmpfs.push(fd);
+            }
             Err(e) => return Err(errno("opening /proc for the memory watchdog")(e)),
         }
         let open = |p: &str| {
@@ -743,7 +829,52 @@ fn init_main(
     // Idle until the first request: of the pages of sifbox and its
     // libraries that setting up touched, the serve loop needs a few.
     trim();
-    serve(listener, spec.confinement)
+    let activity = activity.and_then(|(pipe, proc)| {
+        proc.map(|proc| Activity {
+            pipe,
+            proc,
+            idle: false,
+        })
+    });
+    serve(listener, spec.confinement, activity)
+}
+
+/// init's side of the watchdog's idle protocol. The sandbox is idle when
+/// nothing is in it but init and its idle workers: then nothing in it can
+/// allocate memory until init gives work out, and outer's watchdog need
+/// not wake at all. init says so (`I`) when it sees it, and says `B`
+/// before it gives work out again; a sandbox with a watchdog costs the
+/// host no wake-ups while it waits for its next command.
+///
+/// What is counted is every process of the sandbox's pid namespace (from
+/// its /proc), so nothing a command leaves running, detached or
+/// reparented to init, is missed; a command cannot write to the pipe.
+struct Activity {
+    pipe: OwnedFd,
+    proc: rustix::fs::Dir,
+    idle: bool,
+}
+
+impl Activity {
+    /// Work starts (an exec, a transfer): the watchdog samples again.
+    fn busy(&mut self) {
+        if self.idle {
+            self.idle = false;
+            let _ = rustix::io::write(&self.pipe, b"B");
+        }
+    }
+
+    /// Tells outer when the sandbox has become idle: no exec running, no
+    /// detached one, and no process but init and `workers` (all idle).
+    fn check(&mut self, workers: &[Worker], detached: &HashMap<String, Pid>) {
+        if self.idle || !detached.is_empty() || workers.iter().any(|w| w.busy) {
+            return;
+        }
+        if crate::limits::ns_pids(&mut self.proc).len() == 1 + workers.len() {
+            self.idle = true;
+            let _ = rustix::io::write(&self.pipe, b"I");
+        }
+    }
 }
 
 /// Joins a fresh session keyring. A full key quota is tolerated under the
@@ -823,7 +954,7 @@ fn reusable(req: &ExecRequest) -> bool {
 
 /// The exec server: one connection at a time; each exec runs in a worker
 /// process (reused), each transfer in a process of its own.
-fn serve(listener: UnixListener, confinement: Confinement) -> ! {
+fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<Activity>) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
     let sigchld = rustix::pipe::pipe_with(
@@ -851,6 +982,9 @@ fn serve(listener: UnixListener, confinement: Confinement) -> ! {
         if !reaped.is_empty() {
             detached.retain(|_, p| !reaped.contains(p));
             workers.retain(|w| !reaped.contains(&w.pid));
+        }
+        if let Some(a) = &mut activity {
+            a.check(&workers, &detached);
         }
         let (listener_ready, finished) = {
             let mut fds = vec![PollFd::new(&listener, PollFlags::IN)];
@@ -921,6 +1055,11 @@ fn serve(listener: UnixListener, confinement: Confinement) -> ! {
             continue;
         };
         let _ = conn.set_read_timeout(None);
+        if !matches!(req, Request::Ping) {
+            if let Some(a) = &mut activity {
+                a.busy();
+            }
+        }
         let ok = || Event::Ok {
             time_ns: exec::now_ns(),
         };
@@ -949,7 +1088,7 @@ fn serve(listener: UnixListener, confinement: Confinement) -> ! {
             Request::Exec(exec) if exec.stop_after => {
                 // The sandbox's last command runs right here, under PID 1,
                 // which adopts whatever it leaves behind; then everything goes.
-                drop(listener);
+                drop((listener, activity));
                 exec::run(&conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
@@ -966,7 +1105,7 @@ fn serve(listener: UnixListener, confinement: Confinement) -> ! {
                                 // client's connection and stdio come again
                                 // with the job, and another worker's channel
                                 // must reach EOF when init closes its end.
-                                drop((listener, conn, fds, workers, sigchld));
+                                drop((listener, conn, fds, workers, sigchld, activity));
                                 // The exits of a worker's commands are its
                                 // own business, not a reason to wake init.
                                 if let Some(id) = sigchld_id {
@@ -999,8 +1138,7 @@ fn serve(listener: UnixListener, confinement: Confinement) -> ! {
             }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
-                    drop(listener);
-                    drop(workers);
+                    drop((listener, workers, activity));
                     exit_now(serve_in_child(&conn, other, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {

@@ -181,11 +181,13 @@ fn the_supervisor_of_a_run_is_out_of_reach() {
 /// The same for a long-lived sandbox (init and its exec worker), with the
 /// command as root, as a user of the image and under a timeout. (The
 /// one-off exec process of a fake-ids build step is the build test's.)
+/// With a memory limit, so that without a cgroup init also holds the
+/// watchdog's idle pipe.
 #[test]
 fn the_supervisor_and_workers_of_a_started_sandbox_are_out_of_reach() {
     let sb = Sifbox::new();
     let decoy = Decoy::new();
-    let started = start_with_fds(&sb, &decoy, "");
+    let started = start_with_fds(&sb, &decoy, "--memory 1g");
     // A secret that travels with an exec: the attack would read it from
     // the next request.
     let secret = unique("api-key");

@@ -157,6 +157,53 @@ fn a_memory_hog_is_killed_at_its_limit_and_its_neighbour_is_not() {
     small.exec("echo alive").success();
 }
 
+/// Times the supervisor `pid` was scheduled in, per /proc/PID/schedstat.
+fn wakeups(pid: i64) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).expect("schedstat");
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .expect("schedstat's third field")
+}
+
+/// The watchdog of an idle sandbox (nothing in it but init and an idle
+/// worker) does not wake at all, and it wakes for the next command: a hog
+/// started after a long idle time is still killed at the limit. As root
+/// the memory cgroup does the job and there is no watchdog to test.
+#[test]
+fn an_idle_sandbox_costs_its_watchdog_no_wakeups() {
+    let sb = Sifbox::new();
+    let s = Started::new(&sb, &["--memory", "96m"]);
+    let record = s.record();
+    if how(&record, "memory").as_deref() != Some("watchdog") {
+        assert!(rustix::process::geteuid().is_root(), "{record:#}");
+        return;
+    }
+    let ps = sb.cmd(["ps", "--json"]).no_clean_check().output().json();
+    let outer = ps["sandboxes"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["name"] == s.name.as_str()))
+        .and_then(|x| x["supervisor_pid"].as_i64())
+        .unwrap_or_else(|| panic!("no supervisor pid in {ps:#}"));
+    // Idle twice: before the first command, and after one (with its
+    // worker kept warm). With 96 MiB of headroom a sampling watchdog
+    // would wake every 20 to 96 ms.
+    for round in 0..2 {
+        std::thread::sleep(Duration::from_millis(300));
+        let before = wakeups(outer);
+        std::thread::sleep(Duration::from_secs(2));
+        let woke = wakeups(outer) - before;
+        assert!(
+            woke <= 2,
+            "round {round}: the idle watchdog woke {woke} times in 2 s"
+        );
+        s.exec("echo hi").success();
+    }
+    let out = s.exec("exec dd if=/dev/zero of=/dev/null bs=300M count=20");
+    out.code_is(137);
+    out.stderr_has("memory limit of 96 MiB");
+}
+
 /// A writable layer that is full gives ENOSPC inside, not an overrun.
 #[test]
 fn a_full_writable_layer_is_enospc() {
