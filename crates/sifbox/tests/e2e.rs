@@ -1328,3 +1328,43 @@ fn doctor_reports_what_sifbox_run_needs() {
     assert!(text.stdout.contains("user namespaces"), "{}", text.stdout);
     assert!(text.stdout.contains("limit: pids"), "{}", text.stdout);
 }
+
+/// A closed stdout (`sifbox ps --json | head -c 1` once head has gone) ends
+/// sifbox quietly with status 0, where `println!` used to panic (exit 134
+/// and a backtrace). The reader is gone before sifbox writes a byte.
+#[test]
+fn a_closed_stdout_is_a_quiet_exit() {
+    let sb = Sifbox::new();
+    let store = harness::tempdir("sifbox-e2e-store.");
+    let name = unique("closed");
+    let rootfs = harness::rootfs().display().to_string();
+    sb.cmd(["start", "--rootfs", &rootfs, "--name", &name])
+        .no_clean_check()
+        .output()
+        .success();
+    let cases: [&[&str]; 5] = [
+        &["ps", "--json"],
+        &["ps"],
+        &["image", "ls", "--json"],
+        &["doctor", "--json"],
+        &["exec", "--json", &name, "--", "echo", "hi"],
+    ];
+    for args in cases {
+        let (r, w) = rustix::pipe::pipe().expect("pipe");
+        drop(r);
+        let out = std::process::Command::new(harness::sifbox_bin())
+            .args(args)
+            .env("SIFBOX_RUNTIME", sb.runtime())
+            .env("SIFBOX_CACHE", store.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(w))
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("running sifbox");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    sb.cmd(["stop", "--timeout", "0", &name]).output().success();
+    sb.assert_clean();
+}

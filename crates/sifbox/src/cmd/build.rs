@@ -200,39 +200,8 @@ pub(crate) fn host_ca_from_config() -> Option<PathBuf> {
 /// Resolves a `FROM` reference: the store first (name, digest), then a
 /// registry.
 pub(crate) fn resolve_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
-    let r = reference.strip_prefix("docker://").unwrap_or(reference);
-    if let Ok(d) = store.resolve(r) {
-        return Ok(d);
-    }
-    // Not a store name: a registry reference, pulled on first use (a tag
-    // is looked up again on later builds only once it is not pulled).
-    let parsed = sifbox_registry::Reference::parse(r).map_err(|e| {
-        BuildError::bad(
-            format!("image {reference}"),
-            format!(
-                "not in the image store, and not a registry reference: {}",
-                e.reason
-            ),
-            "import it with `sifbox image import`, or name an image from `sifbox image ls`",
-        )
-    })?;
-    if let Some(d) = sifbox_registry::find_pulled(store, &parsed, None) {
-        return Ok(d);
-    }
-    crate::cmd::pull::pull(
-        store,
-        &parsed,
-        &sifbox_registry::PullOptions::default(),
-        false,
-    )
-    .map(|p| p.digest)
-    .map_err(|e| {
-        BuildError::bad(
-            format!("image {reference}"),
-            e.to_string(),
-            "check the name (`sifbox image ls` lists local images) and the registry",
-        )
-    })
+    crate::cmd::image::resolve_reference(store, reference)
+        .map_err(|e| BuildError::bad(format!("image {}", e.arg), e.kind.to_string(), e.fix()))
 }
 
 pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
@@ -325,6 +294,6 @@ pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
             eprintln!("wrote {}", out.display());
         }
     }
-    println!("{}", built.digest);
+    outln!("{}", built.digest);
     Ok(ExitCode::SUCCESS)
 }

@@ -18,9 +18,9 @@ pub fn run(args: DoctorArgs) -> sifbox_engine::Result<ExitCode> {
     if args.json {
         // How each limit would be enforced here, as sandbox.json records it.
         let out = serde_json::json!({ "checks": checks, "limits": doctor::limits_plan() });
-        println!("{out}");
+        outln!("{out}");
     } else {
-        print!("{}", doctor::render_text(&checks));
+        out!("{}", doctor::render_text(&checks));
     }
     // Only what `sifbox run` cannot do without makes the exit code non-zero.
     let essential = [

@@ -10,13 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sifbox_build::error::BuildError;
 use sifbox_engine::spec::{NetMode, UsernsMode};
 use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
 use sifbox_eval::{cancel::Cancel, glob, task, EvalError};
-use sifbox_image::store::{Digest, Store};
 
 use crate::cmd::options::{bad, NetArg, UsernsArg};
 
@@ -325,21 +323,6 @@ fn to_engine(e: EvalError) -> Error {
 }
 
 /// `docker_image`: the store, else a registry.
-fn resolve_task_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
-    let r = reference.strip_prefix("docker://").unwrap_or(reference);
-    if let Ok(d) = store.resolve(r) {
-        return Ok(d);
-    }
-    let resolved = crate::cmd::image::resolve(&format!("docker://{r}"))?;
-    resolved.digest.ok_or_else(|| {
-        BuildError::bad(
-            format!("image {reference}"),
-            "not in the image store",
-            "import or pull it first",
-        )
-    })
-}
-
 pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
     let progress = match a.progress.as_str() {
         "auto" => {
@@ -467,7 +450,7 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
     // FROM lines resolve as `sifbox build` resolves them; a task's
     // `docker_image` may also be pulled.
     let from = |r: &str| crate::cmd::build::resolve_image(&store, r);
-    let task_image = |r: &str| resolve_task_image(&store, r);
+    let task_image = |r: &str| crate::cmd::build::resolve_image(&store, r);
     let outcome = runner::run(
         &store,
         &tasks,
@@ -483,7 +466,7 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
     signal_handle.close();
     display.clear();
     let outcome = outcome.map_err(to_engine)?;
-    print!("{}", outcome.summary.table());
+    out!("{}", outcome.summary.table());
     let _ = std::io::stdout().flush();
     if progress != Mode::Quiet {
         eprintln!(

@@ -99,14 +99,14 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
     };
     if a.detach {
         let id = sandbox.exec_detached(req)?;
-        println!("{id}");
+        outln!("{id}");
         Ok(ExitCode::SUCCESS)
     } else if a.json || a.max_output.is_some() {
         let stdin = std::io::stdin();
         let input = a.interactive.then(|| stdin.as_fd());
         let out = sandbox.exec_capture(req, input, a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT))?;
         if a.json {
-            println!("{}", serde_json::to_string(&out).unwrap_or_default());
+            outln!("{}", serde_json::to_string(&out).unwrap_or_default());
         } else {
             let _ = std::io::stdout().write_all(out.stdout.as_bytes());
             let _ = std::io::stderr().write_all(out.stderr.as_bytes());

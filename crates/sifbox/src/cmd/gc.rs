@@ -62,7 +62,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         None
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "removed_sandboxes": removed, "cgroups": cgroups, "store": store, "blobs": blobs, "build_cache": pruned })
         );
@@ -70,17 +70,17 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
     }
     if let Some(b) = &blobs {
         for p in &b.removed {
-            println!("removed {}", p.display());
+            outln!("removed {}", p.display());
         }
     }
     for p in &pruned {
-        println!("removed {}", p.display());
+        outln!("removed {}", p.display());
     }
     for name in &removed {
-        println!("removed dead sandbox {name}");
+        outln!("removed dead sandbox {name}");
     }
     for p in &cgroups {
-        println!("removed cgroup {}", p.display());
+        outln!("removed cgroup {}", p.display());
     }
     for p in store
         .temp_dirs
@@ -88,7 +88,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         .chain(&store.unpacked_without_image)
         .chain(&store.stale_sources)
     {
-        println!("removed {}", p.display());
+        outln!("removed {}", p.display());
     }
     if removed.is_empty()
         && cgroups.is_empty()
@@ -98,7 +98,7 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         && blobs.as_ref().is_none_or(|b| b.removed.is_empty())
         && pruned.is_empty()
     {
-        println!("nothing to clean up");
+        outln!("nothing to clean up");
     }
     Ok(ExitCode::SUCCESS)
 }

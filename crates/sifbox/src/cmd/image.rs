@@ -1,11 +1,10 @@
 //! `sifbox image ...`: the image store, and how IMAGE arguments resolve.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use sifbox_engine::Error;
-use sifbox_image::import::{self, SourceKind};
-use sifbox_image::meta::{self, ImageMeta};
+use sifbox_image::import;
 use sifbox_image::store::{Access, Digest, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
@@ -107,11 +106,11 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
         ImageCommand::Ls { json } => {
             let list = store.list().map_err(store_err)?;
             if json {
-                println!("{}", serde_json::json!({ "images": list }));
+                outln!("{}", serde_json::json!({ "images": list }));
             } else {
-                println!("{:<20} {:>10}  NAMES", "DIGEST", "SIZE");
+                outln!("{:<20} {:>10}  NAMES", "DIGEST", "SIZE");
                 for i in &list {
-                    println!(
+                    outln!(
                         "{:<20} {:>10}  {}",
                         &i.digest[..i.digest.len().min(19)],
                         i.size,
@@ -131,21 +130,21 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
             let m = import::image_meta(&store, &d).map_err(store_err)?;
             let v = serde_json::json!({ "image": entry, "config": m });
             if json {
-                println!("{v}");
+                outln!("{v}");
             } else {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             }
         }
         ImageCommand::Rm { references } => {
             for r in references {
                 let d = store.remove(&r).map_err(store_err)?;
-                println!("removed {r} ({d})");
+                outln!("removed {r} ({d})");
             }
         }
         ImageCommand::Tag { reference, name } => {
             let d = store.resolve(&reference).map_err(store_err)?;
             let name = store.tag(&name, &d).map_err(store_err)?;
-            println!("{name} -> {d}");
+            outln!("{name} -> {d}");
         }
         ImageCommand::Import { source, name } => {
             let r = import::import(&store, &source, name.as_deref()).map_err(|e| Error::BadInput {
@@ -153,92 +152,55 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
                 why: e.to_string(),
                 fix: "pass a .sif, a rootfs directory or tarball, an OCI layout or archive, or a docker-archive".into(),
             })?;
-            println!("{}", r.digest);
+            outln!("{}", r.digest);
         }
         ImageCommand::Export { reference, file } => {
             let d = store.resolve(&reference).map_err(store_err)?;
             import::export(&store, &d, &file).map_err(store_err)?;
-            println!("{}", file.display());
+            outln!("{}", file.display());
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// An IMAGE argument, resolved to a root file system for the engine.
-#[derive(Debug)]
-pub struct Resolved {
-    pub rootfs: PathBuf,
-    pub meta: ImageMeta,
-    /// As the caller named it.
-    pub reference: String,
-    pub digest: Option<Digest>,
-    /// The image carries Apptainer env scripts (and no sifbox metadata):
-    /// commands must source them.
-    pub env_scripts: bool,
+pub use sifbox_registry::Resolved;
+
+/// A failed image resolution as sifbox's error: bad input (exit 125 with
+/// what to do) whatever the cause, naming it.
+pub fn resolve_err(e: sifbox_registry::ResolveError) -> Error {
+    Error::BadInput {
+        what: format!("image {}", e.arg),
+        fix: e.fix(),
+        why: e.kind.to_string(),
+    }
 }
 
-/// Resolves IMAGE: `docker://REF` from the store, pulled the first time; a
-/// rootfs directory as it is; a file (a `.sif`, a tarball, an OCI or docker
-/// archive) imported into the store (once); else a store reference
-/// (NAME[:TAG], digest, digest prefix).
+/// Resolves an IMAGE argument of a command by the one rule
+/// (`sifbox_registry::resolve`): `docker://REF` pulled the first time, a
+/// rootfs directory in place, a file imported once, else a store name. The
+/// store is opened only when it is needed.
 pub fn resolve(arg: &str) -> sifbox_engine::Result<Resolved> {
-    let bad = |why: String| Error::BadInput {
-        what: format!("image {arg}"),
-        why,
-        fix: "pass a rootfs directory, a .sif or image archive, or a name from `sifbox image ls`"
-            .into(),
-    };
-    if arg.starts_with("docker://") {
-        let reference = sifbox_registry::Reference::parse(arg).map_err(|e| Error::BadInput {
-            what: format!("image {arg}"),
-            why: e.reason,
-            fix: "write it as docker://[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:DIGEST]".into(),
-        })?;
-        let store = open_store()?;
-        let d = match sifbox_registry::find_pulled(&store, &reference, None) {
-            Some(d) => d,
-            None => {
-                let opts = sifbox_registry::PullOptions::default();
-                crate::cmd::pull::pull(&store, &reference, &opts, false)?.digest
-            }
-        };
-        return from_store(&store, d, arg);
-    }
-    let path = Path::new(arg);
-    if path.exists() {
-        if matches!(import::classify(path), Ok(SourceKind::RootfsDir)) {
-            let rootfs = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
-            return Ok(Resolved {
-                env_scripts: meta::has_env_scripts(&rootfs),
-                rootfs,
-                meta: ImageMeta::default(),
-                reference: arg.to_string(),
-                digest: None,
-            });
-        }
-        let store = open_store()?;
-        let imported = import::import(&store, path, None).map_err(|e| bad(e.to_string()))?;
-        return from_store(&store, imported.digest, arg);
+    let parsed = sifbox_registry::ImageArg::from_cli(arg).map_err(resolve_err)?;
+    if let Some(tree) = parsed.tree().map_err(resolve_err)? {
+        return Ok(Resolved::in_place(tree, arg));
     }
     let store = open_store()?;
-    let d = store.resolve(arg).map_err(|e| bad(e.to_string()))?;
-    from_store(&store, d, arg)
+    let opts = sifbox_registry::ResolveOptions {
+        progress: crate::cmd::progress::for_stderr(false),
+        ..sifbox_registry::ResolveOptions::default()
+    };
+    sifbox_registry::resolve::resolve(&store, &parsed, arg, &opts).map_err(resolve_err)
 }
 
-fn from_store(store: &Store, d: Digest, arg: &str) -> sifbox_engine::Result<Resolved> {
-    let bad = |why: String| Error::BadInput {
-        what: format!("image {arg}"),
-        why,
-        fix: "re-import it, or run `sifbox gc` and try again".into(),
+/// Resolves a Dockerfile's `FROM` or a task's `docker_image` in `store`:
+/// a store name, else a registry reference pulled on first use.
+pub fn resolve_reference(
+    store: &Store,
+    reference: &str,
+) -> Result<Digest, sifbox_registry::ResolveError> {
+    let opts = sifbox_registry::ResolveOptions {
+        progress: crate::cmd::progress::for_stderr(false),
+        ..sifbox_registry::ResolveOptions::default()
     };
-    let meta = import::image_meta(store, &d).map_err(|e| bad(e.to_string()))?;
-    let rootfs = import::rootfs(store, &d).map_err(|e| bad(e.to_string()))?;
-    let foreign = meta == ImageMeta::default();
-    Ok(Resolved {
-        env_scripts: foreign && meta::has_env_scripts(&rootfs),
-        rootfs,
-        meta,
-        reference: arg.to_string(),
-        digest: Some(d),
-    })
+    sifbox_registry::resolve::reference(store, reference, &opts)
 }

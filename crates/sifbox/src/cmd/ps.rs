@@ -30,12 +30,12 @@ pub fn run(a: PsArgs) -> sifbox_engine::Result<ExitCode> {
         })
         .collect();
     if a.json {
-        println!("{}", serde_json::json!({ "sandboxes": entries }));
+        outln!("{}", serde_json::json!({ "sandboxes": entries }));
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<28} {:<8} {:>8}  IMAGE", "NAME", "STATUS", "PID");
+    outln!("{:<28} {:<8} {:>8}  IMAGE", "NAME", "STATUS", "PID");
     for e in &entries {
-        println!(
+        outln!(
             "{:<28} {:<8} {:>8}  {}",
             e["name"].as_str().unwrap_or_default(),
             e["status"].as_str().unwrap_or_default(),

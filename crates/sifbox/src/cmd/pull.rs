@@ -84,7 +84,7 @@ pub fn run(a: PullArgs) -> sifbox_engine::Result<ExitCode> {
         };
         eprintln!("pulled {name} ({how})");
     }
-    println!("{}", pulled.digest);
+    outln!("{}", pulled.digest);
     Ok(ExitCode::SUCCESS)
 }
 

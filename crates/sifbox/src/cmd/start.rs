@@ -61,7 +61,7 @@ pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
     let pid = sandbox.supervisor_pid();
     sandbox.detach();
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "name": name,
@@ -71,7 +71,7 @@ pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
             })
         );
     } else {
-        println!("{name}");
+        outln!("{name}");
     }
     Ok(ExitCode::SUCCESS)
 }

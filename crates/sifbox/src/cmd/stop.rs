@@ -35,7 +35,7 @@ pub fn run(a: StopArgs, verb: &str) -> sifbox_engine::Result<ExitCode> {
         match Sandbox::attach_to_stop(name) {
             Ok(sandbox) => {
                 sandbox.stop(grace)?;
-                println!("{verb} {name}");
+                outln!("{verb} {name}");
             }
             Err(_) => {
                 // Not running: remove whatever a dead one left.
