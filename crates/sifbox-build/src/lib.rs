@@ -13,6 +13,7 @@ pub mod archive;
 pub mod build;
 pub mod context;
 pub mod error;
+pub mod inputs;
 pub mod layers;
 pub mod progress;
 pub mod remote;

@@ -833,6 +833,34 @@ pub fn load(dir: &Path) -> Result<Task> {
     })
 }
 
+/// Checks `--filter` patterns (shell globs: `*`, `?`, `[...]`) before
+/// anything runs.
+pub fn check_filters(patterns: &[String]) -> Result<()> {
+    for f in patterns {
+        crate::glob::check(f)
+            .map_err(|why| bad(format!("--filter {f}"), why, "fix the pattern"))?;
+    }
+    Ok(())
+}
+
+/// The tasks whose names match one of `patterns` (every task when there is
+/// none); that none matches is bad input.
+pub fn select(mut tasks: Vec<Task>, patterns: &[String]) -> Result<Vec<Task>> {
+    check_filters(patterns)?;
+    if patterns.is_empty() {
+        return Ok(tasks);
+    }
+    tasks.retain(|t| patterns.iter().any(|f| crate::glob::matches(f, &t.name)));
+    if tasks.is_empty() {
+        return Err(bad(
+            format!("--filter {}", patterns.join(" --filter ")),
+            "no task matches",
+            "check the pattern against the task directory names",
+        ));
+    }
+    Ok(tasks)
+}
+
 /// The tasks that `paths` name: a task dir (with task.toml) is one task; a
 /// dir without task.toml stands for the task dirs directly in it. Sorted
 /// by name within a dir; names must be unique.

@@ -14,7 +14,7 @@ use sifbox_engine::spec::{NetMode, UsernsMode};
 use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
-use sifbox_eval::{cancel::Cancel, glob, task, EvalError};
+use sifbox_eval::{cancel::Cancel, task, EvalError};
 
 use crate::cmd::options::{bad, NetArg, UsernsArg};
 
@@ -342,21 +342,11 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
             ))
         }
     };
-    for f in &a.filter {
-        glob::check(f).map_err(|why| usage(format!("--filter {f}"), &why, "fix the pattern"))?;
-    }
+    task::check_filters(&a.filter).map_err(to_engine)?;
     let agent = Agent::parse(&a.agent).map_err(to_engine)?;
-    let mut tasks = task::discover(&a.tasks).map_err(to_engine)?;
-    if !a.filter.is_empty() {
-        tasks.retain(|t| a.filter.iter().any(|f| glob::matches(f, &t.name)));
-        if tasks.is_empty() {
-            return Err(usage(
-                format!("--filter {}", a.filter.join(" --filter ")),
-                "no task matches",
-                "check the pattern against the task directory names",
-            ));
-        }
-    }
+    let tasks = task::discover(&a.tasks)
+        .and_then(|t| task::select(t, &a.filter))
+        .map_err(to_engine)?;
     let store = crate::cmd::image::open_store()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
     let jobs = a.jobs.unwrap_or_else(|| {
@@ -382,7 +372,7 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
             UsernsArg::Single => UsernsMode::Single,
             UsernsArg::Full => UsernsMode::Full,
         },
-        host_ca: crate::cmd::build::host_ca_from_config(),
+        host_ca: sifbox_build::inputs::host_ca_from_config(),
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
         limits: task::Overrides {
