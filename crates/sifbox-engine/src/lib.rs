@@ -10,7 +10,6 @@ pub mod disk;
 pub mod doctor;
 pub mod error;
 pub mod evidence;
-pub mod exec;
 pub mod fakeroot;
 pub mod idmap;
 pub mod limits;
@@ -22,6 +21,7 @@ pub mod seccomp;
 pub mod spec;
 pub mod supervisor;
 pub mod transfer;
+pub mod worker;
 
 pub use error::{Error, Result};
 pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Usage};

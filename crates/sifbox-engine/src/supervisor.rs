@@ -43,7 +43,7 @@ use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::rootfs;
 use crate::spec::{Confinement, NetMode, SandboxSpec};
-use crate::{exec, transfer};
+use crate::{transfer, worker};
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
 pub const SUPERVISOR_ARG: &str = "__supervisor";
@@ -823,7 +823,7 @@ fn init_main(
         rustix::stdio::dup2_stderr(&null).map_err(errno("dup2"))?;
     }
     drop(null);
-    status.send(&format!("ready {}", exec::now_ns()));
+    status.send(&format!("ready {}", worker::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();
     // Idle until the first request: of the pages of sifbox and its
@@ -866,8 +866,8 @@ impl Activity {
 
     /// Tells outer when the sandbox has become idle: no exec running, no
     /// detached one, and no process but init and `workers` (all idle).
-    fn check(&mut self, workers: &[Worker], detached: &HashMap<String, Pid>) {
-        if self.idle || !detached.is_empty() || workers.iter().any(|w| w.busy) {
+    fn check(&mut self, workers: &Pool, detached: &HashMap<String, Pid>) {
+        if self.idle || !detached.is_empty() || workers.any_busy() {
             return;
         }
         if crate::limits::ns_pids(&mut self.proc).len() == 1 + workers.len() {
@@ -926,7 +926,7 @@ fn worker_main(chan: &UnixStream, confinement: Confinement) -> i32 {
             return 125;
         }
         let conn = UnixStream::from(fds.remove(0));
-        exec::run(&conn, req, fds, confinement);
+        worker::run(&conn, req, fds, confinement);
         drop(conn);
         if rustix::io::write(chan, b"d").is_err() {
             return 0;
@@ -970,7 +970,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
     let sigchld = sigchld.map(|(r, _)| r);
     // Detached execs by id, for `Signal`: the pid of the worker serving it.
     let mut detached: HashMap<String, Pid> = HashMap::new();
-    let mut workers: Vec<Worker> = Vec::new();
+    let mut workers = Pool::default();
     // Whether anything ran since the last trim.
     let mut busy_since_trim = false;
     let idle_timeout = rustix::event::Timespec {
@@ -981,7 +981,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
         let reaped = reap_finished();
         if !reaped.is_empty() {
             detached.retain(|_, p| !reaped.contains(p));
-            workers.retain(|w| !reaped.contains(&w.pid));
+            workers.reaped(&reaped);
         }
         if let Some(a) = &mut activity {
             a.check(&workers, &detached);
@@ -991,7 +991,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
             if let Some(r) = &sigchld {
                 fds.push(PollFd::new(r, PollFlags::IN));
             }
-            fds.extend(workers.iter().map(|w| PollFd::new(&w.chan, PollFlags::IN)));
+            fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
             match poll(&mut fds, busy_since_trim.then_some(&idle_timeout)) {
                 Ok(0) => {
                     drop(fds);
@@ -1018,30 +1018,11 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
             }
         }
         for &i in finished.iter().rev() {
-            let w = &mut workers[i];
-            let mut b = [0u8; 16];
-            match rustix::io::read(&w.chan, &mut b) {
-                Ok(n) if n > 0 => {
-                    w.busy = false;
-                    let pid = w.pid;
-                    detached.retain(|_, p| *p != pid);
-                }
-                // EOF or an error: the worker is gone (reaped above or soon).
-                _ => {
-                    workers.remove(i);
-                }
+            if let Some(pid) = workers.finished(i) {
+                detached.retain(|_, p| *p != pid);
             }
         }
-        // One idle worker is kept warm; the others go.
-        let mut idle_seen = false;
-        workers.retain(|w| {
-            if w.busy {
-                return true;
-            }
-            let keep = !idle_seen;
-            idle_seen = true;
-            keep
-        });
+        workers.trim_idle();
         if !listener_ready {
             continue;
         }
@@ -1061,7 +1042,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
             }
         }
         let ok = || Event::Ok {
-            time_ns: exec::now_ns(),
+            time_ns: worker::now_ns(),
         };
         match req {
             Request::Ping => {
@@ -1089,7 +1070,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
                 // The sandbox's last command runs right here, under PID 1,
                 // which adopts whatever it leaves behind; then everything goes.
                 drop((listener, activity));
-                exec::run(&conn, exec, fds, confinement);
+                worker::run(&conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
             }
@@ -1098,7 +1079,7 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
                 // sandbox killed it) since init last looked.
                 let mut outcome = Err(String::new());
                 for _ in 0..2 {
-                    if !workers.iter().any(|w| !w.busy) {
+                    if !workers.has_idle() {
                         match new_worker() {
                             Ok(NewWorker::Child(chan)) => {
                                 // Only our own channel stays open: the
@@ -1113,14 +1094,14 @@ fn serve(listener: UnixListener, confinement: Confinement, mut activity: Option<
                                 }
                                 exit_now(worker_main(&chan, confinement))
                             }
-                            Ok(NewWorker::Parent(w)) => workers.push(w),
+                            Ok(NewWorker::Parent(w)) => workers.add(w),
                             Err(message) => {
                                 outcome = Err(message);
                                 break;
                             }
                         }
                     }
-                    outcome = dispatch(&mut workers, &conn, &exec, &fds);
+                    outcome = workers.dispatch(&conn, &exec, &fds);
                     if outcome.is_ok() {
                         break;
                     }
@@ -1186,27 +1167,96 @@ fn new_worker() -> std::result::Result<NewWorker, String> {
     }
 }
 
-/// Hands an exec to an idle worker; returns its pid. A worker that cannot
-/// take it is dropped from the pool.
-fn dispatch(
-    workers: &mut Vec<Worker>,
-    conn: &UnixStream,
-    req: &ExecRequest,
-    fds: &[OwnedFd],
-) -> std::result::Result<Pid, String> {
-    use std::os::fd::AsFd;
-    let i = workers
-        .iter()
-        .position(|w| !w.busy)
-        .ok_or_else(|| "no exec worker is free".to_string())?;
-    let mut passed = vec![conn.as_fd()];
-    passed.extend(fds.iter().map(AsFd::as_fd));
-    if let Err(e) = protocol::send(&workers[i].chan, req, &passed) {
-        workers.remove(i);
-        return Err(format!("handing the exec to a worker: {e}"));
+/// init's exec workers, and every decision about them: which is free,
+/// which finished, which stays warm, which goes. The forks and the polling
+/// are `serve`'s; the pool only holds the channels, so its decisions are
+/// unit-tested with socketpairs and no process.
+#[derive(Default)]
+struct Pool {
+    workers: Vec<Worker>,
+}
+
+impl Pool {
+    fn len(&self) -> usize {
+        self.workers.len()
     }
-    workers[i].busy = true;
-    Ok(workers[i].pid)
+
+    fn any_busy(&self) -> bool {
+        self.workers.iter().any(|w| w.busy)
+    }
+
+    fn has_idle(&self) -> bool {
+        self.workers.iter().any(|w| !w.busy)
+    }
+
+    fn add(&mut self, w: Worker) {
+        self.workers.push(w);
+    }
+
+    /// Forgets the workers among `pids` (reaped: they died).
+    fn reaped(&mut self, pids: &[Pid]) {
+        self.workers.retain(|w| !pids.contains(&w.pid));
+    }
+
+    /// The workers' channels, in order (for poll: index `i` is worker `i`).
+    fn channels(&self) -> impl Iterator<Item = &UnixStream> {
+        self.workers.iter().map(|w| &w.chan)
+    }
+
+    /// Worker `i`'s channel is readable: a byte says its job is done (it is
+    /// free again; its pid is returned), EOF or an error that it is gone.
+    fn finished(&mut self, i: usize) -> Option<Pid> {
+        let w = self.workers.get_mut(i)?;
+        let mut b = [0u8; 16];
+        match rustix::io::read(&w.chan, &mut b) {
+            Ok(n) if n > 0 => {
+                w.busy = false;
+                Some(w.pid)
+            }
+            _ => {
+                self.workers.remove(i);
+                None
+            }
+        }
+    }
+
+    /// One free worker is kept warm; the other free ones go (their channel
+    /// closes, and a worker that reads EOF exits).
+    fn trim_idle(&mut self) {
+        let mut idle_seen = false;
+        self.workers.retain(|w| {
+            if w.busy {
+                return true;
+            }
+            let keep = !idle_seen;
+            idle_seen = true;
+            keep
+        });
+    }
+
+    /// Hands an exec to a free worker; returns its pid. A worker that
+    /// cannot take it is dropped from the pool.
+    fn dispatch(
+        &mut self,
+        conn: &UnixStream,
+        req: &ExecRequest,
+        fds: &[OwnedFd],
+    ) -> std::result::Result<Pid, String> {
+        use std::os::fd::AsFd;
+        let i = self
+            .workers
+            .iter()
+            .position(|w| !w.busy)
+            .ok_or_else(|| "no exec worker is free".to_string())?;
+        let mut passed = vec![conn.as_fd()];
+        passed.extend(fds.iter().map(AsFd::as_fd));
+        if let Err(e) = protocol::send(&self.workers[i].chan, req, &passed) {
+            self.workers.remove(i);
+            return Err(format!("handing the exec to a worker: {e}"));
+        }
+        self.workers[i].busy = true;
+        Ok(self.workers[i].pid)
+    }
 }
 
 /// A request served in a process of its own: an exec or a transfer.
@@ -1219,7 +1269,7 @@ fn serve_in_child(
     let reply = |r: std::io::Result<()>| {
         let ev = match r {
             Ok(()) => Event::Ok {
-                time_ns: exec::now_ns(),
+                time_ns: worker::now_ns(),
             },
             Err(e) => Event::Error {
                 code: 125,
@@ -1229,7 +1279,7 @@ fn serve_in_child(
         let _ = protocol::send(conn, &ev, &[]);
     };
     match req {
-        Request::Exec(exec) => exec::run(conn, exec, fds, confinement),
+        Request::Exec(exec) => worker::run(conn, exec, fds, confinement),
         Request::Download { path } => {
             let Some(fd) = fds.pop() else { return 125 };
             let name = Path::new(&path)
@@ -1242,7 +1292,7 @@ fn serve_in_child(
         }
         Request::Upload { dst, name, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
-            let owner = match owner.as_deref().map(exec::lookup_user).transpose() {
+            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
                 Ok(o) => o.map(|u| (u.uid, u.gid)),
                 Err(e) => {
                     reply(Err(std::io::Error::other(e)));
@@ -1297,7 +1347,7 @@ fn serve_in_child(
 /// followed, so a symlink planted there is chowned itself, and the lookup
 /// happens inside the sandbox, where it reaches nothing of the host.
 fn chown_nofollow(path: &str, user: &str) -> std::io::Result<()> {
-    let u = exec::lookup_user(user).map_err(std::io::Error::other)?;
+    let u = worker::lookup_user(user).map_err(std::io::Error::other)?;
     rustix::fs::chownat(
         rustix::fs::CWD,
         path,
@@ -1315,12 +1365,12 @@ fn signal_exec(anchor: Pid, signal: i32) {
         return;
     };
     if sig == Signal::KILL {
-        for p in exec::descendants(anchor) {
+        for p in worker::descendants(anchor) {
             let _ = rustix::process::kill_process(p, sig);
         }
         return;
     }
-    for p in exec::descendants(anchor) {
+    for p in worker::descendants(anchor) {
         // The command leads its own process group (or session).
         if rustix::process::getpgid(Some(p)).ok() == Some(p) {
             let _ = rustix::process::kill_process_group(p, sig);
@@ -1362,4 +1412,81 @@ fn others_alive() -> bool {
             n.bytes().all(|b| b.is_ascii_digit()) && n != "1" && n != me.as_str()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn pid(n: i32) -> Pid {
+        Pid::from_raw(n).expect("a valid pid")
+    }
+
+    /// A worker of the pool and the far end of its channel (the worker's).
+    fn worker(n: i32) -> (Worker, UnixStream) {
+        let (chan, far) = UnixStream::pair().expect("socketpair");
+        (
+            Worker {
+                pid: pid(n),
+                chan,
+                busy: false,
+            },
+            far,
+        )
+    }
+
+    #[test]
+    fn a_free_worker_is_reused_and_one_stays_warm() {
+        let mut pool = Pool::default();
+        let (w1, mut far1) = worker(101);
+        let (w2, mut far2) = worker(102);
+        pool.add(w1);
+        pool.add(w2);
+        let (conn, _client) = UnixStream::pair().expect("socketpair");
+        let req = ExecRequest::default();
+        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        assert!(pool.any_busy() && pool.has_idle());
+        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(102)));
+        assert!(!pool.has_idle());
+        assert!(pool.dispatch(&conn, &req, &[]).is_err(), "none is free");
+        // The job reached the worker, with the client's connection.
+        let (_, fds) = protocol::recv::<ExecRequest>(&far1).expect("the job");
+        assert_eq!(fds.len(), 1);
+        // Worker 1 says it is done: free again, and the next exec is its.
+        far1.write_all(b".").expect("write");
+        assert_eq!(pool.finished(0), Some(pid(101)));
+        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        // Both done: one stays warm, the other's channel closes.
+        far1.write_all(b".").expect("write");
+        far2.write_all(b".").expect("write");
+        assert_eq!(pool.finished(1), Some(pid(102)));
+        assert_eq!(pool.finished(0), Some(pid(101)));
+        pool.trim_idle();
+        assert_eq!(pool.len(), 1);
+        let mut rest = Vec::new();
+        far2.read_to_end(&mut rest).expect("read");
+        let _ = far1;
+        // A busy worker is never trimmed.
+        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        pool.trim_idle();
+        assert_eq!(pool.len(), 1);
+    }
+
+    #[test]
+    fn a_worker_that_went_away_leaves_the_pool() {
+        let mut pool = Pool::default();
+        let (w1, far1) = worker(201);
+        let (w2, _far2) = worker(202);
+        pool.add(w1);
+        pool.add(w2);
+        // EOF on its channel: gone.
+        drop(far1);
+        assert_eq!(pool.finished(0), None);
+        assert_eq!(pool.len(), 1);
+        // Reaped: gone too.
+        pool.reaped(&[pid(202)]);
+        assert_eq!(pool.len(), 0);
+        assert!(!pool.has_idle() && !pool.any_busy());
+    }
 }

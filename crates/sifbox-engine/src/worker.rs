@@ -1,4 +1,4 @@
-//! One exec inside a sandbox, on the server side: resolving the user,
+//! The worker side of an exec, inside the sandbox: resolving the user,
 //! spawning the command on the client's stdio or a pty, timeouts, and
 //! killing every process the exec started.
 //!

@@ -1,0 +1,63 @@
+//! Attaching to a running sandbox by name (`sifbox exec`, `stop`, `cp`).
+
+use super::*;
+
+impl Sandbox {
+    /// A round trip through the control socket.
+    pub fn ping(&self) -> Result<()> {
+        self.request(&Request::Ping, &[]).map(drop)
+    }
+
+    /// Opens a running sandbox by name (started by another process) to run
+    /// commands in it or copy files; a one-shot `run` is refused.
+    pub fn attach(name: &str) -> Result<Sandbox> {
+        Sandbox::attach_inner(name, false)
+    }
+
+    /// Opens a running sandbox by name to stop it; one-shot runs included.
+    pub fn attach_to_stop(name: &str) -> Result<Sandbox> {
+        Sandbox::attach_inner(name, true)
+    }
+
+    fn attach_inner(name: &str, any: bool) -> Result<Sandbox> {
+        validate_name(name)?;
+        let root = runtime::root()?;
+        let dir = runtime::sandbox_dir(&root, name);
+        let not_running = |why: &str| {
+            Error::BadInput {
+            what: format!("sandbox {name:?}"),
+            why: why.into(),
+            fix: "start it with `sifbox start --name NAME IMAGE`; `sifbox ps` lists running sandboxes".into(),
+        }
+        };
+        let state =
+            runtime::read_state(&dir).ok_or_else(|| not_running("no such sandbox is running"))?;
+        if !runtime::is_alive(&state) {
+            return Err(not_running("it has stopped (its supervisor is gone)"));
+        }
+        if state.oneshot && !any {
+            return Err(Error::BadInput {
+                what: format!("sandbox {name:?}"),
+                why: "it belongs to a one-shot `sifbox run`, which ends with its command".into(),
+                fix: "use `sifbox start --name NAME IMAGE` for a sandbox to exec into".into(),
+            });
+        }
+        let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
+        Ok(Sandbox {
+            name: name.to_string(),
+            dir,
+            supervisor: Some(pid),
+            status: RefCell::new(None),
+            ready: Cell::new(true),
+            ready_time_ns: Cell::new(0),
+            is_child: false,
+            evidence: RefCell::new(match state.evidence {
+                Some(p) => Evidencing::Written(p),
+                None => Evidencing::None,
+            }),
+            stop_inside_ns: Cell::new(0),
+            stopping: Cell::new(false),
+            limits: state.limits,
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! Detached execs (`exec --detach`): started, then listed, waited for,
+//! signalled and read back from their files in the runtime dir.
+
+use super::*;
+
+pub(super) fn random_id() -> String {
+    let mut b = [0u8; 8];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let n = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        b.copy_from_slice(&n.to_le_bytes()[..8]);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Sandbox {
+    /// Starts a command that runs on after this call; its output and exit
+    /// status go to files under the runtime dir (`execs/ID/`). Returns the id.
+    pub fn exec_detached(&self, req: ExecRequest) -> Result<String> {
+        let id = random_id();
+        let dir = self.dir.join("execs").join(&id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .ctx(|| format!("creating {}", dir.display()))?;
+        let create = |n: &str| {
+            std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(dir.join(n))
+                .ctx(|| format!("creating {}/{n}", dir.display()))
+        };
+        let (out, err, status) = (create("stdout")?, create("stderr")?, create("status.json")?);
+        let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Exec(ExecRequest {
+                tty: false,
+                detach_id: Some(id.clone()),
+                ..req
+            }),
+            &[null.as_fd(), out.as_fd(), err.as_fd(), status.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        Ok(id)
+    }
+
+    /// The files of a detached exec: (stdout, stderr, status.json).
+    pub fn detached_files(&self, id: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(Error::BadInput {
+                what: format!("exec id {id:?}"),
+                why: "not an id that `sifbox exec --detach` prints".into(),
+                fix: "pass the id printed by `sifbox exec --detach`".into(),
+            });
+        }
+        let dir = self.dir.join("execs").join(id);
+        if !dir.is_dir() {
+            return Err(Error::BadInput {
+                what: format!("exec {id} of sandbox {}", self.name),
+                why: "no such detached exec".into(),
+                fix: "pass the id printed by `sifbox exec --detach`".into(),
+            });
+        }
+        Ok((
+            dir.join("stdout"),
+            dir.join("stderr"),
+            dir.join("status.json"),
+        ))
+    }
+
+    /// The status of a detached exec, if it has ended.
+    pub fn detached_status(&self, id: &str) -> Result<Option<ExecStatus>> {
+        let (_, _, status) = self.detached_files(id)?;
+        let text = std::fs::read(&status).ctx(|| format!("reading {}", status.display()))?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let ev: Event = serde_json::from_slice(&text).map_err(|e| Error::Protocol {
+            name: self.name.clone(),
+            why: format!("malformed {}: {e}", status.display()),
+        })?;
+        Ok(ExecStatus::from_event(ev))
+    }
+
+    /// Waits for a detached exec to end.
+    pub fn wait_detached(&self, id: &str) -> Result<ExecStatus> {
+        loop {
+            if let Some(st) = self.detached_status(id)? {
+                return Ok(st);
+            }
+            if !self.is_running() {
+                return Err(Error::Protocol {
+                    name: self.name.clone(),
+                    why: format!("the sandbox stopped before exec {id} ended"),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Sends `signal` to a detached exec (SIGKILL: to every process it started).
+    pub fn signal_detached(&self, id: &str, signal: i32) -> Result<()> {
+        self.detached_files(id)?;
+        self.request(
+            &Request::Signal {
+                exec_id: id.to_string(),
+                signal,
+            },
+            &[],
+        )
+        .map(drop)
+    }
+}

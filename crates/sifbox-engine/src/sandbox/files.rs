@@ -1,0 +1,166 @@
+//! Files in and out of a running sandbox: uploads, downloads and the
+//! other transfer requests (see [`crate::transfer`]).
+
+use super::*;
+
+fn base_name(p: &Path) -> Result<String> {
+    let canon = std::fs::canonicalize(p).ctx(|| format!("{}", p.display()))?;
+    Ok(canon
+        .file_name()
+        .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned()))
+}
+
+impl Sandbox {
+    /// Copies `src` on the host into the sandbox at `dst` (`docker cp`
+    /// rules: into `dst` when it is a directory, else as `dst`). With
+    /// `owner` (a user of the image) the copy belongs to that user.
+    pub fn upload(&self, src: &Path, dst: &str, owner: Option<&str>) -> Result<()> {
+        let name = base_name(src)?;
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Upload {
+                dst: dst.to_string(),
+                name: name.clone(),
+                owner: owner.map(str::to_string),
+            },
+            &[r.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(r);
+        let src_owned = src.to_path_buf();
+        let writer =
+            std::thread::spawn(move || transfer::write_tar(&src_owned, &name, File::from(w)));
+        let reply = self.reply(&conn);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        reply?;
+        written.ctx(|| format!("reading {}", src.display()))
+    }
+
+    /// Copies `src` in the sandbox to `dst` on the host (`docker cp` rules),
+    /// setuid and setgid bits dropped: the stream is the sandbox's and is
+    /// unpacked as hostile (see [`transfer`]).
+    pub fn download(&self, src: &str, dst: &Path) -> Result<()> {
+        self.download_with(src, dst, transfer::SetId::Strip)
+    }
+
+    /// [`Sandbox::download`], keeping setuid and setgid bits with
+    /// `SetId::Keep`: only for a copy that no one else can reach, as a
+    /// sandbox can plant a setuid file that runs as the caller.
+    pub fn download_with(&self, src: &str, dst: &Path, setid: transfer::SetId) -> Result<()> {
+        let name = Path::new(src)
+            .file_name()
+            .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Download {
+                path: src.to_string(),
+            },
+            &[w.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(w);
+        let dst_owned = dst.to_path_buf();
+        let reader = std::thread::spawn(move || {
+            transfer::unpack_to_host(File::from(r), &dst_owned, &name, setid)
+        });
+        let reply = self.reply(&conn);
+        let unpacked = reader
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        reply?;
+        unpacked.ctx(|| format!("writing {}", dst.display()))
+    }
+
+    /// Unpacks a tar stream of relative names into the directory `dst` in
+    /// the sandbox (made with its parents when missing), confined to it:
+    /// `write` gets the pipe to write the stream to. Entries belong to
+    /// `owner` (numeric ids inside) when given, else to root.
+    pub fn extract<F>(&self, dst: &str, owner: Option<(u32, u32)>, write: F) -> Result<()>
+    where
+        F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::Extract {
+                dst: dst.to_string(),
+                owner,
+            },
+            &[r.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(r);
+        let writer = std::thread::spawn(move || write(File::from(w)));
+        let reply = self.reply(&conn);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        reply?;
+        written.ctx(|| format!("writing the archive for {dst}"))
+    }
+
+    /// Streams a tar of the sandbox's whole root file system (owners as seen
+    /// inside, other mounts left out) to `read`, which gets the pipe's
+    /// reading end, and returns what it returns.
+    pub fn snapshot<T, F>(&self, read: F) -> Result<T>
+    where
+        F: FnOnce(File) -> std::io::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::Snapshot, &[w.as_fd()]).map_err(|e| self.proto(e))?;
+        drop(w);
+        let reader = std::thread::spawn(move || read(File::from(r)));
+        let reply = self.reply(&conn);
+        let got = reader
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        reply?;
+        got.ctx(|| "reading the sandbox's root file system".to_string())
+    }
+
+    /// Gives the copy of the root at `dst` the owners of the original (see
+    /// [`Request::MirrorOwners`]).
+    pub fn mirror_owners(&self, dst: &str) -> Result<()> {
+        self.request(
+            &Request::MirrorOwners {
+                dst: dst.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// Removes the tree at `path` inside the sandbox (see
+    /// [`Request::Remove`]).
+    pub fn remove(&self, path: &str) -> Result<()> {
+        self.request(
+            &Request::Remove {
+                path: path.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
+    /// Gives `path` inside the sandbox (not followed) to `user` of the
+    /// image (see [`Request::Chown`]).
+    pub fn chown(&self, path: &str, user: &str) -> Result<()> {
+        self.request(
+            &Request::Chown {
+                path: path.to_string(),
+                user: user.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+}

@@ -1,0 +1,411 @@
+//! Starting a sandbox: the runtime dir, the limits' mechanisms, the
+//! supervisor (forked, or executed from a multi-threaded client) and the
+//! wait for its "ready".
+
+use super::*;
+
+/// Plans how `spec`'s limits are enforced here and makes the sandbox's
+/// cgroup when one enforces them; a cgroup that cannot be made leaves the
+/// fallbacks (said in the record).
+fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
+    use crate::limits::{self, cgroup::CgroupLimits};
+    let host = limits::Host::detect();
+    let seed = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        spec.name.hash(&mut h);
+        std::process::id().hash(&mut h);
+        h.finish()
+    };
+    let mut e = limits::plan(&spec.limits, &host, seed);
+    limits::plan_storage(&mut e, &spec.writable);
+    let wants_cgroup = e
+        .applied
+        .iter()
+        .any(|a| matches!(a.how, limits::How::CgroupV1 | limits::How::CgroupV2));
+    if let (true, Some(h)) = (wants_cgroup, &host.cgroup) {
+        let l = &spec.limits;
+        let cl = CgroupLimits {
+            memory: l.memory.filter(|_| h.can("memory")),
+            memory_swap: l.swap_total().filter(|_| h.can("swap")),
+            pids: l.pids.filter(|_| h.can("pids")),
+            cpus_milli: l.cpus_milli.filter(|_| h.can("cpu")),
+        };
+        match h.create(&spec.name, &cl) {
+            Ok(cg) => e.cgroup = Some(cg),
+            Err(err) => {
+                let host = limits::Host {
+                    cgroup: None,
+                    ..host
+                };
+                e = limits::plan(&spec.limits, &host, seed);
+                limits::plan_storage(&mut e, &spec.writable);
+                e.not_enforced.push(format!(
+                    "cgroup: could not make the sandbox's cgroup ({err}); using the fallbacks"
+                ));
+            }
+        }
+    }
+    Ok(e)
+}
+
+/// Starts the outer supervisor; returns its pid, the control pipe's write end
+/// and the status pipe's read end.
+///
+/// A single-threaded client forks it directly (no exec: about a millisecond
+/// less per sandbox); a multi-threaded one (an async runtime) must re-execute
+/// the sifbox binary so that the supervisor starts single-threaded.
+fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
+    if opts.fork_when_possible && sifbox_sys::thread_count().ok() == Some(1) {
+        let (control_r, control_w) =
+            pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let (status_r, status_w) =
+            pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        // Made here, so that requests can be queued while the sandbox sets
+        // itself up; the supervisor inherits it.
+        let listener = bind_control_socket(&launch.dir)?;
+        match sifbox_sys::fork()? {
+            sifbox_sys::Forked::Child => {
+                drop((control_w, status_r));
+                exit_now(supervisor::main_forked(
+                    launch, control_r, status_w, listener,
+                ))
+            }
+            sifbox_sys::Forked::Parent(pid) => {
+                return Ok(Launched {
+                    pid,
+                    control: control_w,
+                    status: status_r,
+                    listening: true,
+                })
+            }
+        }
+    }
+    let mut child = Command::new(&opts.supervisor_exe)
+        .arg0("sifbox")
+        .arg(SUPERVISOR_ARG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ctx(|| format!("starting the supervisor {}", opts.supervisor_exe.display()))?;
+    let pid = i32::try_from(child.id())
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| Error::Setup("pid out of range".into()))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err(Error::Setup("supervisor pipes missing".into()));
+    };
+    let mut control = File::from(OwnedFd::from(stdin));
+    send_line(
+        &mut control,
+        &serde_json::to_string(launch).map_err(|e| Error::Setup(e.to_string()))?,
+    )?;
+    // `child` is reaped with waitpid by pid; std's handle is not needed.
+    drop(child);
+    Ok(Launched {
+        pid,
+        control: OwnedFd::from(control),
+        status: OwnedFd::from(stdout),
+        listening: false,
+    })
+}
+
+/// A supervisor just started.
+struct Launched {
+    pid: Pid,
+    /// Write end of its control pipe.
+    control: OwnedFd,
+    /// Read end of its status pipe.
+    status: OwnedFd,
+    /// Whether the control socket exists already.
+    listening: bool,
+}
+
+/// Creates the control socket of the sandbox whose runtime dir is `dir`.
+fn bind_control_socket(dir: &Path) -> Result<UnixListener> {
+    use std::os::fd::AsRawFd;
+    let fd = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+    UnixListener::bind(format!(
+        "/proc/self/fd/{}/{CONTROL_SOCKET}",
+        fd.as_fd().as_raw_fd()
+    ))
+    .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))
+}
+
+#[allow(
+    clippy::exit,
+    reason = "a forked supervisor ends here, never returning into the client"
+)]
+pub(super) fn exit_now(code: i32) -> ! {
+    std::process::exit(code)
+}
+
+/// Removes a half-made runtime dir unless disarmed.
+struct DirGuard(Option<PathBuf>);
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = runtime::remove_dir(&d);
+        }
+    }
+}
+
+fn send_line(w: &mut File, line: &str) -> Result<()> {
+    w.write_all(format!("{line}\n").as_bytes())
+        .ctx(|| "talking to the supervisor".to_string())
+}
+
+impl Sandbox {
+    /// Starts a sandbox and returns once it accepts commands.
+    pub fn start(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
+        let sandbox = Sandbox::launch(spec, opts)?;
+        sandbox.wait_ready()?;
+        Ok(sandbox)
+    }
+
+    /// Starts a sandbox and returns as soon as requests can be queued: its
+    /// control socket exists and its id maps are written, while it may still
+    /// be assembling its root. A request sent now is served once it is
+    /// ready; a setup failure is reported by whichever call waits for it
+    /// first. A one-shot `run` saves a round trip this way.
+    pub fn launch(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
+        validate_name(&spec.name)?;
+        let root = runtime::root()?;
+        if let Err(e) = runtime::reap_dead(&root) {
+            tracing::warn!("could not clean up dead sandboxes: {e}");
+        }
+        let dir = runtime::sandbox_dir(&root, &spec.name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(Error::BadInput {
+                    what: format!("sandbox name {:?}", spec.name),
+                    why: "a sandbox of that name is running".into(),
+                    fix: "choose another --name, or stop it first".into(),
+                })
+            }
+            Err(e) => return Err(Error::io(format!("creating {}", dir.display()), e)),
+        }
+        let mut guard = DirGuard(Some(dir.clone()));
+        std::fs::create_dir(dir.join("m")).ctx(|| format!("creating {}/m", dir.display()))?;
+        if let Writable::Overlay { dir: o } = &spec.writable {
+            // DIR is the caller's alone (0700): what the sandbox writes in
+            // upper/ (a setuid-root file, under host root) must be out of
+            // other users' reach. upper/ keeps the mode it is made with:
+            // the overlay's root takes it, and it is the sandbox's `/`.
+            let bad = |why: String| Error::BadInput {
+                what: format!("--overlay {}", o.display()),
+                why,
+                fix: "pass a directory of your own on a local file system".into(),
+            };
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(o)
+                .map_err(|e| bad(format!("cannot create it: {e}")))?;
+            let top = rustix::fs::open(
+                o,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| bad(format!("cannot open it: {e}")))?;
+            let st = rustix::fs::fstat(&top).map_err(|e| bad(format!("cannot stat it: {e}")))?;
+            if st.st_uid != rustix::process::geteuid().as_raw() {
+                return Err(bad(format!(
+                    "it belongs to uid {}, who could run what the sandbox writes there",
+                    st.st_uid
+                )));
+            }
+            if st.st_mode & 0o077 != 0 {
+                rustix::fs::fchmod(&top, rustix::fs::Mode::from_raw_mode(0o700))
+                    .map_err(|e| bad(format!("cannot make it private (0700): {e}")))?;
+                tracing::debug!(
+                    "--overlay {}: mode {:04o} made 0700",
+                    o.display(),
+                    st.st_mode & 0o7777
+                );
+            }
+            for (sub, mode) in [("upper", 0o777), ("work", 0o700)] {
+                match rustix::fs::mkdirat(&top, sub, rustix::fs::Mode::from_raw_mode(mode)) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+                }
+            }
+        }
+        if let Writable::Disk { size_mib, scratch } = &spec.writable {
+            let bad = |why: String, fix: &str| Error::BadInput {
+                what: format!("a disk-backed writable layer of {size_mib} MiB"),
+                why,
+                fix: fix.into(),
+            };
+            if let Some(why) = crate::disk::unavailable() {
+                return Err(bad(
+                    why,
+                    "leave out --disk (the layer is then a tmpfs: --tmpfs-size)",
+                ));
+            }
+            if *size_mib < 16 {
+                return Err(bad(
+                    "ext4 needs at least 16 MiB".into(),
+                    "pass a larger size, e.g. --disk 10g",
+                ));
+            }
+            crate::disk::prepare_scratch(scratch)?;
+        }
+
+        let image = opts.image.clone().unwrap_or_else(|| ImageRef {
+            reference: spec.rootfs.display().to_string(),
+            digest: None,
+            rootfs: spec.rootfs.clone(),
+        });
+        // A one-shot sandbox without a logs dir would write its record into
+        // a runtime dir that is gone when it ends: it keeps none.
+        let evidence_path = (!opts.oneshot || opts.evidence_dir.is_some()).then(|| {
+            opts.evidence_dir
+                .as_deref()
+                .unwrap_or(&dir)
+                .join(evidence::FILE)
+        });
+        let limits = enforce_limits(&spec)?;
+        let launch = Launch {
+            spec,
+            dir: dir.clone(),
+            oneshot: opts.oneshot,
+            client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
+            limits,
+        };
+        let Launched {
+            pid,
+            control,
+            status,
+            listening,
+        } = launch_supervisor(&launch, opts)?;
+        let mut control = File::from(control);
+        let mut status = BufReader::new(File::from(status));
+        let sandbox = Sandbox {
+            name: launch.spec.name.clone(),
+            dir: dir.clone(),
+            supervisor: Some(pid),
+            status: RefCell::new(None),
+            ready: Cell::new(false),
+            ready_time_ns: Cell::new(0),
+            is_child: true,
+            evidence: RefCell::new(match &evidence_path {
+                None => Evidencing::None,
+                Some(path) => Evidencing::Pending {
+                    path: path.clone(),
+                    spec: Box::new(launch.spec.clone()),
+                    image: image.clone(),
+                },
+            }),
+            stop_inside_ns: Cell::new(0),
+            stopping: Cell::new(false),
+            limits: launch.limits.clone(),
+        };
+        guard.0 = None; // the Sandbox's Drop cleans up from here on
+        let pid = pid.as_raw_nonzero().get();
+        let spec = &launch.spec;
+        let state = State {
+            name: spec.name.clone(),
+            supervisor_pid: pid,
+            supervisor_start: runtime::process_start_time(pid).unwrap_or_default(),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default(),
+            rootfs: spec.rootfs.clone(),
+            oneshot: opts.oneshot,
+            evidence: evidence_path.clone(),
+            image: image.reference.clone(),
+            limits: launch.limits.clone(),
+        };
+        runtime::write_state(&dir, &state)?;
+        if spec.ids.external {
+            match read_status(&mut status, &sandbox.name)? {
+                Status::Unshared => {
+                    let caller = idmap::Caller::current();
+                    if let Err(e) = idmap::write_external(pid, &spec.ids, &caller) {
+                        let _ = send_line(&mut control, "abort");
+                        return Err(e);
+                    }
+                    send_line(&mut control, "mapped")?;
+                }
+                Status::Ready(_) => {
+                    return Err(Error::Setup(format!(
+                        "sandbox {}: ready before its id maps were written",
+                        sandbox.name
+                    )))
+                }
+            }
+        }
+        drop(control);
+        *sandbox.status.borrow_mut() = Some(status);
+        if !listening {
+            sandbox.wait_ready()?;
+        }
+        Ok(sandbox)
+    }
+
+    /// Like [`Sandbox::wait_ready`], but gives up at `deadline` with an
+    /// error (dropping the sandbox then tears it down).
+    pub fn wait_ready_until(&self, deadline: std::time::Instant) -> Result<()> {
+        use rustix::event::{poll, PollFd, PollFlags, Timespec};
+        if self.ready.get() {
+            return Ok(());
+        }
+        {
+            let slot = self.status.borrow();
+            if let Some(status) = slot.as_ref() {
+                if status.buffer().is_empty() {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    let t = Timespec {
+                        tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                        tv_nsec: i64::from(left.subsec_nanos()),
+                    };
+                    let mut fds = [PollFd::new(status.get_ref(), PollFlags::IN)];
+                    if matches!(poll(&mut fds, Some(&t)), Ok(0)) {
+                        return Err(Error::Setup(format!(
+                            "sandbox {} was not ready in time; it was removed (raise --ready-timeout?)",
+                            self.name
+                        )));
+                    }
+                }
+            }
+        }
+        self.wait_ready()
+    }
+
+    /// Waits until the sandbox has finished setting up (at once if it has).
+    pub fn wait_ready(&self) -> Result<()> {
+        if self.ready.get() {
+            return Ok(());
+        }
+        let mut slot = self.status.borrow_mut();
+        let status = slot.as_mut().ok_or_else(|| Error::Protocol {
+            name: self.name.clone(),
+            why: "its status pipe is gone".into(),
+        })?;
+        match read_status(status, &self.name)? {
+            Status::Ready(t) => {
+                self.ready.set(true);
+                self.ready_time_ns.set(t);
+                drop(slot);
+                self.write_evidence(t)
+            }
+            Status::Unshared => Err(Error::Setup(format!(
+                "sandbox {}: unexpected status from its supervisor",
+                self.name
+            ))),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Stopping a sandbox: asking init, waiting for the supervisor, the kill
+//! handle eval's cancellation uses.
+
+use super::*;
+
+/// Waits (up to `limit`) until process `pid`, not our child, has exited;
+/// returns whether it has.
+fn wait_gone(pid: Pid, limit: std::time::Duration) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let Ok(fd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        // Already gone (or reaped).
+        return true;
+    };
+    let t = Timespec {
+        tv_sec: i64::try_from(limit.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+        || runtime::process_start_time(pid.as_raw_nonzero().get()).is_none()
+}
+
+/// Sends the supervisor the signal that makes it kill the sandbox at once.
+#[derive(Debug, Clone, Copy)]
+pub struct KillHandle(rustix::process::Pid);
+
+impl KillHandle {
+    /// Asks the supervisor to kill every process of the sandbox now.
+    pub fn kill(&self) {
+        let _ = rustix::process::kill_process(self.0, rustix::process::Signal::TERM);
+    }
+}
+
+impl Sandbox {
+    /// Stops the sandbox: SIGTERM to every process, SIGKILL after `grace`;
+    /// returns once no process, mount or runtime dir of it is left.
+    pub fn stop(mut self, grace: std::time::Duration) -> Result<()> {
+        self.shutdown(grace)
+    }
+
+    pub(super) fn shutdown(&mut self, grace: std::time::Duration) -> Result<()> {
+        let Some(pid) = self.supervisor.take() else {
+            return Ok(());
+        };
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let mut inside_ns = self.stop_inside_ns.get();
+        if !self.stopping.get() {
+            let asked = self.connect().ok().and_then(|c| {
+                protocol::send(&c, &Request::Stop { grace_ms }, &[])
+                    .ok()
+                    .map(|()| c)
+            });
+            match asked {
+                // The reply comes once every process had its grace time.
+                Some(c) => {
+                    if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
+                        inside_ns = time_ns;
+                    }
+                }
+                None => {
+                    let _ = rustix::process::kill_process(pid, Signal::TERM);
+                }
+            }
+        }
+        if self.is_child {
+            loop {
+                match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        return Err(Error::io(format!("waiting for sandbox {}", self.name), e))
+                    }
+                    Ok(_) => break,
+                }
+            }
+        } else if !wait_gone(pid, std::time::Duration::from_secs(10)) {
+            // Stop did not take: end it the hard way (outer kills init,
+            // and the kernel the rest of the pid namespace).
+            let _ = rustix::process::kill_process(pid, Signal::TERM);
+            if !wait_gone(pid, std::time::Duration::from_secs(10)) {
+                return Err(Error::Protocol {
+                    name: self.name.clone(),
+                    why: format!(
+                        "its supervisor (pid {pid:?}) does not stop; kill it and run `sifbox gc`"
+                    ),
+                });
+            }
+        }
+        if let Some(path) = self.evidence_path() {
+            // A record inside the runtime dir goes with it.
+            if !path.starts_with(&self.dir) {
+                Evidence::record_stop(&path, inside_ns)?;
+            }
+        }
+        runtime::remove_dir(&self.dir)
+    }
+
+    /// Tells the supervisor to tear everything down now (used on SIGINT/SIGTERM).
+    pub fn kill_handle(&self) -> Option<KillHandle> {
+        self.supervisor.map(KillHandle)
+    }
+}
