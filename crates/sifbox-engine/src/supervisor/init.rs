@@ -1,0 +1,219 @@
+//! init, the sandbox's PID 1: its namespaces, root file system and
+//! nested user namespace, then the exec server ([`super::serve`]).
+
+use super::*;
+
+/// PID 1 of the sandbox.
+pub(super) fn init_main(
+    launch: &Launch,
+    status: &mut Status,
+    nest: Nest,
+    listener: Option<UnixListener>,
+    disk: Option<OwnedFd>,
+    activity: Option<OwnedFd>,
+) -> Result<()> {
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+    let spec = &launch.spec;
+    // Nothing of the client's stdin or stdout (the control pipe, when the
+    // supervisor was executed) stays in the sandbox; stderr goes before
+    // the first request is served.
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(errno("opening /dev/null"))?;
+    rustix::stdio::dup2_stdin(&null).map_err(errno("dup2"))?;
+    rustix::stdio::dup2_stdout(&null).map_err(errno("dup2"))?;
+    // A session keyring of the sandbox's own: the caller's (an ssh login's
+    // keys) is out of reach even of commands that may call keyctl.
+    join_keyring(spec)?;
+    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
+    if spec.net == NetMode::None {
+        flags |= UnshareFlags::NEWNET;
+    }
+    sifbox_sys::unshare_namespaces(flags).map_err(|e| Error::Host {
+        what: "creating the sandbox's mount, ipc, uts and network namespaces".into(),
+        source: e,
+        fix: "run `sifbox doctor` to see what this host allows".into(),
+    })?;
+    // Host supplementary groups do not follow into the sandbox where the
+    // kernel lets us drop them (not in single-id namespaces).
+    let _ = rustix::thread::set_thread_groups(&[]);
+    let root = rootfs::assemble(spec, &launch.dir, disk)?;
+    if spec.net == NetMode::None {
+        sifbox_sys::loopback_up()?;
+    }
+    rustix::system::sethostname(spec.hostname.as_bytes()).map_err(errno("sethostname"))?;
+    let listener = match listener {
+        Some(l) => l,
+        None => {
+            // A relative name: runtime dir paths can be longer than a socket
+            // address allows.
+            rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
+            UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
+                Error::io(
+                    format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
+                    e,
+                )
+            })?
+        }
+    };
+    rootfs::pivot(&root)?;
+    // Its fds (the overlay's, /proc's, /dev's) are of no further use.
+    drop(root);
+
+    // Move into a nested user namespace, which holds no capability over the
+    // mount namespace made above: nothing inside can undo a mount (say, the
+    // read-only cover of /proc/sys), and a mount namespace made inside gets
+    // these mounts locked. outer writes its maps.
+    // The process cap without a cgroup: the kernel caps the processes of
+    // a user namespace (all the sandbox's, whatever their ids) at the
+    // RLIMIT_NPROC its creator had when it made it.
+    if let Some(n) = launch.limits.nproc {
+        let l = rustix::process::Rlimit {
+            current: Some(n),
+            maximum: Some(n),
+        };
+        rustix::process::setrlimit(rustix::process::Resource::Nproc, l)
+            .map_err(errno("setrlimit(RLIMIT_NPROC)"))?;
+    }
+    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
+        .map_err(|e| Error::io("creating the nested user namespace", e))?;
+    // What the watchdog measures: the root (whose statfs is the writable
+    // layer's tmpfs) and /dev/shm.
+    let mut tmpfs = Vec::new();
+    let mut activity = activity.map(|pipe| (pipe, None));
+    if launch.limits.watchdog_memory.is_some() {
+        // The watchdog lists the sandbox's processes in its /proc; so does
+        // init, to tell it when the sandbox is idle.
+        match rustix::fs::open(
+            "/proc",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(fd) => {
+                if let Some((_, proc)) = &mut activity {
+                    *proc = rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+                        .ok()
+                        .and_then(|d| rustix::fs::Dir::read_from(d).ok());
+                }
+                tmpfs.push(fd);
+            }
+            Err(e) => return Err(errno("opening /proc for the memory watchdog")(e)),
+        }
+        let open = |p: &str| {
+            rustix::fs::open(
+                p,
+                rustix::fs::OFlags::PATH
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+        };
+        if matches!(spec.writable, crate::spec::Writable::Tmpfs { .. }) {
+            tmpfs.extend(open("/").ok());
+        }
+        tmpfs.extend(open("/dev/shm").ok());
+    }
+    protocol::send(&nest.0, &"nest", &protocol::borrow_all(&tmpfs))
+        .map_err(|e| Error::Setup(format!("asking for the nested id maps: {e}")))?;
+    drop(tmpfs);
+    if !matches!(protocol::recv::<String>(&nest.0), Ok((ref m, _)) if m == "mapped") {
+        return Err(Error::Setup(
+            "mapping the sandbox's nested user namespace failed".into(),
+        ));
+    }
+    drop(nest);
+    // The maps are written: from here on nothing in the sandbox may read
+    // init's memory or descriptors (ptrace, /proc/1/fd, /proc/1/mem,
+    // pidfd_getfd all need CAP_SYS_PTRACE over the user namespace that
+    // init's memory belongs to, which is the host's: it was forked, never
+    // executed, in there). Workers and transfer processes inherit it.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
+    if launch.oneshot {
+        // The caller's stderr (a terminal, a log file) stays out of reach.
+        rustix::stdio::dup2_stderr(&null).map_err(errno("dup2"))?;
+    }
+    drop(null);
+    status.send(&format!("ready {}", worker::now_ns()));
+    // From now on only outer holds the status pipe.
+    status.close();
+    // Idle until the first request: of the pages of sifbox and its
+    // libraries that setting up touched, the serve loop needs a few.
+    trim();
+    let activity = activity.and_then(|(pipe, proc)| {
+        proc.map(|proc| Activity {
+            pipe,
+            proc,
+            idle: false,
+        })
+    });
+    serve(listener, spec.confinement, activity)
+}
+
+/// init's side of the watchdog's idle protocol. The sandbox is idle when
+/// nothing is in it but init and its idle workers: then nothing in it can
+/// allocate memory until init gives work out, and outer's watchdog need
+/// not wake at all. init says so (`I`) when it sees it, and says `B`
+/// before it gives work out again; a sandbox with a watchdog costs the
+/// host no wake-ups while it waits for its next command.
+///
+/// What is counted is every process of the sandbox's pid namespace (from
+/// its /proc), so nothing a command leaves running, detached or
+/// reparented to init, is missed; a command cannot write to the pipe.
+pub(super) struct Activity {
+    pipe: OwnedFd,
+    proc: rustix::fs::Dir,
+    idle: bool,
+}
+
+impl Activity {
+    /// Work starts (an exec, a transfer): the watchdog samples again.
+    pub(super) fn busy(&mut self) {
+        if self.idle {
+            self.idle = false;
+            let _ = rustix::io::write(&self.pipe, b"B");
+        }
+    }
+
+    /// Tells outer when the sandbox has become idle: no exec running, no
+    /// detached one, and no process but init and `workers` (all idle).
+    pub(super) fn check(&mut self, workers: &Pool, detached: &HashMap<String, Pid>) {
+        if self.idle || !detached.is_empty() || workers.any_busy() {
+            return;
+        }
+        if crate::limits::ns_pids(&mut self.proc).len() == 1 + workers.len() {
+            self.idle = true;
+            let _ = rustix::io::write(&self.pipe, b"I");
+        }
+    }
+}
+
+/// Joins a fresh session keyring. A full key quota is tolerated under the
+/// default seccomp policy, which denies commands every keyring call anyway.
+fn join_keyring(spec: &SandboxSpec) -> Result<()> {
+    match sifbox_sys::join_new_session_keyring() {
+        Ok(()) => Ok(()),
+        Err(sifbox_sys::Error::JoinKeyring(e)) if e.raw_os_error() == Some(libc::ENOSYS) => Ok(()),
+        Err(sifbox_sys::Error::JoinKeyring(e))
+            if e.raw_os_error() == Some(libc::EDQUOT)
+                && spec.confinement.seccomp == crate::spec::SeccompMode::Default =>
+        {
+            tracing::debug!("no session keyring of the sandbox's own ({e}); commands cannot reach keyrings under the seccomp policy");
+            Ok(())
+        }
+        Err(sifbox_sys::Error::JoinKeyring(e)) if e.raw_os_error() == Some(libc::EDQUOT) => {
+            Err(Error::Host {
+                what: "giving the sandbox a session keyring of its own".into(),
+                source: e,
+                fix: "the user's key quota is full (kernel.keys.maxkeys); raise it, stop other sandboxes, or keep the default seccomp policy (which needs none)".into(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,231 @@
+//! The sandbox supervisor: `sifbox __supervisor`, re-executed from the sifbox
+//! binary so that it is single-threaded and may fork freely.
+//!
+//! Process tree of one sandbox:
+//!
+//! ```text
+//! client (sifbox run/start)
+//!  └─ outer   host pid ns; new user ns. Maps init's nested user ns when asked,
+//!      │      waits for init, then removes the runtime dir.
+//!      └─ init    PID 1 of the sandbox: new mount/ipc/uts(/net) ns; assembles the
+//!          │      root and pivots, then moves into a nested user ns (which has no
+//!          │      capability over that mount ns, so nothing inside can undo a
+//!          │      mount such as the read-only cover of /proc/sys) and serves
+//!          │      control connections; reaps orphans. When it exits, the kernel
+//!          │      kills every process of the sandbox.
+//!          └─ exec    one per command: a child subreaper that spawns the command
+//!              └─ CMD  with the client's stdio (SCM_RIGHTS) or a pty.
+//! ```
+//!
+//! A sandbox's last command (`stop_after`, as in a one-shot `run`) runs under
+//! init directly, which then stops the sandbox without another round trip.
+//!
+//! The client talks to outer over two pipes: outer's stdin carries the launch
+//! description (and "mapped" once the client wrote external id maps), outer's
+//! stdout carries status lines: `unshared`, `ready`, `error MESSAGE`,
+//! `exited CODE`. Every parent-to-child link carries a parent-death signal, so
+//! a SIGKILLed client (one-shot) or outer takes the whole sandbox down.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::idmap;
+use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::rootfs;
+use crate::spec::{Confinement, NetMode, SandboxSpec};
+use crate::{transfer, worker};
+
+/// The hidden first argument that turns the sifbox binary into a supervisor.
+mod init;
+mod outer;
+mod pool;
+mod serve;
+mod watchdog;
+
+use init::{init_main, Activity};
+use outer::{outer, Nest};
+use pool::{new_worker, NewWorker, Pool};
+use serve::{serve, trim};
+use watchdog::Watchdog;
+
+pub const SUPERVISOR_ARG: &str = "__supervisor";
+
+/// Where a sandbox that outlives its client writes its diagnostics.
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
+
+/// Name of the control socket in the sandbox's runtime dir.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// What the client hands the supervisor on its stdin (one JSON line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Launch {
+    pub spec: SandboxSpec,
+    /// The sandbox's runtime dir.
+    pub dir: PathBuf,
+    /// Tie the sandbox's life to the client's (a one-shot `run`).
+    pub oneshot: bool,
+    /// The client's pid, to detect a client that died before we started.
+    pub client_pid: i32,
+    /// How the sandbox's limits are enforced (its cgroup, made by the
+    /// client; the rlimit, affinity and watchdog to apply here).
+    #[serde(default)]
+    pub limits: crate::limits::Enforcement,
+}
+
+/// Status lines to the client.
+struct Status(Option<File>);
+
+impl Status {
+    fn send(&mut self, line: &str) {
+        // The client may be gone (it then no longer cares); a failed write
+        // is not an error of the sandbox.
+        if let Some(f) = &mut self.0 {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Closes this process's copy of the status pipe.
+    fn close(&mut self) {
+        self.0 = None;
+    }
+
+    fn error(&mut self, e: &Error) {
+        let one_line = e.to_string().replace('\n', " ");
+        self.send(&format!("error {one_line}"));
+    }
+}
+
+fn errno(what: &str) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
+    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+}
+
+/// Entry point of `sifbox __supervisor`; returns the exit code.
+pub fn main() -> i32 {
+    // fd 1 is the status pipe; keep it as a close-on-exec fd and point fd 1
+    // at /dev/null so no command inherits it.
+    let mut status = match take_fd(1) {
+        Ok(fd) => Status(Some(File::from(fd))),
+        Err(_) => return 125,
+    };
+    // Whatever else the client's caller left open must not reach the
+    // sandbox: only the status pipe stays (fd 0 is the control pipe).
+    let kept = status.0.as_ref().map(std::os::fd::AsFd::as_fd);
+    let closed = sifbox_sys::close_inherited_fds(kept.as_slice());
+    if let Err(e) = closed {
+        status.error(&e.into());
+        return 125;
+    }
+    let mut input = BufReader::new(std::io::stdin().lock());
+    let launch = read_line(&mut input).and_then(|l| {
+        serde_json::from_str::<Launch>(&l)
+            .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
+    });
+    finish(
+        launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
+        &mut status,
+    )
+}
+
+/// Entry point of a supervisor forked (not executed) by a single-threaded
+/// client: same protocol, over the given pipes.
+pub fn main_forked(
+    launch: &Launch,
+    control: OwnedFd,
+    status: OwnedFd,
+    listener: UnixListener,
+) -> i32 {
+    use std::os::fd::AsFd;
+    let mut status = Status(Some(File::from(status)));
+    // Carry neither the client's argv nor its environment, none of the
+    // descriptors it had open but the three it handed over, and none of
+    // its stdio but stderr (init drops that too); a sandbox that outlives
+    // its client logs to its runtime dir instead.
+    let keep = [
+        control.as_fd(),
+        listener.as_fd(),
+        status.0.as_ref().map_or(control.as_fd(), AsFd::as_fd),
+    ];
+    let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
+        .and_then(|()| sifbox_sys::close_inherited_fds(&keep))
+        .map_err(Error::from)
+        .and_then(|()| {
+            let null = rustix::fs::open(
+                "/dev/null",
+                rustix::fs::OFlags::RDWR,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(errno("opening /dev/null"))?;
+            rustix::stdio::dup2_stdin(&null).map_err(errno("dup2"))?;
+            rustix::stdio::dup2_stdout(&null).map_err(errno("dup2"))?;
+            if !launch.oneshot {
+                let log = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(launch.dir.join(SUPERVISOR_LOG))
+                    .map_err(|e| Error::io("opening the supervisor log", e))?;
+                rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
+            }
+            Ok(())
+        });
+    let mut input = BufReader::new(File::from(control));
+    finish(
+        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener))),
+        &mut status,
+    )
+}
+
+fn finish(result: Result<i32>, status: &mut Status) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            status.error(&e);
+            125
+        }
+    }
+}
+
+/// Duplicates `fd` close-on-exec and replaces it with /dev/null.
+fn take_fd(fd: i32) -> std::io::Result<OwnedFd> {
+    let borrowed = match fd {
+        0 => rustix::stdio::stdin(),
+        _ => rustix::stdio::stdout(),
+    };
+    let dup = rustix::io::fcntl_dupfd_cloexec(borrowed, 3)?;
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR,
+        rustix::fs::Mode::empty(),
+    )?;
+    match fd {
+        0 => rustix::stdio::dup2_stdin(&null)?,
+        _ => rustix::stdio::dup2_stdout(&null)?,
+    }
+    Ok(dup)
+}
+
+fn read_line(input: &mut impl BufRead) -> Result<String> {
+    let mut line = String::new();
+    input
+        .read_line(&mut line)
+        .map_err(|e| Error::io("reading from the client", e))?;
+    if line.is_empty() {
+        return Err(Error::Setup("the client went away during setup".into()));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+/// Ends a forked process without returning into the caller's stack.
+#[allow(clippy::exit, reason = "a forked supervisor process ends here")]
+fn exit_now(code: i32) -> ! {
+    std::process::exit(code)
+}

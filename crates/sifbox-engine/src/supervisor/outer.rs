@@ -1,0 +1,296 @@
+//! The outer supervisor: in the host's pid namespace, it makes the
+//! disk-backed layer, joins the limits, makes the user and pid namespaces,
+//! forks init and waits for it (mapping its nested user namespace, and
+//! watching its memory without a cgroup).
+
+use super::*;
+
+/// `listener`: the control socket when the client made it; else init makes it.
+pub(super) fn outer(
+    launch: &Launch,
+    input: &mut impl BufRead,
+    status: &mut Status,
+    listener: Option<UnixListener>,
+) -> Result<i32> {
+    if launch.oneshot {
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+            .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
+        if rustix::process::getppid()
+            .map(Pid::as_raw_nonzero)
+            .map(|p| p.get())
+            != Some(launch.client_pid)
+        {
+            return Ok(125);
+        }
+    }
+    // Out of the client's session: terminal signals go to the client, which
+    // then stops the sandbox.
+    let _ = rustix::process::setsid();
+    // A disk-backed writable layer while we are in the host's namespaces
+    // (its loop device and ext4 mount need host root), outside the
+    // sandbox's limits (mkfs is ours, not the sandbox's).
+    let disk = match &launch.spec.writable {
+        crate::spec::Writable::Disk { size_mib, scratch } => {
+            let mkfs = crate::disk::mkfs_path().ok_or_else(|| {
+                Error::Setup("the disk-backed layer: mkfs.ext4 is not installed".into())
+            })?;
+            let owner = (
+                launch.spec.ids.uid[0].outside,
+                launch.spec.ids.gid[0].outside,
+            );
+            Some(crate::disk::make(*size_mib, scratch, owner, &mkfs)?)
+        }
+        _ => None,
+    };
+    // Limits first, so that everything forked from here on is under them.
+    enter_limits(&launch.limits)?;
+
+    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
+        what: "creating the sandbox's user and pid namespaces".into(),
+        source: e,
+        fix: "unprivileged user namespaces may be disabled or exhausted on this host; run `sifbox doctor`".into(),
+    })?;
+    let ids = &launch.spec.ids;
+    if ids.external {
+        status.send("unshared");
+        let answer = read_line(input)?;
+        if answer != "mapped" {
+            return Ok(125);
+        }
+    } else {
+        let (uid, gid) = (ids.uid[0].outside, ids.gid[0].outside);
+        idmap::write_file(Path::new("/proc/self/setgroups"), "deny\n")?;
+        idmap::write_file(Path::new("/proc/self/uid_map"), &format!("0 {uid} 1\n"))?;
+        idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
+    }
+
+    // init asks us (over `nest`) to map the nested user namespace it moves
+    // into once its mounts are made; only a process outside it may. The
+    // request carries what the memory watchdog measures tmpfs use on.
+    let (nest_outer, nest_init) =
+        UnixStream::pair().map_err(|e| Error::io("socketpair for init", e))?;
+    // With a watchdog, init says over this pipe when the sandbox goes idle
+    // and when work starts again (see [`Activity`]).
+    let (activity_outer, activity_init) = match launch.limits.watchdog_memory {
+        Some(_) => {
+            let (r, w) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )
+            .map_err(errno("pipe"))?;
+            (Some(r), Some(w))
+        }
+        None => (None, None),
+    };
+    let init = match sifbox_sys::fork()? {
+        sifbox_sys::Forked::Child => {
+            drop((nest_outer, activity_outer));
+            let nest = Nest(nest_init);
+            let code = match init_main(launch, status, nest, listener, disk, activity_init) {
+                Ok(()) => 0,
+                Err(e) => {
+                    status.error(&e);
+                    125
+                }
+            };
+            exit_now(code)
+        }
+        sifbox_sys::Forked::Parent(pid) => pid,
+    };
+    // init holds the disk-backed layer now: it goes with init's mounts.
+    drop((nest_init, listener, disk, activity_init));
+    sifbox_sys::release_free_memory();
+    let waited = wait_init(init, launch, nest_outer, activity_outer);
+    if let Some(cg) = &launch.limits.cgroup {
+        // Out of the cgroup, which goes with the sandbox.
+        if let Err(e) = cg.remove(std::process::id()) {
+            tracing::warn!("removing the sandbox's cgroup: {e}");
+        }
+    }
+    let oom_kills = waited?;
+    // The client reads why a sandbox went after its runtime dir is gone.
+    status.send(&format!("exited 0 oom_kills={oom_kills}"));
+    crate::runtime::remove_dir(&launch.dir)?;
+    Ok(0)
+}
+
+/// Joins the sandbox's cgroup and takes its CPU affinity (outer does, before
+/// it forks anything).
+fn enter_limits(limits: &crate::limits::Enforcement) -> Result<()> {
+    if let Some(cg) = &limits.cgroup {
+        cg.join(std::process::id()).map_err(|e| Error::Host {
+            what: "joining the sandbox's cgroup".into(),
+            source: e,
+            fix: "run `sifbox doctor` to see what this host allows".into(),
+        })?;
+    }
+    if let Some(cpus) = &limits.affinity {
+        let mut set = rustix::thread::CpuSet::new();
+        for &c in cpus {
+            set.set(c);
+        }
+        rustix::thread::sched_setaffinity(None, &set).map_err(errno("sched_setaffinity"))?;
+    }
+    Ok(())
+}
+
+/// init's side of the nested-namespace handshake: a request (with the fds
+/// of its tmpfs mounts for the watchdog), then outer's "mapped".
+pub(super) struct Nest(pub(super) UnixStream);
+
+/// Waits for init, and maps its nested user namespace when it asks;
+/// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory
+/// limit and no cgroup, this is also the watchdog (see [`Watchdog`]).
+fn wait_init(
+    init: Pid,
+    launch: &Launch,
+    nest: UnixStream,
+    activity: Option<OwnedFd>,
+) -> Result<u64> {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let spec = &launch.spec;
+    let pipe = || {
+        rustix::pipe::pipe_with(
+            rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+        )
+        .map_err(errno("pipe"))
+    };
+    let (sig_r, sig_w) = pipe()?;
+    let sig_w = File::from(sig_w);
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
+        let w = sig_w.try_clone().map_err(|e| Error::io("signal pipe", e))?;
+        signal_hook::low_level::pipe::register(sig, w)
+            .map_err(|e| Error::io("installing signal handlers", e))?;
+    }
+    let pidfd = rustix::process::pidfd_open(init, rustix::process::PidfdFlags::empty())
+        .map_err(errno("pidfd_open"))?;
+    let mut watchdog = match launch.limits.watchdog_memory {
+        Some(limit) => {
+            let (reset_r, reset_w) = pipe()?;
+            signal_hook::low_level::pipe::register(
+                signal_hook::consts::SIGUSR1,
+                File::from(reset_w),
+            )
+            .map_err(|e| Error::io("installing signal handlers", e))?;
+            Some(Watchdog::new(
+                limit,
+                init,
+                launch.dir.clone(),
+                reset_r,
+                activity,
+            ))
+        }
+        None => None,
+    };
+    let mut nest = Some(nest);
+    loop {
+        let mut fds = vec![
+            PollFd::new(&pidfd, PollFlags::IN),
+            PollFd::new(&sig_r, PollFlags::IN),
+        ];
+        let nest_at = fds.len();
+        if let Some(n) = &nest {
+            fds.push(PollFd::new(n, PollFlags::IN));
+        }
+        // An armed watchdog also wakes for a new peak and for init's word
+        // that the sandbox went idle or busy.
+        let watch_at = fds.len();
+        if let Some(w) = watchdog.as_ref().filter(|w| w.armed()) {
+            fds.push(PollFd::new(&w.reset, PollFlags::IN));
+            if let Some(a) = &w.activity {
+                fds.push(PollFd::new(a, PollFlags::IN));
+            }
+        }
+        let timeout = watchdog.as_ref().filter(|w| w.armed() && !w.idle).map(|w| {
+            let ms = w.next_ms;
+            Timespec {
+                tv_sec: i64::try_from(ms / 1000).unwrap_or(1),
+                tv_nsec: i64::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
+            }
+        });
+        let ready = match poll(&mut fds, timeout.as_ref()) {
+            Ok(n) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(errno("poll")(e)),
+        };
+        let (init_done, signalled) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        let nest_ready = nest.is_some() && !fds[nest_at].revents().is_empty();
+        let activity_ready = fds
+            .get(watch_at + 1)
+            .is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
+        if signalled {
+            // Once is enough: init's exit is what we wait for next.
+            let _ = rustix::process::kill_process(init, Signal::KILL);
+            break;
+        }
+        if nest_ready {
+            if let Some(n) = nest.take() {
+                if let Ok((_, mut fds)) = protocol::recv::<String>(&n) {
+                    if let Some(w) = &mut watchdog {
+                        // The sandbox's /proc first, then its tmpfs mounts.
+                        if !fds.is_empty() {
+                            w.proc = rustix::fs::Dir::read_from(fds.remove(0)).ok();
+                        }
+                        w.tmpfs = fds;
+                    }
+                    let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
+                    let mapped = idmap::write_file(
+                        &proc.join("uid_map"),
+                        &idmap::map_text(&idmap::identity_of(&spec.ids.uid)),
+                    )
+                    .and_then(|()| {
+                        idmap::write_file(
+                            &proc.join("gid_map"),
+                            &idmap::map_text(&idmap::identity_of(&spec.ids.gid)),
+                        )
+                    });
+                    if mapped.is_ok() {
+                        let _ = protocol::send(&n, &"mapped", &[]);
+                    }
+                    // On failure init reads EOF and reports it.
+                }
+                // Every map is written (not before: init is forked from
+                // us, and a non-dumpable parent would make its children's
+                // /proc files, its uid_map too, host root's): from now on
+                // only our own code reads our memory and descriptors.
+                let _ = rustix::process::set_dumpable_behavior(
+                    rustix::process::DumpableBehavior::NotDumpable,
+                );
+                // All that is left to do is wait (and watch): the pages of
+                // setting up need not stay mapped.
+                sifbox_sys::drop_clean_file_pages();
+                if let Some(w) = &mut watchdog {
+                    w.arm();
+                }
+            }
+        }
+        if init_done {
+            break;
+        }
+        if let Some(w) = &mut watchdog {
+            let woke = activity_ready && w.activity_changed();
+            if w.reset_asked() {
+                w.sample();
+                w.record();
+            } else if ready == 0 || woke {
+                w.sample();
+            }
+            if woke && !w.idle {
+                w.next_ms = 20;
+            }
+        }
+    }
+    if let Some(w) = &watchdog {
+        w.record();
+    }
+    loop {
+        match rustix::process::waitpid(Some(init), WaitOptions::empty()) {
+            Err(rustix::io::Errno::INTR) => continue,
+            _ => return Ok(watchdog.map_or(0, |w| w.oom_kills)),
+        }
+    }
+}

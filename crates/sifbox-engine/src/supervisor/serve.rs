@@ -1,0 +1,397 @@
+//! init's exec server: one connection at a time; execs go to the worker
+//! pool, transfers to a process of their own; init reaps every orphan.
+
+use super::*;
+
+/// A worker's life: jobs arrive on `chan`, each an exec request with the
+/// client's connection as the first fd and the request's own fds after it;
+/// it ends when init closes the channel.
+fn worker_main(chan: &UnixStream, confinement: Confinement) -> i32 {
+    loop {
+        // No trim here: the pages of the exec path are what make the next
+        // exec fast, also after an agent thought for a while.
+        let Ok((req, mut fds)) = protocol::recv::<ExecRequest>(chan) else {
+            return 0;
+        };
+        if fds.is_empty() {
+            return 125;
+        }
+        let conn = UnixStream::from(fds.remove(0));
+        worker::run(&conn, req, fds, confinement);
+        drop(conn);
+        if rustix::io::write(chan, b"d").is_err() {
+            return 0;
+        }
+    }
+}
+
+/// How long init waits idle before it gives back the pages that serving
+/// touched (see [`trim`]).
+const IDLE_TRIM: Duration = Duration::from_secs(2);
+
+/// Gives back freed heap and the mapped pages of code that an idle process
+/// does not need; the next request faults in what it uses again.
+pub(super) fn trim() {
+    sifbox_sys::release_free_memory();
+    sifbox_sys::drop_clean_file_pages();
+}
+
+/// Whether an exec may run in a reusable worker: requests that change the
+/// serving process for good (a seccomp filter, a network namespace) get a
+/// process of their own.
+fn reusable(req: &ExecRequest) -> bool {
+    !req.fake_ids && !req.isolate_net
+}
+
+/// The exec server: one connection at a time; each exec runs in a worker
+/// process (reused), each transfer in a process of its own.
+pub(super) fn serve(
+    listener: UnixListener,
+    confinement: Confinement,
+    mut activity: Option<Activity>,
+) -> ! {
+    use rustix::event::{poll, PollFd, PollFlags};
+    // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
+    let sigchld = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .ok()
+    .and_then(|(r, w)| {
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, File::from(w))
+            .ok()
+            .map(|id| (r, id))
+    });
+    let sigchld_id = sigchld.as_ref().map(|(_, id)| *id);
+    let sigchld = sigchld.map(|(r, _)| r);
+    // Detached execs by id, for `Signal`: the pid of the worker serving it.
+    let mut detached: HashMap<String, Pid> = HashMap::new();
+    let mut workers = Pool::default();
+    // Whether anything ran since the last trim.
+    let mut busy_since_trim = false;
+    let idle_timeout = rustix::event::Timespec {
+        tv_sec: i64::try_from(IDLE_TRIM.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(IDLE_TRIM.subsec_nanos()),
+    };
+    loop {
+        let reaped = reap_finished();
+        if !reaped.is_empty() {
+            detached.retain(|_, p| !reaped.contains(p));
+            workers.reaped(&reaped);
+        }
+        if let Some(a) = &mut activity {
+            a.check(&workers, &detached);
+        }
+        let (listener_ready, finished) = {
+            let mut fds = vec![PollFd::new(&listener, PollFlags::IN)];
+            if let Some(r) = &sigchld {
+                fds.push(PollFd::new(r, PollFlags::IN));
+            }
+            fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
+            match poll(&mut fds, busy_since_trim.then_some(&idle_timeout)) {
+                Ok(0) => {
+                    drop(fds);
+                    trim();
+                    busy_since_trim = false;
+                    continue;
+                }
+                Ok(_) => busy_since_trim = true,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => exit_now(125),
+            }
+            let base = 1 + usize::from(sigchld.is_some());
+            let finished: Vec<usize> = (0..workers.len())
+                .filter(|&i| !fds[base + i].revents().is_empty())
+                .collect();
+            (!fds[0].revents().is_empty(), finished)
+        };
+        if let Some(r) = &sigchld {
+            let mut drain = [0u8; 64];
+            while let Ok(n) = rustix::io::read(r, &mut drain) {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        for &i in finished.iter().rev() {
+            if let Some(pid) = workers.finished(i) {
+                detached.retain(|_, p| *p != pid);
+            }
+        }
+        workers.trim_idle();
+        if !listener_ready {
+            continue;
+        }
+        let conn = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => exit_now(125),
+        };
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+        let Ok((req, fds)) = protocol::recv::<Request>(&conn) else {
+            continue;
+        };
+        let _ = conn.set_read_timeout(None);
+        if !matches!(req, Request::Ping) {
+            if let Some(a) = &mut activity {
+                a.busy();
+            }
+        }
+        let ok = || Event::Ok {
+            time_ns: worker::now_ns(),
+        };
+        match req {
+            Request::Ping => {
+                let _ = protocol::send(&conn, &ok(), &[]);
+            }
+            Request::Stop { grace_ms } => {
+                stop_all(Duration::from_millis(grace_ms));
+                let _ = protocol::send(&conn, &ok(), &[]);
+                exit_now(0);
+            }
+            Request::Signal { exec_id, signal } => {
+                let reply = match detached.get(&exec_id) {
+                    Some(pid) => {
+                        signal_exec(*pid, signal);
+                        ok()
+                    }
+                    None => Event::Error {
+                        code: 125,
+                        message: format!("no running exec {exec_id:?} in this sandbox"),
+                    },
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
+            }
+            Request::Exec(exec) if exec.stop_after => {
+                // The sandbox's last command runs right here, under PID 1,
+                // which adopts whatever it leaves behind; then everything goes.
+                drop((listener, activity));
+                worker::run(&conn, exec, fds, confinement);
+                drop(conn);
+                exit_now(0);
+            }
+            Request::Exec(exec) if reusable(&exec) => {
+                // Twice at most: a worker may have died (something in the
+                // sandbox killed it) since init last looked.
+                let mut outcome = Err(String::new());
+                for _ in 0..2 {
+                    if !workers.has_idle() {
+                        match new_worker() {
+                            Ok(NewWorker::Child(chan)) => {
+                                // Only our own channel stays open: the
+                                // client's connection and stdio come again
+                                // with the job, and another worker's channel
+                                // must reach EOF when init closes its end.
+                                drop((listener, conn, fds, workers, sigchld, activity));
+                                // The exits of a worker's commands are its
+                                // own business, not a reason to wake init.
+                                if let Some(id) = sigchld_id {
+                                    signal_hook::low_level::unregister(id);
+                                }
+                                exit_now(worker_main(&chan, confinement))
+                            }
+                            Ok(NewWorker::Parent(w)) => workers.add(w),
+                            Err(message) => {
+                                outcome = Err(message);
+                                break;
+                            }
+                        }
+                    }
+                    outcome = workers.dispatch(&conn, &exec, &fds);
+                    if outcome.is_ok() {
+                        break;
+                    }
+                }
+                match outcome {
+                    Ok(pid) => {
+                        if let Some(id) = exec.detach_id {
+                            detached.insert(id, pid);
+                        }
+                    }
+                    Err(message) => {
+                        let _ = protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
+                    }
+                }
+            }
+            other => match sifbox_sys::fork() {
+                Ok(sifbox_sys::Forked::Child) => {
+                    drop((listener, workers, activity));
+                    exit_now(serve_in_child(&conn, other, fds, confinement))
+                }
+                Ok(sifbox_sys::Forked::Parent(pid)) => {
+                    if let Request::Exec(ExecRequest {
+                        detach_id: Some(id),
+                        ..
+                    }) = other
+                    {
+                        detached.insert(id, pid);
+                    }
+                }
+                Err(e) => {
+                    let _ = protocol::send(
+                        &conn,
+                        &Event::Error {
+                            code: 125,
+                            message: e.to_string(),
+                        },
+                        &[],
+                    );
+                }
+            },
+        }
+    }
+}
+
+/// A request served in a process of its own: an exec or a transfer.
+fn serve_in_child(
+    conn: &UnixStream,
+    req: Request,
+    mut fds: Vec<OwnedFd>,
+    confinement: Confinement,
+) -> i32 {
+    let reply = |r: std::io::Result<()>| {
+        let ev = match r {
+            Ok(()) => Event::Ok {
+                time_ns: worker::now_ns(),
+            },
+            Err(e) => Event::Error {
+                code: 125,
+                message: e.to_string(),
+            },
+        };
+        let _ = protocol::send(conn, &ev, &[]);
+    };
+    match req {
+        Request::Exec(exec) => worker::run(conn, exec, fds, confinement),
+        Request::Download { path } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let name = Path::new(&path)
+                .file_name()
+                .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+            let r = transfer::write_tar(Path::new(&path), &name, File::from(fd));
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Upload { dst, name, owner } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
+                Ok(o) => o.map(|u| (u.uid, u.gid)),
+                Err(e) => {
+                    reply(Err(std::io::Error::other(e)));
+                    return 125;
+                }
+            };
+            let r = transfer::unpack_tar(File::from(fd), Path::new(&dst), &name, owner);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Extract { dst, owner } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let r = transfer::extract_tar(File::from(fd), Path::new(&dst), owner);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Remove { path } => {
+            let r = match std::fs::remove_dir_all(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
+            };
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Chown { path, user } => {
+            let r = chown_nofollow(&path, &user);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
+        Request::MirrorOwners { dst } => {
+            let r = transfer::mirror_owners(Path::new(&dst));
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        Request::Snapshot => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let r = transfer::write_root_tar(File::from(fd));
+            let failed = r.is_err();
+            reply(r);
+            i32::from(failed)
+        }
+        _ => 125,
+    }
+}
+
+/// `lchown(path)` to `user` of the image: the last component is not
+/// followed, so a symlink planted there is chowned itself, and the lookup
+/// happens inside the sandbox, where it reaches nothing of the host.
+fn chown_nofollow(path: &str, user: &str) -> std::io::Result<()> {
+    let u = worker::lookup_user(user).map_err(std::io::Error::other)?;
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        path,
+        Some(rustix::fs::Uid::from_raw(u.uid)),
+        Some(rustix::fs::Gid::from_raw(u.gid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// Signals a detached exec (whose subreaper is `anchor`): SIGKILL reaches
+/// every process below it; other signals go to the command's process group.
+fn signal_exec(anchor: Pid, signal: i32) {
+    let Some(sig) = Signal::from_named_raw(signal) else {
+        return;
+    };
+    if sig == Signal::KILL {
+        for p in worker::descendants(anchor) {
+            let _ = rustix::process::kill_process(p, sig);
+        }
+        return;
+    }
+    for p in worker::descendants(anchor) {
+        // The command leads its own process group (or session).
+        if rustix::process::getpgid(Some(p)).ok() == Some(p) {
+            let _ = rustix::process::kill_process_group(p, sig);
+        }
+    }
+}
+
+/// Reaps every child that has exited; returns their pids.
+fn reap_finished() -> Vec<Pid> {
+    let mut out = Vec::new();
+    while let Ok(Some((pid, _))) = rustix::process::wait(WaitOptions::NOHANG) {
+        out.push(pid);
+    }
+    out
+}
+
+/// SIGTERM to every process of the sandbox, then up to `grace` for them to
+/// end. Only init calls this, and exits right after: the kernel then
+/// SIGKILLs whatever is left of its pid namespace.
+fn stop_all(grace: Duration) {
+    if grace.is_zero() {
+        return;
+    }
+    let _ = sifbox_sys::kill_all(Signal::TERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && others_alive() {
+        reap_finished();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether any process besides init (and the caller) remains.
+fn others_alive() -> bool {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc").is_ok_and(|rd| {
+        rd.flatten().any(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.bytes().all(|b| b.is_ascii_digit()) && n != "1" && n != me.as_str()
+        })
+    })
+}
