@@ -14,6 +14,7 @@ pub mod fakeroot;
 pub mod idmap;
 pub mod limits;
 pub mod protocol;
+pub mod request;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
@@ -24,5 +25,6 @@ pub mod transfer;
 pub mod worker;
 
 pub use error::{Error, Result};
+pub use request::ExecBuilder;
 pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Usage};
 pub use spec::SandboxSpec;

@@ -323,6 +323,100 @@ pub struct SandboxSpec {
     pub limits: Limits,
 }
 
+impl SandboxSpec {
+    /// A sandbox named `name` of the root file system `rootfs`, with the
+    /// defaults of `sifbox start`: its name as host name (cut to 64 bytes),
+    /// the host's network with its resolv.conf and hosts, a tmpfs of
+    /// [`DEFAULT_TMPFS_MIB`] for writes, /dev/shm of [`DEFAULT_SHM_BYTES`],
+    /// the default seccomp policy, the pids cap [`DEFAULT_PIDS`], no binds.
+    /// Change the fields for anything else; [`SandboxSpec::validate`] (which
+    /// the launch calls) checks the result.
+    pub fn new(name: impl Into<String>, rootfs: impl Into<PathBuf>, ids: IdMapping) -> SandboxSpec {
+        let name = name.into();
+        SandboxSpec {
+            hostname: hostname_for(&name),
+            name,
+            rootfs: rootfs.into(),
+            layers: Vec::new(),
+            net: NetMode::Host,
+            ids,
+            writable: Writable::Tmpfs {
+                size_mib: DEFAULT_TMPFS_MIB,
+            },
+            binds: Vec::new(),
+            host_dns: true,
+            shm_bytes: DEFAULT_SHM_BYTES,
+            confinement: Confinement::default(),
+            limits: Limits {
+                pids: Some(DEFAULT_PIDS),
+                ..Limits::default()
+            },
+        }
+    }
+
+    /// Checks what the kernel would refuse or sifbox cannot do; the error
+    /// names the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String, why: &str, fix: &str| Error::BadInput {
+            what,
+            why: why.into(),
+            fix: fix.into(),
+        };
+        validate_name(&self.name)?;
+        if self.hostname.is_empty() || self.hostname.len() > 64 {
+            return Err(bad(
+                format!("host name {:?}", self.hostname),
+                "must be 1 to 64 bytes",
+                "give a shorter host name",
+            ));
+        }
+        match &self.writable {
+            Writable::Tmpfs { size_mib: 0 } => {
+                return Err(bad(
+                    "the writable layer's tmpfs size 0".into(),
+                    "the writable layer needs some space",
+                    "give a size in MiB, e.g. 1024",
+                ))
+            }
+            Writable::Disk { size_mib, .. } if *size_mib < 16 => {
+                return Err(bad(
+                    format!("a disk-backed writable layer of {size_mib} MiB"),
+                    "ext4 needs at least 16 MiB",
+                    "give a larger size, e.g. 10 GiB",
+                ))
+            }
+            _ => {}
+        }
+        if self.shm_bytes == 0 {
+            return Err(bad(
+                "the size of /dev/shm, 0".into(),
+                "a tmpfs needs some space",
+                "give a size, e.g. 64 MiB",
+            ));
+        }
+        for b in &self.binds {
+            if !b.dst.is_absolute() {
+                return Err(bad(
+                    format!("the bind of {} at {}", b.src.display(), b.dst.display()),
+                    "its destination is not an absolute path",
+                    "give an absolute path inside the sandbox",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A host name for `text`: its first 64 bytes, cut at a character
+/// boundary (the kernel takes at most 64).
+pub fn hostname_for(text: &str) -> String {
+    let mut end = text.len().min(64);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
 /// Parses a size as Docker writes them: a number of bytes with an
 /// optional unit `b`, `k`, `m`, `g` or `t` (binary multiples; any case, an
 /// `b`/`ib` suffix after the unit allowed: `64m`, `1.5G`, `512KiB`).

@@ -392,6 +392,50 @@ async fn command_builder_and_env_secrecy() {
     sb.stop(Duration::ZERO).await.expect("stop");
 }
 
+/// A command takes what the image says execs default to (its WORKDIR, its
+/// USER, its Apptainer env scripts), as `sifbox exec` does, unless it says
+/// otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_take_the_images_exec_defaults() {
+    let sb = start("defaults").await;
+    // The env script the image would carry, written into the sandbox.
+    let out = sb
+        .exec(req(&[
+            "sh",
+            "-c",
+            "mkdir -p /.singularity.d/env && echo 'export FROM_SCRIPT=yes' > /.singularity.d/env/90-x.sh",
+        ]))
+        .await
+        .expect("exec");
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    sifbox_engine::Sandbox::attach(sb.name())
+        .expect("attach")
+        .set_exec_defaults(&sifbox_engine::ExecDefaults {
+            cwd: Some("/tmp".into()),
+            user: Some("1000".into()),
+            source_env_scripts: true,
+        })
+        .expect("defaults");
+    let script = "echo ${FROM_SCRIPT:-no}; pwd; id -u";
+    let out = sb
+        .command("sh")
+        .args(["-c", script])
+        .output()
+        .await
+        .expect("output");
+    assert_eq!(out.stdout, "yes\n/tmp\n1000\n", "{out:?}");
+    let out = sb
+        .command("sh")
+        .args(["-c", script])
+        .cwd("/")
+        .user("0")
+        .output()
+        .await
+        .expect("output");
+    assert_eq!(out.stdout, "yes\n/\n0\n", "{out:?}");
+    sb.stop(Duration::ZERO).await.expect("stop");
+}
+
 /// 20 execs at once in one sandbox, from clones of one handle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_execs() {

@@ -837,7 +837,7 @@ impl Running<'_> {
         out: &File,
     ) -> sifbox_engine::Result<(ExecStatus, Duration)> {
         let argv = if self.env_scripts {
-            sifbox_image::meta::with_env_scripts(&argv)
+            sifbox_engine::request::with_env_scripts(&argv)
         } else {
             argv
         };
@@ -1637,7 +1637,7 @@ fn healthcheck(
             return Err("interrupted".into());
         }
         let argv = if run.env_scripts {
-            sifbox_image::meta::with_env_scripts(&h.argv)
+            sifbox_engine::request::with_env_scripts(&h.argv)
         } else {
             h.argv.clone()
         };

@@ -202,20 +202,6 @@ pub fn has_env_scripts(root: &Path) -> bool {
     })
 }
 
-/// The argv that runs `argv` after sourcing the image's
-/// `/.singularity.d/env/*.sh` in glob order, as Apptainer does.
-pub fn with_env_scripts(argv: &[String]) -> Vec<String> {
-    let mut out = vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        "for f in /.singularity.d/env/*.sh; do [ -r \"$f\" ] && . \"$f\"; done; exec \"$@\""
-            .to_string(),
-        "sh".to_string(),
-    ];
-    out.extend(argv.iter().cloned());
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,11 @@ use super::*;
 
 /// A command being built for [`AsyncSandbox::command`], as
 /// `tokio::process::Command`: it starts from the sandbox's base environment
-/// (later [`Command::env`] calls win), in `/`, as root, with no timeout; HOME
-/// becomes the user's home from the image's /etc/passwd when
-/// [`Command::user`] is set and HOME is not.
+/// (later [`Command::env`] calls win), in the image's WORKDIR (else `/`),
+/// as the image's USER (else root), through the image's env scripts when
+/// it has them (as `sifbox exec`; see [`crate::ExecBuilder`]), with no
+/// timeout; HOME becomes the user's home from the image's /etc/passwd when
+/// a user is set and HOME is not.
 ///
 /// ```no_run
 /// # async fn demo(sb: sifbox_engine::aio::AsyncSandbox) -> sifbox_engine::Result<()> {
@@ -29,7 +31,7 @@ pub struct Command {
     sandbox: AsyncSandbox,
     argv: Vec<String>,
     env: Vec<(String, String)>,
-    cwd: String,
+    cwd: Option<String>,
     user: Option<String>,
     timeout: Option<Duration>,
     stdin: Option<Vec<u8>>,
@@ -75,14 +77,15 @@ impl Command {
         self
     }
 
-    /// The working directory inside the sandbox (default `/`).
+    /// The working directory inside the sandbox (default: the image's
+    /// WORKDIR, else `/`).
     pub fn cwd(&mut self, dir: impl Into<String>) -> &mut Command {
-        self.cwd = dir.into();
+        self.cwd = Some(dir.into());
         self
     }
 
     /// Runs as this user of the image: `name`, `uid`, `uid:gid` or
-    /// `name:group` (default root).
+    /// `name:group` (default: the image's USER, else root).
     pub fn user(&mut self, user: impl Into<String>) -> &mut Command {
         self.user = Some(user.into());
         self
@@ -116,21 +119,14 @@ impl Command {
 
     /// The exec request this command makes.
     pub async fn request(&self) -> Result<ExecRequest> {
-        let mut env = self.sandbox.base_env().await?;
-        for (k, v) in &self.env {
-            spec::set_env(&mut env, k, v);
-        }
-        Ok(ExecRequest {
-            argv: self.argv.clone(),
-            env,
-            cwd: self.cwd.clone(),
-            user: self.user.clone(),
-            default_home: !self.env.iter().any(|(k, _)| k == "HOME"),
-            timeout_ms: self
-                .timeout
-                .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
-            ..Default::default()
-        })
+        Ok(ExecRequest::command(self.argv.clone())
+            .defaults(&self.sandbox.exec_defaults().await?)
+            .base_env(self.sandbox.base_env().await?)
+            .envs(self.env.clone())
+            .cwd(self.cwd.clone())
+            .user(self.user.clone())
+            .timeout(self.timeout)
+            .build())
     }
 
     /// Runs the command and captures its output ([`AsyncSandbox::exec`]).
@@ -156,7 +152,7 @@ impl AsyncSandbox {
             sandbox: self.clone(),
             argv: vec![program.into()],
             env: Vec::new(),
-            cwd: "/".into(),
+            cwd: None,
             user: None,
             timeout: None,
             stdin: None,

@@ -92,7 +92,7 @@ use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 use crate::runtime;
 use crate::sandbox::{self, ExecOutput, ExecStatus, Sandbox, StartOptions, Tail};
-use crate::spec::{self, NetMode, SandboxSpec, UsernsMode, Writable};
+use crate::spec::{self, SandboxSpec, UsernsMode};
 
 /// Captured output is limited to this much per stream unless asked otherwise
 /// (the tail is kept).
@@ -141,26 +141,7 @@ pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec>
         return Err(bad("not a directory".into()));
     }
     let ids = idmap::resolve(UsernsMode::Auto, &idmap::Caller::current())?;
-    Ok(SandboxSpec {
-        name: name.to_string(),
-        rootfs,
-        layers: Vec::new(),
-        // Names are ASCII, so any byte is a char boundary.
-        hostname: name[..name.len().min(64)].to_string(),
-        net: NetMode::Host,
-        ids,
-        writable: Writable::Tmpfs {
-            size_mib: spec::DEFAULT_TMPFS_MIB,
-        },
-        binds: Vec::new(),
-        host_dns: true,
-        shm_bytes: spec::DEFAULT_SHM_BYTES,
-        confinement: spec::Confinement::default(),
-        limits: spec::Limits {
-            pids: Some(spec::DEFAULT_PIDS),
-            ..spec::Limits::default()
-        },
-    })
+    Ok(SandboxSpec::new(name, rootfs, ids))
 }
 
 /// A running sandbox, for tokio.
@@ -413,6 +394,19 @@ impl AsyncSandbox {
         blocking("reading the base environment", move || {
             match this.handle().as_ref() {
                 Some(sb) => sb.base_env(),
+                None => Err(this.gone()),
+            }
+        })
+        .await
+    }
+
+    /// What execs default to (the image's WORKDIR, USER and env scripts, as
+    /// `sifbox start IMAGE` recorded them; nothing special otherwise).
+    pub async fn exec_defaults(&self) -> Result<crate::ExecDefaults> {
+        let this = self.clone();
+        blocking("reading the exec defaults", move || {
+            match this.handle().as_ref() {
+                Some(sb) => sb.exec_defaults(),
                 None => Err(this.gone()),
             }
         })

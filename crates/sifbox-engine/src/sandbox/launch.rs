@@ -177,7 +177,7 @@ impl Sandbox {
     /// ready; a setup failure is reported by whichever call waits for it
     /// first. A one-shot `run` saves a round trip this way.
     pub fn launch(spec: SandboxSpec, opts: &StartOptions) -> Result<Sandbox> {
-        validate_name(&spec.name)?;
+        spec.validate()?;
         let root = runtime::root()?;
         if let Err(e) = runtime::reap_dead(&root) {
             tracing::warn!("could not clean up dead sandboxes: {e}");
@@ -252,12 +252,6 @@ impl Sandbox {
                 return Err(bad(
                     why,
                     "leave out --disk (the layer is then a tmpfs: --tmpfs-size)",
-                ));
-            }
-            if *size_mib < 16 {
-                return Err(bad(
-                    "ext4 needs at least 16 MiB".into(),
-                    "pass a larger size, e.g. --disk 10g",
                 ));
             }
             crate::disk::prepare_scratch(scratch)?;

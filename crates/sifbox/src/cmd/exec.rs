@@ -5,9 +5,9 @@ use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 use sifbox_engine::protocol::ExecRequest;
-use sifbox_engine::{spec, Sandbox};
+use sifbox_engine::Sandbox;
 
-use crate::cmd::options::{bad, command_for, EnvArgs};
+use crate::cmd::options::{bad, EnvArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -62,11 +62,9 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
             "usage: sifbox exec [OPTIONS] NAME [--] CMD [ARGS...]",
         ));
     }
-    let timeout_ms = match a.timeout {
+    let timeout = match a.timeout {
         None => None,
-        Some(t) if t > 0.0 && t.is_finite() => {
-            Some(std::time::Duration::from_secs_f64(t).as_millis())
-        }
+        Some(t) if t > 0.0 && t.is_finite() => Some(std::time::Duration::from_secs_f64(t)),
         Some(_) => {
             return Err(bad(
                 "--timeout",
@@ -74,29 +72,16 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
                 "e.g. --timeout 30",
             ))
         }
-    }
-    .map(|ms| u64::try_from(ms).unwrap_or(u64::MAX));
-    let sandbox = Sandbox::attach(&a.name)?;
-    let defaults = sandbox.exec_defaults()?;
-    let mut env = sandbox.base_env()?;
-    let extra = a.env.resolve()?;
-    let default_home = !extra.iter().any(|(k, _)| k == "HOME");
-    for (k, v) in &extra {
-        spec::set_env(&mut env, k, v);
-    }
-    let req = ExecRequest {
-        argv: command_for(argv, &defaults),
-        env,
-        cwd: a
-            .cwd
-            .clone()
-            .or_else(|| defaults.cwd.clone())
-            .unwrap_or_else(|| "/".into()),
-        user: a.user.clone().or_else(|| defaults.user.clone()),
-        default_home,
-        timeout_ms,
-        ..Default::default()
     };
+    let sandbox = Sandbox::attach(&a.name)?;
+    let req = ExecRequest::command(argv)
+        .defaults(&sandbox.exec_defaults()?)
+        .base_env(sandbox.base_env()?)
+        .envs(a.env.resolve()?)
+        .cwd(a.cwd.clone())
+        .user(a.user.clone())
+        .timeout(timeout)
+        .build();
     if a.detach {
         let id = sandbox.exec_detached(req)?;
         outln!("{id}");

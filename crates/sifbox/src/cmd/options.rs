@@ -282,44 +282,24 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
             }
             Writable::Overlay { dir }
         }
-        (None, None) => {
-            if a.tmpfs_size == 0 {
-                return Err(bad(
-                    "--tmpfs-size 0",
-                    "the writable layer needs some space",
-                    "pass a size in MiB, e.g. 1024",
-                ));
-            }
-            Writable::Tmpfs {
-                size_mib: a.tmpfs_size,
-            }
-        }
-    };
-    let hostname = a.hostname.clone().unwrap_or_else(|| name.clone());
-    if hostname.is_empty() || hostname.len() > 64 {
-        return Err(bad(
-            &format!("--hostname {hostname:?}"),
-            "must be 1 to 64 bytes",
-            "pass a shorter host name",
-        ));
-    }
-    let spec = SandboxSpec {
-        name,
-        rootfs,
-        layers: Vec::new(),
-        hostname,
-        net: match a.net {
-            NetArg::Host => NetMode::Host,
-            NetArg::None => NetMode::None,
+        (None, None) => Writable::Tmpfs {
+            size_mib: a.tmpfs_size,
         },
-        ids,
-        writable,
-        binds,
-        host_dns: true,
-        shm_bytes: a.shm_size,
-        confinement: a.confine.confinement(),
-        limits: a.limits.limits()?,
     };
+    let mut spec = SandboxSpec::new(name, rootfs, ids);
+    if let Some(h) = &a.hostname {
+        spec.hostname.clone_from(h);
+    }
+    spec.net = match a.net {
+        NetArg::Host => NetMode::Host,
+        NetArg::None => NetMode::None,
+    };
+    spec.writable = writable;
+    spec.binds = binds;
+    spec.shm_bytes = a.shm_size;
+    spec.confinement = a.confine.confinement();
+    spec.limits = a.limits.limits()?;
+    spec.validate()?;
     let defaults = ExecDefaults {
         cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),
         user: a
@@ -379,16 +359,6 @@ pub fn own_logs(
         })?;
     }
     Ok(())
-}
-
-/// The argv to run for `argv` under `defaults`: through the image's env
-/// scripts when it has them.
-pub fn command_for(argv: Vec<String>, defaults: &ExecDefaults) -> Vec<String> {
-    if defaults.source_env_scripts {
-        sifbox_image::meta::with_env_scripts(&argv)
-    } else {
-        argv
-    }
 }
 
 /// Resolves the image of a sandbox command: `--rootfs DIR` (a directory) or

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::{Error, Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, command_for, own_logs, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, own_logs, resolve_image, SandboxArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -86,19 +86,12 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
     }
 
     own_logs(&sandbox, planned.logs_owner.as_deref())?;
-    let req = ExecRequest {
-        argv: command_for(args, &planned.defaults),
-        env: planned.env,
-        cwd: a
-            .cwd
-            .clone()
-            .or_else(|| planned.defaults.cwd.clone())
-            .unwrap_or_else(|| "/".into()),
-        user: planned.defaults.user.clone(),
-        default_home: true,
-        stop_after: true,
-        ..Default::default()
-    };
+    let req = ExecRequest::command(args)
+        .defaults(&planned.defaults)
+        .base_env(planned.env)
+        .cwd(a.cwd.clone())
+        .stop_after(true)
+        .build();
     let use_tty = a.tty && rustix::termios::isatty(std::io::stdin());
     let status = if use_tty {
         crate::cmd::tty::exec(&sandbox, req)
