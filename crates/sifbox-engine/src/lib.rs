@@ -25,6 +25,37 @@ pub mod transfer;
 pub mod worker;
 
 pub use error::{Error, Result};
+
+/// `bytes` random bytes as hex digits, for names nothing else can have
+/// made ready (sandbox, exec and cgroup names, temp files); from the
+/// kernel's random source, else the clock (a clash is then retried by
+/// whoever makes the name with `O_EXCL` or `mkdir`).
+pub fn random_id(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let n = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+            .to_le_bytes();
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = n[i % n.len()];
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
 pub use request::ExecBuilder;
 pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Usage};
 pub use spec::SandboxSpec;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn random_ids_are_hex_of_the_length_asked_and_differ() {
+        let a = super::random_id(8);
+        assert_eq!(a.len(), 16);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, super::random_id(8));
+        assert_eq!(super::random_id(3).len(), 6);
+    }
+}

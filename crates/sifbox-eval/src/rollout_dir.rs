@@ -65,22 +65,8 @@ pub fn create_file(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<File> {
     Ok(File::from(fd))
 }
 
-/// 16 random hex digits: names that nothing inside can have made ready
-/// for us (and `O_EXCL` catches the rest).
-fn random_hex() -> String {
-    let mut buf = [0u8; 8];
-    if rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty()).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        buf.copy_from_slice(&nanos.to_le_bytes()[..8]);
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn temp_name(name: &str) -> String {
-    format!(".{name}.tmp-{}", random_hex())
+    format!(".{name}.tmp-{}", sifbox_engine::random_id(8))
 }
 
 /// Writes `value` as pretty JSON to `name` in `dir`: a temp file of ours
@@ -197,7 +183,7 @@ pub fn remake_verifier(
                         kind_name(kind)
                     ));
                 }
-                let aside = format!(".verifier.left-{}", random_hex());
+                let aside = format!(".verifier.left-{}", sifbox_engine::random_id(8));
                 match rustix::fs::renameat_with(
                     dir,
                     "verifier",

@@ -169,7 +169,7 @@ impl AsyncSandbox {
                 }
                 id
             }
-            None => random_id(),
+            None => crate::random_id(8),
         };
         // With three stdio descriptors (no status descriptor) the exec stays
         // attached to this connection, and the id registers it for Signal.

@@ -574,18 +574,6 @@ fn join<T>(r: std::result::Result<T, tokio::task::JoinError>, what: &str) -> Res
     })
 }
 
-fn random_id() -> String {
-    let mut b = [0u8; 8];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b.copy_from_slice(&n.to_le_bytes()[..8]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

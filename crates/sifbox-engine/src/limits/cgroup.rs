@@ -541,17 +541,7 @@ pub fn sandbox_of(dir_name: &str) -> Option<&str> {
 
 /// A new `NAME-RAND` for sandbox `name`.
 fn cgroup_name(name: &str) -> String {
-    let mut b = [0u8; 4];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        // No randomness: the time still makes a clash unlikely, and a
-        // clash is retried.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        b = t.to_le_bytes();
-    }
-    format!("{name}-{:08x}", u32::from_le_bytes(b))
+    format!("{name}-{}", crate::random_id(4))
 }
 
 // ---------------------------------------------------------------------------

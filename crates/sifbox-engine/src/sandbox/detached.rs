@@ -3,23 +3,11 @@
 
 use super::*;
 
-pub(super) fn random_id() -> String {
-    let mut b = [0u8; 8];
-    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
-        let n = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        b.copy_from_slice(&n.to_le_bytes()[..8]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 impl Sandbox {
     /// Starts a command that runs on after this call; its output and exit
     /// status go to files under the runtime dir (`execs/ID/`). Returns the id.
     pub fn exec_detached(&self, req: ExecRequest) -> Result<String> {
-        let id = random_id();
+        let id = crate::random_id(8);
         let dir = self.dir.join("execs").join(&id);
         std::fs::DirBuilder::new()
             .recursive(true)

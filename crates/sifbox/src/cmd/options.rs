@@ -236,7 +236,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
     let rootfs = image.rootfs.clone();
     let name = match &a.name {
         Some(n) => n.clone(),
-        None => format!("run-{}", random_hex()),
+        None => format!("run-{}", sifbox_engine::random_id(6)),
     };
     spec::validate_name(&name)?;
     // The image's environment first, then --env-file, then --env.
@@ -324,18 +324,6 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         image,
         defaults,
     })
-}
-
-fn random_hex() -> String {
-    let mut buf = [0u8; 6];
-    if rustix::rand::getrandom(&mut buf, rustix::rand::GetRandomFlags::empty()).is_err() {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        buf[..4].copy_from_slice(&nanos.to_le_bytes());
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Gives the logs subdirs of a sandbox started with `--logs` to their
