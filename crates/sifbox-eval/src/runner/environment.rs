@@ -1,0 +1,206 @@
+//! The environment of a task: its image, built from its Dockerfile (with
+//! a build log and the build time limit) or resolved from its
+//! `docker_image`, once per job and shared by the rollouts that need it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use sifbox_build::build::BuildOptions;
+use sifbox_build::progress::Progress;
+use sifbox_image::meta::ImageMeta;
+use sifbox_image::store::Digest;
+
+use crate::cancel;
+use crate::result::now_rfc3339;
+use crate::task::{EnvSource, Task};
+
+use super::Ctx;
+
+/// An environment's image, ready to run.
+#[derive(Debug)]
+pub(super) struct Image {
+    pub(super) digest: Digest,
+    pub(super) rootfs: PathBuf,
+    pub(super) meta: ImageMeta,
+    pub(super) reference: String,
+    /// Commands must source the image's Apptainer env scripts.
+    pub(super) env_scripts: bool,
+    pub(super) log: Option<PathBuf>,
+}
+
+/// Why an environment has no image.
+#[derive(Debug, Clone)]
+pub(super) struct NoImage {
+    pub(super) message: String,
+    pub(super) log: Option<PathBuf>,
+    pub(super) interrupted: bool,
+}
+
+pub(super) type Slot = Arc<OnceLock<std::result::Result<Arc<Image>, NoImage>>>;
+
+impl Ctx<'_> {
+    /// The image of `task`'s environment: built (or resolved) by the first
+    /// rollout that asks, shared by the others.
+    pub(super) fn image(&self, task: &Task) -> std::result::Result<Arc<Image>, NoImage> {
+        let key = match &task.environment {
+            EnvSource::Dockerfile { context } => format!("build:{}", context.display()),
+            EnvSource::Image(r) => format!("image:{r}"),
+        };
+        let slot: Slot = Arc::clone(
+            self.images
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(key)
+                .or_default(),
+        );
+        slot.get_or_init(|| self.make_image(task).map(Arc::new))
+            .clone()
+    }
+
+    fn make_image(&self, task: &Task) -> std::result::Result<Image, NoImage> {
+        let fail = |message: String, log: Option<PathBuf>| NoImage {
+            message,
+            log,
+            interrupted: self.cancel.is_cancelled(),
+        };
+        let (digest, log) = match &task.environment {
+            EnvSource::Image(reference) => {
+                let d = (self.resolve.image)(reference)
+                    .map_err(|e| fail(format!("image {reference}: {e}"), None))?;
+                (d, None)
+            }
+            EnvSource::Dockerfile { context } => {
+                let d = self.build(task, context)?;
+                (d.0, Some(d.1))
+            }
+        };
+        let reference = match &task.environment {
+            EnvSource::Image(r) => r.clone(),
+            EnvSource::Dockerfile { .. } => format!("eval/{}", task.name.to_lowercase()),
+        };
+        let meta = sifbox_image::import::image_meta(self.store, &digest)
+            .map_err(|e| fail(format!("image {digest}: {e}"), log.clone()))?;
+        let rootfs = sifbox_image::import::rootfs(self.store, &digest)
+            .map_err(|e| fail(format!("unpacking image {digest}: {e}"), log.clone()))?;
+        let foreign = meta == ImageMeta::default();
+        Ok(Image {
+            env_scripts: foreign && sifbox_image::meta::has_env_scripts(&rootfs),
+            digest,
+            rootfs,
+            meta,
+            reference,
+            log,
+        })
+    }
+
+    /// Builds `context` with its log in `builds/TASK.log`, within the
+    /// task's build time limit.
+    fn build(
+        &self,
+        task: &Task,
+        context: &Path,
+    ) -> std::result::Result<(Digest, PathBuf), NoImage> {
+        let builds = self.dir.join("builds");
+        let log = builds.join(format!("{}.log", task.name));
+        let fail = |message: String| NoImage {
+            message,
+            log: Some(log.clone()),
+            interrupted: self.cancel.is_cancelled(),
+        };
+        if self.cancel.is_cancelled() {
+            return Err(fail("interrupted before the build".into()));
+        }
+        std::fs::create_dir_all(&builds)
+            .map_err(|e| fail(format!("creating {}: {e}", builds.display())))?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| fail(format!("creating {}: {e}", log.display())))?;
+        {
+            use std::io::Write;
+            let _ = writeln!(
+                file,
+                "# sifbox build {} at {}",
+                context.display(),
+                now_rfc3339()
+            );
+        }
+        let sink = file
+            .try_clone()
+            .map_err(|e| fail(format!("{}: {e}", log.display())))?;
+        let progress = Arc::new(Progress::to_file(sink));
+        let opts = BuildOptions {
+            context: context.to_path_buf(),
+            dockerfile: None,
+            build_args: std::collections::BTreeMap::new(),
+            secrets: std::collections::BTreeMap::new(),
+            target: None,
+            no_cache: self.opts.force_build,
+            host_ca: self.opts.host_ca.clone(),
+            exe: self.opts.exe.clone(),
+            userns: self.opts.userns,
+            confinement: self.opts.confinement(task),
+        };
+        self.observer.build_started(&task.name);
+        let started = Instant::now();
+        let limit = task.config.build_timeout;
+        // A watchdog ends the build at its time limit: it kills the build
+        // step's sandbox (a child of this thread), and the build fails.
+        let tid = cancel::current_tid();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let timed_out = std::sync::atomic::AtomicBool::new(false);
+        let flag = &timed_out;
+        let built = std::thread::scope(|s| {
+            s.spawn(move || {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(limit)
+                {
+                    flag.store(true, Ordering::SeqCst);
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        done_rx.recv_timeout(Duration::from_millis(100))
+                    {
+                        cancel::kill_sandboxes_of_thread(tid);
+                    }
+                }
+            });
+            let r = sifbox_build::build::build(self.store, &opts, self.resolve.from, progress);
+            drop(done_tx);
+            r
+        });
+        let took = started.elapsed();
+        let result = match built {
+            Ok(b) => {
+                let tag = format!("eval/{}", task.name.to_lowercase());
+                if let Err(e) = self.store.tag(&tag, &b.digest) {
+                    tracing::debug!("tagging {tag}: {e}");
+                }
+                Ok((b.digest, log.clone()))
+            }
+            Err(e) => {
+                let message = if timed_out.load(Ordering::SeqCst) {
+                    format!(
+                        "the build ran past build_timeout_sec ({} s) and was stopped: {e}",
+                        limit.as_secs_f64()
+                    )
+                } else if self.cancel.is_cancelled() {
+                    format!("interrupted: {e}")
+                } else {
+                    e.to_string()
+                };
+                {
+                    use std::io::Write;
+                    let _ = writeln!(file, "ERROR: {message}");
+                }
+                Err(fail(message))
+            }
+        };
+        self.observer.build_finished(
+            &task.name,
+            result.as_ref().err().map(|e| e.message.as_str()),
+            took,
+        );
+        result
+    }
+}

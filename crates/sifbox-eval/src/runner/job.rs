@@ -1,0 +1,361 @@
+//! The job: checking the input, the job dir (private, locked, `job.json`),
+//! planning the rollouts (what a resumed job keeps), the worker threads,
+//! and `summary.json`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use sifbox_engine::idmap;
+use sifbox_image::store::Store;
+
+use crate::cancel::{self, Cancel};
+use crate::error::{EvalError, Result};
+use crate::result::{
+    now_rfc3339, now_unix_ms, rollout_dir_name, write_json, RolloutResult, Summary, SUMMARY_FILE,
+};
+use crate::rollout_dir;
+use crate::task::Task;
+use crate::template;
+
+use super::rollout::rollout;
+use super::{Agent, Ctx, EvalOptions, JobInfo, JobOutcome, Layer, Observer, Resolvers, TaskEnv};
+
+fn resolve_env(task: &Task) -> Result<TaskEnv> {
+    let lookup = |k: &str| std::env::var(k).ok();
+    let one = |list: &[(String, String)], key: &str| -> Result<Vec<(String, String)>> {
+        list.iter()
+            .map(|(k, v)| {
+                template::resolve(v, &lookup)
+                    .map(|v| (k.clone(), v))
+                    .map_err(|why| {
+                        EvalError::bad(
+                            format!("{}/task.toml: {key}.{k}", task.dir.display()),
+                            why,
+                            "export the variable before running sifbox eval, or give a default: ${VAR:-default}",
+                        )
+                    })
+            })
+            .collect()
+    };
+    Ok(TaskEnv {
+        env: one(&task.config.env, "[environment] env")?,
+        verifier: one(&task.config.verifier_env, "[verifier] env")?,
+        solution: one(&task.config.solution_env, "[solution] env")?,
+    })
+}
+
+/// `job.json`: what the job was asked to do.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct JobFile {
+    job: String,
+    agent: String,
+    attempts: u32,
+    tasks: Vec<JobTask>,
+    created_at: String,
+    sifbox_version: String,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct JobTask {
+    name: String,
+    dir: PathBuf,
+}
+
+fn valid_job_name(s: &str) -> bool {
+    crate::task::valid_name(s)
+}
+
+/// Makes a dir of the caller's alone (0700).
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().mode(0o700).create(path)
+}
+
+/// Makes (or, resuming, opens) the job's dir, private to the caller (0700,
+/// and so is `--out` when sifbox makes it); returns its name and path.
+fn job_dir(opts: &EvalOptions) -> Result<(String, PathBuf)> {
+    if let Some(name) = &opts.job {
+        if !valid_job_name(name) {
+            return Err(EvalError::bad(
+                format!("--job {name:?}"),
+                "not a usable job name",
+                "use letters, digits, '.', '_' and '-' (at most 100)",
+            ));
+        }
+    } else if opts.resume {
+        return Err(EvalError::bad(
+            "--resume",
+            "no job named",
+            "pass --job NAME with the name of the job to continue (a directory in --out)",
+        ));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&opts.out)
+        .map_err(|e| {
+            EvalError::bad(
+                format!("--out {}", opts.out.display()),
+                format!("cannot create it: {e}"),
+                "pass a directory you can write",
+            )
+        })?;
+    let out = std::path::absolute(&opts.out)
+        .map_err(|e| EvalError::io(format!("--out {}", opts.out.display()), e))?;
+    if let Some(name) = &opts.job {
+        let dir = out.join(name);
+        match private_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && opts.resume => {
+                // A job of an older sifbox may be open to others.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| EvalError::io(format!("making {} private", dir.display()), e))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(EvalError::bad(
+                    format!("job {}", dir.display()),
+                    "it exists already",
+                    "pass --resume to continue it, or another --job NAME",
+                ))
+            }
+            Err(e) => return Err(EvalError::io(format!("creating {}", dir.display()), e)),
+        }
+        return Ok((name.clone(), dir));
+    }
+    let base = crate::result::timestamp_name();
+    for n in 1..1000 {
+        let name = if n == 1 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        let dir = out.join(&name);
+        match private_dir(&dir) {
+            Ok(()) => return Ok((name, dir)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(EvalError::io(format!("creating {}", dir.display()), e)),
+        }
+    }
+    Err(EvalError::bad(
+        format!("--out {}", out.display()),
+        "too many jobs started this second",
+        "pass --job NAME",
+    ))
+}
+
+/// Holds the job's lock for as long as it lives.
+#[derive(Debug)]
+struct JobLock(#[allow(dead_code, reason = "held for its lock")] File);
+
+fn lock_job(dir: &Path) -> Result<JobLock> {
+    let path = dir.join(".lock");
+    let f = File::create(&path)
+        .map_err(|e| EvalError::io(format!("creating {}", path.display()), e))?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(JobLock(f)),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(EvalError::bad(
+            format!("job {}", dir.display()),
+            "another sifbox eval is running it",
+            "wait for it to end, or pass another --job NAME",
+        )),
+        Err(e) => Err(EvalError::io(format!("locking {}", path.display()), e)),
+    }
+}
+
+/// The scratch dir of disk-backed layers for `layer` on this host, made if
+/// missing; `None` for tmpfs layers.
+fn layer_scratch(store: &Store, layer: Layer) -> Result<Option<PathBuf>> {
+    let why_not = sifbox_engine::disk::unavailable();
+    let dir = sifbox_engine::disk::scratch_dir(&store.root().join("scratch"));
+    match (layer, why_not) {
+        (Layer::Tmpfs, _) | (Layer::Auto, Some(_)) => Ok(None),
+        (Layer::Disk, Some(why)) => Err(EvalError::bad(
+            "--layer disk",
+            why,
+            "pass --layer tmpfs (or auto), or run as root",
+        )),
+        (Layer::Auto | Layer::Disk, None) => {
+            sifbox_engine::disk::prepare_scratch(&dir)?;
+            Ok(Some(dir))
+        }
+    }
+}
+
+/// Runs the job: every task in `tasks` `opts.attempts` times.
+pub fn run(
+    store: &Store,
+    tasks: &[Task],
+    opts: &EvalOptions,
+    resolve: &Resolvers<'_>,
+    observer: &dyn Observer,
+    cancel: &Cancel,
+) -> Result<JobOutcome> {
+    let started_ms = now_unix_ms();
+    if opts.attempts == 0 || opts.attempts > 100_000 {
+        return Err(EvalError::bad(
+            format!("--attempts {}", opts.attempts),
+            "must be 1 to 100000",
+            "pass e.g. --attempts 3",
+        ));
+    }
+    if opts.jobs == 0 || opts.jobs > 4096 {
+        return Err(EvalError::bad(
+            format!("--jobs {}", opts.jobs),
+            "must be 1 to 4096",
+            "pass e.g. --jobs 4",
+        ));
+    }
+    opts.limits.check()?;
+    if tasks.is_empty() {
+        return Err(EvalError::bad(
+            "sifbox eval",
+            "no task to run",
+            "pass task directories (check --filter)",
+        ));
+    }
+    if opts.agent == Agent::Oracle {
+        for t in tasks {
+            let ok = t
+                .solution
+                .as_ref()
+                .is_some_and(|s| s.join("solve.sh").is_file());
+            if !ok {
+                return Err(EvalError::bad(
+                    format!("task {}", t.dir.display()),
+                    "the oracle agent needs solution/solve.sh (or oracle/solve.sh), and it has none",
+                    "add the solution, or run another --agent",
+                ));
+            }
+        }
+    }
+    // Everything that can be wrong with the input is found before the job
+    // dir exists: bad input leaves nothing behind.
+    let envs: Vec<TaskEnv> = tasks.iter().map(resolve_env).collect::<Result<_>>()?;
+    let ids = idmap::resolve(opts.userns, &idmap::Caller::current())?;
+    let scratch = layer_scratch(store, opts.layer)?;
+    let (job, dir) = job_dir(opts)?;
+    let _lock = lock_job(&dir)?;
+    let agent_label = opts.agent.label();
+    let job_file = dir.join("job.json");
+    if opts.resume {
+        if let Some(prev) = std::fs::read(&job_file)
+            .ok()
+            .and_then(|d| serde_json::from_slice::<JobFile>(&d).ok())
+        {
+            if prev.agent != agent_label {
+                return Err(EvalError::bad(
+                    format!("--resume of job {job}"),
+                    format!("the job ran agent {:?}, not {agent_label:?}", prev.agent),
+                    "resume with the same --agent, or start another --job",
+                ));
+            }
+        }
+    }
+    write_json(
+        &job_file,
+        &JobFile {
+            job: job.clone(),
+            agent: agent_label.clone(),
+            attempts: opts.attempts,
+            tasks: tasks
+                .iter()
+                .map(|t| JobTask {
+                    name: t.name.clone(),
+                    dir: t.dir.clone(),
+                })
+                .collect(),
+            created_at: now_rfc3339(),
+            sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+    )?;
+
+    // The plan: (task, attempt), with what an earlier run finished.
+    let mut results: Vec<Vec<Option<RolloutResult>>> = Vec::with_capacity(tasks.len());
+    let mut todo: Vec<(usize, u32)> = Vec::new();
+    for (ti, t) in tasks.iter().enumerate() {
+        let mut row = Vec::new();
+        for attempt in 1..=opts.attempts {
+            let kept = if opts.resume {
+                rollout_dir::load_result(&dir.join(rollout_dir_name(&t.name, attempt)))
+                    .filter(|r| r.status.is_final() && r.agent == agent_label)
+            } else {
+                None
+            };
+            if kept.is_none() {
+                todo.push((ti, attempt));
+            }
+            row.push(kept);
+        }
+        results.push(row);
+    }
+    let workers = opts.jobs.min(todo.len()).max(1);
+    let total = tasks.len() * opts.attempts as usize;
+    observer.job_started(&JobInfo {
+        job: job.clone(),
+        dir: dir.clone(),
+        total,
+        kept: total - todo.len(),
+        to_run: todo.len(),
+        workers,
+    });
+
+    let ctx = Ctx {
+        store,
+        opts,
+        resolve,
+        observer,
+        cancel,
+        job: job.clone(),
+        dir: dir.clone(),
+        ids,
+        agent_label: agent_label.clone(),
+        images: Mutex::new(HashMap::new()),
+        seq: AtomicUsize::new(0),
+        scratch,
+    };
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<(usize, u32, RolloutResult)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let tid = cancel::current_tid();
+                cancel.add_thread(tid);
+                loop {
+                    if cancel.is_cancelled() {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&(ti, attempt)) = todo.get(i) else {
+                        break;
+                    };
+                    let r = rollout(&ctx, &tasks[ti], &envs[ti], attempt);
+                    observer.rollout_finished(&r);
+                    done.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((ti, attempt, r));
+                }
+                cancel.remove_thread(tid);
+            });
+        }
+    });
+    let done = done
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ran_now = u32::try_from(done.len()).unwrap_or(u32::MAX);
+    for (ti, attempt, r) in done {
+        results[ti][attempt as usize - 1] = Some(r);
+    }
+    let rows: Vec<(String, Vec<Option<RolloutResult>>)> =
+        tasks.iter().map(|t| t.name.clone()).zip(results).collect();
+    let summary = Summary::compute(&job, &agent_label, &rows, started_ms, ran_now);
+    write_json(&dir.join(SUMMARY_FILE), &summary)?;
+    Ok(JobOutcome {
+        summary,
+        dir,
+        interrupted: cancel.is_cancelled(),
+    })
+}

@@ -1,0 +1,245 @@
+//! A job: every task `attempts` times on a pool of worker threads.
+//!
+//! ```text
+//! OUT/JOB/
+//!   job.json              what was asked (agent, attempts, tasks)
+//!   builds/TASK.log       each environment's build log
+//!   TASK__N/              one rollout, bound at /logs in its sandbox
+//!     result.json         reward, status, error class, timings, image
+//!     sandbox.json        how it was sandboxed
+//!     build.log           a copy of the build log
+//!     agent/ verifier/ artifacts/
+//!   summary.json
+//! ```
+//!
+//! OUT/JOB is the caller's alone (0700). A rollout dir is 0755; `agent/`
+//! and `artifacts/` belong to the agent's user inside the sandbox,
+//! `verifier/` to the verifier's, so only the sandbox's ids write there.
+//! Everything below a rollout dir is touched by fd only (see
+//! [`crate::rollout_dir`]), and `verifier/` is re-made before the verifier
+//! runs.
+//!
+//! A rollout: the environment's image (built once per job and shared by
+//! the rollouts that need it; sifbox-build's step cache makes an unchanged
+//! build a cache hit), a sandbox with the rollout's dir at /logs, the
+//! instruction at /instruction.md, the agent, the tests at /tests, the
+//! verifier, the reward, then the sandbox is stopped and removed.
+
+mod environment;
+mod job;
+mod phases;
+mod rollout;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sifbox_build::error::BuildError;
+use sifbox_engine::spec::{self, IdMapping, NetMode, UsernsMode};
+use sifbox_image::store::{Digest, Store};
+
+use crate::cancel::Cancel;
+use crate::error::{EvalError, Result};
+use crate::result::{RolloutResult, Summary};
+use crate::task::{Overrides, Task};
+use environment::Slot;
+pub use job::run;
+
+/// The agent of a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Agent {
+    /// Runs the task's solution: `bash /solution/solve.sh`.
+    Oracle,
+    /// Does nothing (the verifier sees the environment as built).
+    Nop,
+    /// A shell command run in the sandbox (`/bin/sh -c CMD`), with the
+    /// instruction at /instruction.md and in `$SIFBOX_INSTRUCTION`.
+    Command(String),
+}
+
+impl Agent {
+    /// `oracle`, `nop`, `cmd:COMMAND`, or a command with a space in it; a
+    /// bare word is taken for an agent name sifbox does not have.
+    pub fn parse(s: &str) -> Result<Agent> {
+        match s {
+            "oracle" => return Ok(Agent::Oracle),
+            "nop" => return Ok(Agent::Nop),
+            _ => {}
+        }
+        let cmd = s.strip_prefix("cmd:").unwrap_or(s);
+        if cmd.trim().is_empty() || cmd.contains('\0') {
+            return Err(EvalError::bad(
+                format!("--agent {s:?}"),
+                "no command",
+                "pass --agent oracle, --agent nop, or a shell command to run in the sandbox",
+            ));
+        }
+        if !s.starts_with("cmd:") && !s.chars().any(char::is_whitespace) {
+            return Err(EvalError::bad(
+                format!("--agent {s}"),
+                "not an agent sifbox knows (it has oracle and nop)",
+                format!(
+                    "to run a command of that name in the sandbox, write --agent 'cmd:{s}' (or a command line with arguments)"
+                ),
+            ));
+        }
+        Ok(Agent::Command(cmd.to_string()))
+    }
+
+    /// How results name the agent.
+    pub fn label(&self) -> String {
+        match self {
+            Agent::Oracle => "oracle".into(),
+            Agent::Nop => "nop".into(),
+            Agent::Command(c) => format!("cmd:{c}"),
+        }
+    }
+}
+
+/// How to run a job.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub agent: Agent,
+    /// Rollouts per task.
+    pub attempts: u32,
+    /// Rollouts at the same time.
+    pub jobs: usize,
+    /// Where jobs go (`OUT/JOB/...`).
+    pub out: PathBuf,
+    /// The job's name (default: the UTC time, `YYYY-MM-DD__HH-MM-SS`).
+    pub job: Option<String>,
+    /// Every phase's network, whatever the tasks say.
+    pub net: Option<NetMode>,
+    /// Continue the job: keep its finished rollouts, run the others.
+    pub resume: bool,
+    /// Rebuild the environments without their build cache.
+    pub force_build: bool,
+    /// The sifbox binary that serves as the sandboxes' supervisor.
+    pub exe: PathBuf,
+    pub userns: UsernsMode,
+    /// The host's CA bundle for build steps (see `sifbox build --host-ca`).
+    pub host_ca: Option<PathBuf>,
+    /// The seccomp policy of every rollout and build step.
+    pub seccomp: spec::SeccompMode,
+    /// Every task's commands may create user namespaces (else only tasks
+    /// that ask for it with `[metadata.sifbox] allow_userns`).
+    pub allow_userns: bool,
+    /// Limits set for every task (`--override-*`, `--pids`).
+    pub limits: Overrides,
+    /// Where rollouts' writable layers live.
+    pub layer: Layer,
+}
+
+/// Where a rollout's writable layer (its `storage_mb`) lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layer {
+    /// On disk where this host allows it (host root), else in a tmpfs.
+    #[default]
+    Auto,
+    /// A tmpfs: memory, counted in the rollout's memory limit.
+    Tmpfs,
+    /// An ext4 file system on a loop device over a nameless file in the
+    /// scratch dir (host root only; see `sifbox_engine::disk`).
+    Disk,
+}
+
+impl EvalOptions {
+    /// What the commands of `task`'s rollouts may ask of the kernel.
+    pub fn confinement(&self, task: &Task) -> spec::Confinement {
+        spec::Confinement {
+            seccomp: self.seccomp,
+            allow_userns: self.allow_userns || task.config.allow_userns,
+        }
+    }
+}
+
+/// Turns an image reference into a store image.
+pub type Resolver<'a> = dyn Fn(&str) -> std::result::Result<Digest, BuildError> + Sync + 'a;
+
+/// How image references resolve: a Dockerfile's `FROM` (and `COPY
+/// --from`), and a task's `docker_image`.
+pub struct Resolvers<'a> {
+    pub from: &'a Resolver<'a>,
+    pub image: &'a Resolver<'a>,
+}
+
+impl std::fmt::Debug for Resolvers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resolvers")
+    }
+}
+
+/// What a job is about to do.
+#[derive(Debug, Clone)]
+pub struct JobInfo {
+    pub job: String,
+    pub dir: PathBuf,
+    /// Rollouts in the job, kept from an earlier run, to run now.
+    pub total: usize,
+    pub kept: usize,
+    pub to_run: usize,
+    pub workers: usize,
+}
+
+/// Hears what a job does, from its worker threads (for a live display).
+pub trait Observer: Sync {
+    fn job_started(&self, _job: &JobInfo) {}
+    fn build_started(&self, _task: &str) {}
+    /// `error`: the build's error, when it failed.
+    fn build_finished(&self, _task: &str, _error: Option<&str>, _took: Duration) {}
+    fn rollout_started(&self, _rollout: &str) {}
+    fn rollout_finished(&self, _result: &RolloutResult) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug)]
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// How a job ended.
+#[derive(Debug, Clone)]
+pub struct JobOutcome {
+    pub summary: Summary,
+    /// `OUT/JOB`.
+    pub dir: PathBuf,
+    pub interrupted: bool,
+}
+
+/// A task's env for each phase, resolved from the host's environment.
+#[derive(Debug, Clone, Default)]
+struct TaskEnv {
+    env: Vec<(String, String)>,
+    verifier: Vec<(String, String)>,
+    solution: Vec<(String, String)>,
+}
+
+/// Everything the workers share.
+struct Ctx<'a> {
+    store: &'a Store,
+    opts: &'a EvalOptions,
+    resolve: &'a Resolvers<'a>,
+    observer: &'a dyn Observer,
+    cancel: &'a Cancel,
+    job: String,
+    dir: PathBuf,
+    ids: IdMapping,
+    agent_label: String,
+    images: Mutex<HashMap<String, Slot>>,
+    seq: AtomicUsize,
+    /// The scratch dir of disk-backed layers; `None`: tmpfs layers.
+    scratch: Option<PathBuf>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Sets `k` in `env`, replacing an earlier value.
+fn set_env(env: &mut Vec<(String, String)>, k: &str, v: &str) {
+    match env.iter_mut().find(|(key, _)| key == k) {
+        Some(e) => e.1 = v.to_string(),
+        None => env.push((k.to_string(), v.to_string())),
+    }
+}

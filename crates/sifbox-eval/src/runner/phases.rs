@@ -1,0 +1,722 @@
+//! The phases of a rollout in its running sandbox: set-up, the
+//! healthcheck, the agent, the verifier and the reward, each command
+//! measured and judged (time limit, killed for memory).
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use sifbox_engine::evidence::LogsDir;
+use sifbox_engine::protocol::ExecRequest;
+use sifbox_engine::spec::NetMode;
+use sifbox_engine::{ExecStatus, Sandbox, Usage};
+
+use crate::result::{one_line, ErrorClass, Phase, RolloutResult};
+use crate::reward::{self, Reward};
+use crate::rollout_dir;
+use crate::task::{NetworkMode, RolloutLimits, Task};
+
+use super::environment::Image;
+use super::rollout::{how_name, interrupted};
+use super::{ms, set_env, Agent, Ctx, TaskEnv};
+
+/// Everything a rollout needs once its sandbox runs.
+pub(super) struct Running<'a> {
+    pub(super) sandbox: &'a Sandbox,
+    pub(super) base_env: Vec<(String, String)>,
+    pub(super) cwd: String,
+    pub(super) env_scripts: bool,
+    pub(super) sandbox_net: NetMode,
+    pub(super) null: File,
+}
+
+impl Running<'_> {
+    /// Runs `argv` with its output (stdout and stderr) in `out`.
+    #[allow(clippy::too_many_arguments, reason = "one call site per phase")]
+    fn exec(
+        &self,
+        cwd: &str,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        user: Option<String>,
+        timeout: Duration,
+        net: NetMode,
+        out: &File,
+    ) -> sifbox_engine::Result<(ExecStatus, Duration)> {
+        let argv = if self.env_scripts {
+            sifbox_image::meta::with_env_scripts(&argv)
+        } else {
+            argv
+        };
+        let req = ExecRequest {
+            argv,
+            env,
+            cwd: cwd.to_string(),
+            user,
+            default_home: true,
+            timeout_ms: Some(ms(timeout).max(1)),
+            isolate_net: self.sandbox_net == NetMode::Host && net == NetMode::None,
+            ..ExecRequest::default()
+        };
+        let started = Instant::now();
+        let st = self
+            .sandbox
+            .exec(req, [self.null.as_fd(), out.as_fd(), out.as_fd()])?;
+        Ok((st, started.elapsed()))
+    }
+
+    /// [`Running::exec`], with what the sandbox used meanwhile: its CPU
+    /// time, its memory peak (started afresh) and the processes killed for
+    /// memory.
+    #[allow(clippy::too_many_arguments, reason = "as exec")]
+    fn measured_exec(
+        &self,
+        cwd: &str,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        user: Option<String>,
+        timeout: Duration,
+        net: NetMode,
+        out: &File,
+    ) -> sifbox_engine::Result<(ExecStatus, Duration, PhaseUsage)> {
+        self.sandbox.reset_memory_peak();
+        let before = self.sandbox.usage();
+        let (st, took) = self.exec(cwd, argv, env, user, timeout, net, out)?;
+        let mut used = PhaseUsage::between(&before, &self.sandbox.usage());
+        // A command killed by SIGKILL may have been the limit's victim
+        // before the kill was counted: wait a moment for the count.
+        if matches!(
+            st,
+            ExecStatus::Exited {
+                code: KILLED,
+                timed_out: false
+            }
+        ) && used.oom_kills == 0
+            && self.sandbox.limits().how("memory").is_some()
+        {
+            let deadline = Instant::now() + Duration::from_millis(200);
+            while used.oom_kills == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+                used = PhaseUsage::between(&before, &self.sandbox.usage());
+            }
+        }
+        Ok((st, took, used))
+    }
+}
+
+fn with_env(base: &[(String, String)], extra: &[&[(String, String)]]) -> Vec<(String, String)> {
+    let mut env = base.to_vec();
+    for list in extra {
+        for (k, v) in *list {
+            set_env(&mut env, k, v);
+        }
+    }
+    env
+}
+
+fn as_mode(n: NetMode) -> NetworkMode {
+    match n {
+        NetMode::None => NetworkMode::NoNetwork,
+        NetMode::Host => NetworkMode::Public,
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+#[allow(clippy::too_many_lines, reason = "the phases of a rollout, in order")]
+pub(super) fn phases(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    image: &Image,
+    run: &Running<'_>,
+    r: &mut RolloutResult,
+    env_net: NetMode,
+    agent_net: NetMode,
+    verifier_net: NetMode,
+) {
+    let c = &task.config;
+    let sb = run.sandbox;
+    let image_user = image.meta.user.clone().filter(|u| !u.is_empty());
+    let agent_user = c.agent_user.clone().or_else(|| image_user.clone());
+    let verifier_user = c.verifier_user.clone().or_else(|| image_user.clone());
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+        }
+    };
+    // The agent's log, made while agent/ is still the caller's (after the
+    // chown below, an unprivileged caller could not create files there).
+    let agent_log = match &ctx.opts.agent {
+        Agent::Nop => None,
+        Agent::Oracle => Some("oracle.txt"),
+        Agent::Command(_) => Some("command.txt"),
+    };
+    let agent_out = match agent_log
+        .map(|name| rollout_dir::create_file(logs.agent.as_fd(), name).map_err(|e| (name, e)))
+        .transpose()
+    {
+        Ok(f) => f,
+        Err((name, e)) => return infra(r, &format!("creating agent/{name}"), &e),
+    };
+    // The agent's logs subdirs go to its user before anything runs in the
+    // sandbox (the sandbox's root does it: an unprivileged caller cannot
+    // chown to the sandbox's other ids on the host). verifier/ stays
+    // root's until it is re-made for the verifier.
+    let t = Instant::now();
+    for sub in ["agent", "artifacts"] {
+        if let Some(u) = &agent_user {
+            if let Err(e) = sb.chown(&format!("/logs/{sub}"), u) {
+                return infra(r, &format!("giving /logs/{sub} to the user {u}"), &e);
+            }
+        }
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+
+    // Set-up: the task's workdir, the healthcheck, the instruction.
+    let t = Instant::now();
+    if let Some(w) = &c.workdir {
+        if image.meta.workdir.as_deref() != Some(w.as_str()) {
+            match run.exec(
+                "/",
+                vec!["mkdir".into(), "-p".into(), w.clone()],
+                run.base_env.clone(),
+                None,
+                Duration::from_secs(30),
+                env_net,
+                &run.null,
+            ) {
+                Ok((ExecStatus::Exited { code: 0, .. }, _)) => {}
+                Ok((st, _)) => {
+                    r.fail(
+                        ErrorClass::StartFailed,
+                        format!(
+                            "creating the workdir {w}: mkdir -p exited with code {}",
+                            st.code()
+                        ),
+                    );
+                    return;
+                }
+                Err(e) => return infra(r, "creating the workdir", &e),
+            }
+        }
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+    if let Some(h) = &c.healthcheck {
+        let t = Instant::now();
+        let healthy = healthcheck(ctx, run, h, env_net);
+        r.timings_ms.start += ms(t.elapsed());
+        match healthy {
+            Ok(()) => {}
+            Err(e) => {
+                if !interrupted(ctx, r) {
+                    r.fail(ErrorClass::StartFailed, e);
+                }
+                return;
+            }
+        }
+    }
+    if interrupted(ctx, r) {
+        return;
+    }
+    let t = Instant::now();
+    if let Err(e) = sb.upload(&task.instruction, "/instruction.md", agent_user.as_deref()) {
+        return infra(r, "uploading instruction.md", &e);
+    }
+
+    // The agent.
+    let agent = match &ctx.opts.agent {
+        Agent::Nop => None,
+        Agent::Oracle => {
+            let Some(solution) = &task.solution else {
+                r.fail(ErrorClass::AgentFailed, "the task has no solution");
+                return;
+            };
+            if let Err(e) = sb.upload(solution, "/solution", agent_user.as_deref()) {
+                return infra(r, "uploading the solution", &e);
+            }
+            Some((
+                vec!["bash".to_string(), "/solution/solve.sh".to_string()],
+                with_env(&run.base_env, &[&env.solution]),
+            ))
+        }
+        Agent::Command(cmd) => {
+            let instruction = match std::fs::read_to_string(&task.instruction) {
+                Ok(s) => s,
+                Err(e) => return infra(r, "reading instruction.md", &e),
+            };
+            let mut env = run.base_env.clone();
+            set_env(&mut env, "SIFBOX_INSTRUCTION", &instruction);
+            Some((
+                vec!["/bin/sh".to_string(), "-c".to_string(), cmd.clone()],
+                env,
+            ))
+        }
+    };
+    r.timings_ms.setup += ms(t.elapsed());
+    if let (Some((argv, agent_env)), Some(out)) = (agent, agent_out) {
+        if interrupted(ctx, r) {
+            return;
+        }
+        let ran = run.measured_exec(
+            &run.cwd,
+            argv,
+            agent_env,
+            agent_user.clone(),
+            c.agent_timeout,
+            agent_net,
+            &out,
+        );
+        match ran {
+            Ok((st, took, used)) => {
+                r.timings_ms.agent = ms(took);
+                r.agent_run = Some(phase(&st, took, agent_net, &agent_user, &used));
+                if killed_for_memory(&st, &used) {
+                    if !interrupted(ctx, r) {
+                        r.fail(
+                            ErrorClass::Oom,
+                            oom_message("agent", &st, &used, &r.limits, sb.limits()),
+                        );
+                    }
+                    // As Harbor (MemoryLimitExceededError: not graded),
+                    // the verifier does not run: what the agent left is
+                    // the work of a process tree cut short.
+                    return;
+                }
+                note_oom_survived(r, "agent", &used);
+                match st {
+                    ExecStatus::Exited {
+                        timed_out: true, ..
+                    } => r.fail(
+                        ErrorClass::AgentTimeout,
+                        format!(
+                            "the agent ran past its time limit ({} s) and was killed",
+                            c.agent_timeout.as_secs_f64()
+                        ),
+                    ),
+                    ExecStatus::Exited { code: 0, .. } => {}
+                    ExecStatus::Exited { code, .. } => r.fail(
+                        ErrorClass::AgentFailed,
+                        format!("the agent exited with code {code}"),
+                    ),
+                    ExecStatus::Failed { code, message } => r.fail(
+                        ErrorClass::AgentFailed,
+                        format!("the agent could not start ({code}): {message}"),
+                    ),
+                }
+            }
+            Err(e) => return infra(r, "running the agent", &e),
+        }
+    }
+
+    // The verifier.
+    if interrupted(ctx, r) {
+        return;
+    }
+    let t = Instant::now();
+    // verifier/ afresh: whatever the agent left there (reward files, a
+    // symlink out of the rollout dir, planted files) goes, unfollowed.
+    let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
+    match rollout_dir::remake_verifier(logs.dir.as_fd(), &remove_inside) {
+        Ok(remade) => {
+            logs.verifier = remade.dir;
+            r.notes.extend(remade.notes);
+        }
+        Err(e) => {
+            if !interrupted(ctx, r) {
+                r.fail(ErrorClass::VerifierFailed, e);
+            }
+            return;
+        }
+    }
+    // The verifier's log, made while the new dir is the caller's.
+    let out = match rollout_dir::create_file(logs.verifier.as_fd(), "test-stdout.txt") {
+        Ok(f) => f,
+        Err(e) => return infra(r, "creating verifier/test-stdout.txt", &e),
+    };
+    if let Some(u) = &verifier_user {
+        if let Err(e) = sb.chown("/logs/verifier", u) {
+            return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
+        }
+    }
+    if let Err(e) = sb.upload(&task.tests, "/tests", verifier_user.as_deref()) {
+        return infra(r, "uploading the tests", &e);
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+    let ran = run.measured_exec(
+        &run.cwd,
+        vec!["bash".to_string(), "/tests/test.sh".to_string()],
+        with_env(&run.base_env, &[&env.verifier]),
+        verifier_user.clone(),
+        c.verifier_timeout,
+        verifier_net,
+        &out,
+    );
+    let (st, took, used) = match ran {
+        Ok(x) => x,
+        Err(e) => return infra(r, "running the verifier", &e),
+    };
+    r.timings_ms.verifier = ms(took);
+    r.verifier_run = Some(phase(&st, took, verifier_net, &verifier_user, &used));
+    if killed_for_memory(&st, &used) {
+        // Whatever reward it left is the work of a test cut short.
+        if !interrupted(ctx, r) {
+            r.fail(
+                ErrorClass::Oom,
+                oom_message("verifier", &st, &used, &r.limits, sb.limits()),
+            );
+        }
+        return;
+    }
+    note_oom_survived(r, "verifier", &used);
+    match &st {
+        ExecStatus::Exited {
+            timed_out: true, ..
+        } => {
+            r.fail(
+                ErrorClass::VerifierTimeout,
+                format!(
+                    "the verifier ran past its time limit ({} s) and was killed",
+                    c.verifier_timeout.as_secs_f64()
+                ),
+            );
+            return;
+        }
+        ExecStatus::Failed { code, message } => {
+            r.fail(
+                ErrorClass::VerifierFailed,
+                format!("test.sh could not start ({code}): {message}"),
+            );
+            return;
+        }
+        ExecStatus::Exited { .. } => {}
+    }
+    match reward::read(logs.dir.as_fd(), &ctx.ids) {
+        Reward::Found { value, source, all } => {
+            r.reward = Some(value);
+            r.reward_source = Some(source.to_string());
+            r.rewards = all;
+        }
+        Reward::Missing => r.fail(
+            ErrorClass::VerifierFailed,
+            format!(
+                "no reward: test.sh exited with code {} and wrote neither /logs/verifier/reward.json nor reward.txt (see verifier/test-stdout.txt)",
+                st.code()
+            ),
+        ),
+        Reward::Invalid(why) => r.fail(ErrorClass::VerifierFailed, why),
+    }
+}
+
+fn phase(
+    st: &ExecStatus,
+    took: Duration,
+    net: NetMode,
+    user: &Option<String>,
+    used: &PhaseUsage,
+) -> Phase {
+    #[allow(clippy::cast_precision_loss, reason = "CPU time in ms, far below 2^52")]
+    let cpu_seconds = used.cpu_ns.map(|ns| (ns / 1_000_000) as f64 / 1000.0);
+    Phase {
+        exit_code: match st {
+            ExecStatus::Exited { code, .. } => Some(*code),
+            ExecStatus::Failed { .. } => None,
+        },
+        timed_out: st.timed_out(),
+        duration_ms: ms(took),
+        network: Some(as_mode(net)),
+        user: user.clone(),
+        cpu_seconds,
+        memory_peak_bytes: used.memory_peak,
+        oom_kills: used.oom_kills,
+    }
+}
+
+/// What the sandbox used while one phase's command ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PhaseUsage {
+    /// CPU time of the phase (None: the host could not tell).
+    cpu_ns: Option<u64>,
+    /// The phase's memory peak.
+    memory_peak: Option<u64>,
+    /// Processes killed for memory during the phase.
+    oom_kills: u64,
+    /// ... and since the sandbox started.
+    oom_total: u64,
+}
+
+impl PhaseUsage {
+    fn between(before: &Usage, after: &Usage) -> PhaseUsage {
+        PhaseUsage {
+            cpu_ns: after
+                .cpu_ns
+                .zip(before.cpu_ns)
+                .map(|(a, b)| a.saturating_sub(b)),
+            memory_peak: after.memory_peak,
+            oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
+            oom_total: after.oom_kills,
+        }
+    }
+}
+
+/// The exit code of a command killed by SIGKILL.
+const KILLED: i32 = 128 + 9;
+
+/// Whether a phase's command died of the memory limit: it failed after a
+/// process of the sandbox was killed for memory during the phase, or it
+/// was itself killed (SIGKILL) in a sandbox that has had such kills. A
+/// command that carried on to exit 0, or ran into its time limit, did not
+/// (a note says what was killed).
+fn killed_for_memory(st: &ExecStatus, used: &PhaseUsage) -> bool {
+    match st {
+        ExecStatus::Exited {
+            timed_out: true, ..
+        }
+        | ExecStatus::Exited { code: 0, .. } => false,
+        ExecStatus::Exited { code, .. } => {
+            used.oom_kills > 0 || (*code == KILLED && used.oom_total > 0)
+        }
+        ExecStatus::Failed { .. } => used.oom_kills > 0,
+    }
+}
+
+/// The error of a phase killed for memory: the limit, what enforced it,
+/// what was killed, what to do.
+fn oom_message(
+    phase: &str,
+    st: &ExecStatus,
+    used: &PhaseUsage,
+    limits: &RolloutLimits,
+    e: &sifbox_engine::limits::Enforcement,
+) -> String {
+    let limit = limits
+        .memory_mb
+        .map_or_else(|| "its".to_string(), |m| format!("its {m} MiB"));
+    let how = e
+        .how("memory")
+        .map(|h| format!(", enforced by {}", how_name(h)))
+        .unwrap_or_default();
+    let peak = used
+        .memory_peak
+        .map(|p| format!(", peak {} MiB", p.div_ceil(1 << 20)))
+        .unwrap_or_default();
+    let ended = match st {
+        ExecStatus::Exited { code, .. } if *code == KILLED => "it was killed (SIGKILL)".to_string(),
+        ExecStatus::Exited { code, .. } => format!("it exited with code {code}"),
+        ExecStatus::Failed { code, message } => format!("it could not start ({code}): {message}"),
+    };
+    let killed = if used.oom_kills > 0 {
+        format!("{} process(es) of the sandbox killed", used.oom_kills)
+    } else {
+        format!(
+            "{} process(es) of the sandbox killed so far",
+            used.oom_total
+        )
+    };
+    format!(
+        "the {phase} went over {limit} memory limit{how}: {killed}{peak}, and {ended}; give the task more memory ([environment] memory_mb, or --override-memory-mb)"
+    )
+}
+
+/// A note when processes were killed for memory during a phase whose
+/// command carried on.
+fn note_oom_survived(r: &mut RolloutResult, phase: &str, used: &PhaseUsage) {
+    if used.oom_kills > 0 {
+        r.notes.push(format!(
+            "{} process(es) of the sandbox were killed for going over the memory limit during the {phase}, which carried on",
+            used.oom_kills
+        ));
+    }
+}
+
+/// Runs the healthcheck until it passes (Docker's rules: failures within
+/// the start period do not count; `retries` failures after it do).
+fn healthcheck(
+    ctx: &Ctx<'_>,
+    run: &Running<'_>,
+    h: &crate::task::Healthcheck,
+    net: NetMode,
+) -> std::result::Result<(), String> {
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        if ctx.cancel.is_cancelled() {
+            return Err("interrupted".into());
+        }
+        let argv = if run.env_scripts {
+            sifbox_image::meta::with_env_scripts(&h.argv)
+        } else {
+            h.argv.clone()
+        };
+        let req = ExecRequest {
+            argv,
+            env: run.base_env.clone(),
+            cwd: run.cwd.clone(),
+            default_home: true,
+            timeout_ms: Some(ms(h.timeout).max(1)),
+            isolate_net: run.sandbox_net == NetMode::Host && net == NetMode::None,
+            ..ExecRequest::default()
+        };
+        let out = run
+            .sandbox
+            .exec_capture(req, None, 4096)
+            .map_err(|e| format!("running the healthcheck: {e}"))?;
+        if out.exit_code == 0 {
+            return Ok(());
+        }
+        let last = one_line(&format!(
+            "exit code {}{}{}",
+            out.exit_code,
+            if out.timed_out { " (timed out)" } else { "" },
+            [
+                out.stdout.trim(),
+                out.stderr.trim(),
+                out.error.as_deref().unwrap_or("")
+            ]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| format!(": {s}"))
+            .collect::<String>()
+        ));
+        if started.elapsed() >= h.start_period {
+            failures += 1;
+            if failures >= h.retries {
+                return Err(format!(
+                    "the healthcheck failed {failures} times; last: {last}"
+                ));
+            }
+        }
+        std::thread::sleep(h.interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sifbox_engine::limits::{Applied, Enforcement, How};
+
+    use crate::task::Overrides;
+
+    fn exited(code: i32) -> ExecStatus {
+        ExecStatus::Exited {
+            code,
+            timed_out: false,
+        }
+    }
+
+    fn used(oom_kills: u64, oom_total: u64) -> PhaseUsage {
+        PhaseUsage {
+            oom_kills,
+            oom_total,
+            ..PhaseUsage::default()
+        }
+    }
+
+    #[test]
+    fn a_phase_is_oom_when_its_command_dies_after_a_kill_for_memory() {
+        // A kill during the phase, and the command failed or was killed.
+        assert!(killed_for_memory(&exited(137), &used(1, 1)));
+        assert!(killed_for_memory(&exited(1), &used(2, 3)));
+        // Killed itself, the kill counted before the phase's start.
+        assert!(killed_for_memory(&exited(137), &used(0, 1)));
+        assert!(killed_for_memory(
+            &ExecStatus::Failed {
+                code: 125,
+                message: "fork".into()
+            },
+            &used(1, 1)
+        ));
+        // Not: no kill at all, a command that carried on, a timeout, a
+        // failure in a sandbox whose only kills came before the phase.
+        assert!(!killed_for_memory(&exited(137), &used(0, 0)));
+        assert!(!killed_for_memory(&exited(0), &used(3, 3)));
+        assert!(!killed_for_memory(
+            &ExecStatus::Exited {
+                code: 124,
+                timed_out: true
+            },
+            &used(1, 1)
+        ));
+        assert!(!killed_for_memory(&exited(1), &used(0, 4)));
+    }
+
+    #[test]
+    fn phase_usage_is_the_difference_and_the_peak_after() {
+        let before = Usage {
+            cpu_ns: Some(1_000_000_000),
+            memory_peak: Some(10),
+            oom_kills: 1,
+            ..Usage::default()
+        };
+        let after = Usage {
+            cpu_ns: Some(3_500_000_000),
+            memory_peak: Some(7 << 20),
+            oom_kills: 3,
+            ..Usage::default()
+        };
+        let u = PhaseUsage::between(&before, &after);
+        assert_eq!(
+            u,
+            PhaseUsage {
+                cpu_ns: Some(2_500_000_000),
+                memory_peak: Some(7 << 20),
+                oom_kills: 2,
+                oom_total: 3,
+            }
+        );
+        let p = phase(&exited(0), Duration::from_secs(3), NetMode::None, &None, &u);
+        assert_eq!(p.cpu_seconds, Some(2.5));
+        assert_eq!(p.memory_peak_bytes, Some(7 << 20));
+        assert_eq!(p.oom_kills, 2);
+        // Unknown before: unknown, never a made-up number.
+        let none = PhaseUsage::between(&Usage::default(), &after);
+        assert_eq!(none.cpu_ns, None);
+    }
+
+    fn rollout_with(limits: crate::task::Limits, o: &Overrides) -> RolloutResult {
+        let mut r = RolloutResult::new("t", 1, "j", "oracle");
+        r.limits = limits.resolve(o);
+        r
+    }
+
+    #[test]
+    fn the_oom_message_says_the_limit_what_enforced_it_and_what_to_do() {
+        let e = Enforcement {
+            applied: vec![Applied {
+                limit: "memory".into(),
+                value: 256 << 20,
+                how: How::Watchdog,
+                detail: String::new(),
+            }],
+            ..Enforcement::default()
+        };
+        let r = rollout_with(
+            crate::task::Limits {
+                memory_mb: Some(256),
+                ..crate::task::Limits::default()
+            },
+            &Overrides::default(),
+        );
+        let u = PhaseUsage {
+            memory_peak: Some((256 << 20) + 1),
+            ..used(1, 1)
+        };
+        let m = oom_message("agent", &exited(137), &u, &r.limits, &e);
+        for needle in [
+            "the agent went over its 256 MiB memory limit",
+            "enforced by watchdog",
+            "1 process(es) of the sandbox killed",
+            "peak 257 MiB",
+            "killed (SIGKILL)",
+            "--override-memory-mb",
+        ] {
+            assert!(m.contains(needle), "{needle:?} in {m}");
+        }
+        let m = oom_message("verifier", &exited(2), &used(0, 3), &r.limits, &e);
+        assert!(
+            m.contains("3 process(es) of the sandbox killed so far"),
+            "{m}"
+        );
+        assert!(m.contains("exited with code 2"), "{m}");
+    }
+}

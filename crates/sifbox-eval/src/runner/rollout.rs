@@ -1,0 +1,499 @@
+//! One rollout: its fresh dir and result.json, the sandbox started with the
+//! rollout's dir at /logs and stopped at the end, and the record of which
+//! limits the sandbox enforces and how.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use sifbox_engine::evidence::{ImageRef, LogsDir};
+use sifbox_engine::spec::{self, NetMode, Writable};
+use sifbox_engine::{Sandbox, SandboxSpec, StartOptions};
+
+use crate::result::{
+    now_rfc3339, now_unix_ms, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status,
+    RESULT_FILE,
+};
+use crate::rollout_dir;
+use crate::task::{NetworkMode, Task};
+
+use super::phases::{phases, Running};
+use super::{ms, set_env, Ctx, TaskEnv};
+
+/// The network of a phase: `--net`, else what the task says.
+fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
+    cli.unwrap_or(match mode {
+        NetworkMode::NoNetwork => NetMode::None,
+        NetworkMode::Public | NetworkMode::Allowlist => NetMode::Host,
+    })
+}
+
+/// A rollout's dir, fresh: what an earlier, unfinished run left is
+/// removed (or, when a sandbox left files this user cannot remove, moved
+/// to `.trash/`).
+fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
+        let trash = job_dir.join(".trash");
+        std::fs::create_dir_all(&trash)?;
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        std::fs::rename(dir, trash.join(format!("{name}.{}", now_unix_ms())))?;
+    }
+    Ok(())
+}
+
+/// One rollout of `task`, start to end; never fails (what went wrong is in
+/// the result).
+pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -> RolloutResult {
+    let t0 = Instant::now();
+    let mut r = RolloutResult::new(&task.name, attempt, &ctx.job, &ctx.agent_label);
+    r.limits = task.config.limits.resolve(&ctx.opts.limits);
+    let dir = ctx.dir.join(&r.rollout);
+    ctx.observer.rollout_started(&r.rollout);
+    let prepared = fresh_dir(&ctx.dir, &dir)
+        .map_err(|e| format!("clearing {}: {e}", dir.display()))
+        .and_then(|()| sifbox_engine::evidence::prepare_logs_dir(&dir).map_err(|e| e.to_string()))
+        .and_then(|logs| {
+            // A placeholder, bound read-only: nothing in the sandbox can
+            // plant a result.
+            rollout_dir::write_json_at(logs.dir.as_fd(), RESULT_FILE, &r)
+                .map(|()| logs)
+                .map_err(|e| format!("writing {}/{RESULT_FILE}: {e}", dir.display()))
+        });
+    let mut logs = match prepared {
+        Ok(logs) => logs,
+        Err(e) => {
+            r.fail(ErrorClass::Infra, e);
+            let fd = rollout_dir::open_dir_nofollow(&dir).ok();
+            return finish(ctx, r, &dir, fd.as_ref(), t0);
+        }
+    };
+    run_rollout(ctx, task, env, &mut logs, &mut r);
+    finish(ctx, r, &dir, Some(&logs.dir), t0)
+}
+
+/// Sets the final status and times, and writes result.json into the
+/// rollout dir `fd` (at `dir`), when there is one.
+fn finish(
+    ctx: &Ctx<'_>,
+    mut r: RolloutResult,
+    dir: &Path,
+    fd: Option<&OwnedFd>,
+    t0: Instant,
+) -> RolloutResult {
+    r.timings_ms.total = ms(t0.elapsed());
+    r.overhead_ms = r.timings_ms.overhead();
+    r.finished_at = now_rfc3339();
+    if r.status != Status::Interrupted {
+        r.status = match r.error_class {
+            None => Status::Ok,
+            Some(ErrorClass::Infra) => Status::InfraError,
+            Some(_) => Status::Failed,
+        };
+    }
+    if r.status == Status::InfraError && ctx.cancel.is_cancelled() {
+        r.status = Status::Interrupted;
+    }
+    if let Some(fd) = fd {
+        if let Err(e) = rollout_dir::write_json_at(fd.as_fd(), RESULT_FILE, &r) {
+            tracing::warn!("{}/{RESULT_FILE}: {e}", dir.display());
+        }
+    }
+    r
+}
+
+/// Marks `r` interrupted when the job was cancelled; returns whether.
+pub(super) fn interrupted(ctx: &Ctx<'_>, r: &mut RolloutResult) -> bool {
+    if ctx.cancel.is_cancelled() {
+        r.status = Status::Interrupted;
+        true
+    } else {
+        false
+    }
+}
+
+fn run_rollout(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    r: &mut RolloutResult,
+) {
+    if interrupted(ctx, r) {
+        return;
+    }
+    // The image.
+    let t = Instant::now();
+    let image = ctx.image(task);
+    r.timings_ms.build = ms(t.elapsed());
+    let log = match &image {
+        Ok(i) => i.log.clone(),
+        Err(e) => e.log.clone(),
+    };
+    if let Some(log) = log {
+        if rollout_dir::copy_in(logs.dir.as_fd(), "build.log", &log).is_ok() {
+            r.build_log = Some("build.log".into());
+        }
+    }
+    let image = match image {
+        Ok(i) => i,
+        Err(e) => {
+            if e.interrupted || interrupted(ctx, r) {
+                r.status = Status::Interrupted;
+            } else {
+                r.fail(ErrorClass::BuildFailed, e.message);
+            }
+            return;
+        }
+    };
+    r.image = ImageInfo {
+        reference: image.reference.clone(),
+        digest: Some(image.digest.to_string()),
+    };
+    if interrupted(ctx, r) {
+        return;
+    }
+
+    // The sandbox.
+    let c = &task.config;
+    let cli = ctx.opts.net;
+    let (env_net, agent_net, verifier_net) = (
+        phase_net(cli, c.network),
+        phase_net(cli, c.agent_network),
+        phase_net(cli, c.verifier_network),
+    );
+    let sandbox_net = if [env_net, agent_net, verifier_net].contains(&NetMode::Host) {
+        NetMode::Host
+    } else {
+        NetMode::None
+    };
+    let n = ctx.seq.fetch_add(1, Ordering::SeqCst);
+    let short: String = task.name.chars().take(60).collect();
+    let name = format!("eval-{short}-{:x}-{n}", std::process::id());
+    r.sandbox = Some(name.clone());
+    let dir = logs.path.clone();
+    let mut binds = sifbox_engine::evidence::logs_binds(&dir);
+    binds.push(spec::Bind {
+        src: dir.join(RESULT_FILE),
+        dst: PathBuf::from("/logs").join(RESULT_FILE),
+        readonly: true,
+    });
+    let spec = SandboxSpec {
+        name: name.clone(),
+        rootfs: image.rootfs.clone(),
+        layers: Vec::new(),
+        hostname: task.name.chars().take(64).collect(),
+        net: sandbox_net,
+        ids: ctx.ids.clone(),
+        writable: match &ctx.scratch {
+            Some(scratch) => Writable::Disk {
+                size_mib: r.limits.storage_mib(),
+                scratch: scratch.clone(),
+            },
+            None => Writable::Tmpfs {
+                size_mib: r.limits.storage_mib(),
+            },
+        },
+        binds,
+        host_dns: true,
+        shm_bytes: spec::DEFAULT_SHM_BYTES,
+        confinement: ctx.opts.confinement(task),
+        limits: r.limits.spec(),
+    };
+    let opts = StartOptions {
+        oneshot: true,
+        fork_when_possible: false,
+        evidence_dir: Some(dir.clone()),
+        image: Some(ImageRef {
+            reference: image.reference.clone(),
+            digest: Some(image.digest.to_string()),
+            rootfs: image.rootfs.clone(),
+        }),
+        ..StartOptions::new(ctx.opts.exe.clone())
+    };
+    let t = Instant::now();
+    let sandbox = match Sandbox::launch(spec, &opts).and_then(|sb| sb.wait_ready().map(|()| sb)) {
+        Ok(sb) => sb,
+        Err(e) => {
+            r.timings_ms.start = ms(t.elapsed());
+            if !interrupted(ctx, r) {
+                r.fail(ErrorClass::Infra, format!("starting the sandbox: {e}"));
+            }
+            return;
+        }
+    };
+    let kill_id = sandbox.kill_handle().map(|h| ctx.cancel.register(h));
+    r.timings_ms.start = ms(t.elapsed());
+    record_limits(r, sandbox.limits());
+
+    let null = match File::open("/dev/null") {
+        Ok(f) => f,
+        Err(e) => {
+            r.fail(ErrorClass::Infra, format!("opening /dev/null: {e}"));
+            stop(ctx, sandbox, kill_id, r);
+            return;
+        }
+    };
+    let mut base_env = spec::clean_env(std::env::vars(), &image.meta.env_pairs());
+    for (k, v) in &env.env {
+        set_env(&mut base_env, k, v);
+    }
+    let running = Running {
+        sandbox: &sandbox,
+        base_env,
+        cwd: c
+            .workdir
+            .clone()
+            .or_else(|| image.meta.workdir.clone().filter(|w| !w.is_empty()))
+            .unwrap_or_else(|| "/".into()),
+        env_scripts: image.env_scripts,
+        sandbox_net,
+        null,
+    };
+    phases(
+        ctx,
+        task,
+        env,
+        logs,
+        &image,
+        &running,
+        r,
+        env_net,
+        agent_net,
+        verifier_net,
+    );
+    stop(ctx, sandbox, kill_id, r);
+}
+
+fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutResult) {
+    let t = Instant::now();
+    let stopped = sandbox.stop(Duration::ZERO);
+    if let Some(id) = kill_id {
+        ctx.cancel.unregister(id);
+    }
+    r.timings_ms.stop = ms(t.elapsed());
+    if let Err(e) = stopped {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("stopping the sandbox: {e}"));
+        }
+    }
+}
+
+/// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).
+pub(super) fn how_name(h: sifbox_engine::limits::How) -> String {
+    serde_json::to_value(h)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{h:?}"))
+}
+
+/// Records, after the sandbox started, exactly what of the rollout's
+/// limits it enforces and how, with the writable layer's size; every limit
+/// asked for that is not enforced (the engine's reasons, the GPUs, which
+/// sifbox does not give) goes to the notes.
+fn record_limits(r: &mut RolloutResult, e: &sifbox_engine::limits::Enforcement) {
+    let unit = |limit: &str| match limit {
+        "memory" | "memory_swap" | "storage" => "bytes",
+        "pids" => "processes",
+        "cpus" => "millicpus",
+        _ => "",
+    };
+    for a in &e.applied {
+        r.limits_applied.push(AppliedLimit {
+            limit: a.limit.clone(),
+            value: a.value,
+            unit: unit(&a.limit).into(),
+            how: how_name(a.how),
+            detail: a.detail.clone(),
+        });
+    }
+    for n in &e.not_enforced {
+        // Eval asks for no swap limit of its own: the engine's is Docker's
+        // default for a memory limit, which a reader may not expect.
+        let n = match n.strip_prefix("memory_swap:") {
+            Some(why) => format!(
+                "memory_swap (Docker's default with a memory limit: memory plus swap at most twice memory_mb):{why}"
+            ),
+            None => n.clone(),
+        };
+        r.notes.push(format!("limit not enforced: {n}"));
+    }
+    // Whatever the engine says, no limit goes unmentioned.
+    let asked = [
+        ("memory", r.limits.memory_mb.is_some()),
+        ("pids", r.limits.pids.is_some()),
+        ("cpus", r.limits.cpus.is_some()),
+        ("storage", true),
+    ];
+    for (limit, is_asked) in asked {
+        let said = e.applied.iter().any(|a| a.limit == limit)
+            || e.not_enforced
+                .iter()
+                .any(|n| n.starts_with(&format!("{limit}:")));
+        if is_asked && !said {
+            r.notes.push(format!(
+                "limit not enforced: {limit}: the sandbox reported no mechanism for it"
+            ));
+        }
+    }
+    if let Some(g) = r.limits.gpus.filter(|g| *g > 0) {
+        let types = r
+            .limits
+            .gpu_types
+            .as_ref()
+            .filter(|t| !t.is_empty())
+            .map(|t| format!(" (gpu_types {})", t.join(", ")))
+            .unwrap_or_default();
+        r.notes.push(format!(
+            "limit not enforced: gpus = {g}{types}: recorded only; sifbox gives sandboxes no GPU (no device of the host's is visible inside)"
+        ));
+    }
+    let in_memory = e.how("storage") == Some(sifbox_engine::limits::How::Tmpfs);
+    if let (true, Some(s), Some(m)) = (in_memory, r.limits.storage_mb, r.limits.memory_mb) {
+        let asked = r.limits.source.get("storage_mb") != Some(&crate::task::LimitSource::Default);
+        if asked && s > m {
+            r.notes.push(format!(
+                "storage_mb = {s} is above the memory limit ({m} MiB): the writable layer is in memory here and counts in that limit, so the rollout can write less than storage_mb"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sifbox_engine::limits::{Applied, Enforcement, How};
+
+    use crate::task::Overrides;
+
+    fn rollout_with(limits: crate::task::Limits, o: &Overrides) -> RolloutResult {
+        let mut r = RolloutResult::new("t", 1, "j", "oracle");
+        r.limits = limits.resolve(o);
+        r
+    }
+
+    #[test]
+    fn records_say_what_is_enforced_and_every_limit_that_is_not() {
+        let mut e = Enforcement {
+            applied: vec![
+                Applied {
+                    limit: "memory".into(),
+                    value: 512 << 20,
+                    how: How::Watchdog,
+                    detail: "sampled".into(),
+                },
+                Applied {
+                    limit: "cpus".into(),
+                    value: 2000,
+                    how: How::Affinity,
+                    detail: "CPU affinity to [0, 1] (rounded up from 1.500)".into(),
+                },
+            ],
+            not_enforced: vec![
+                "memory_swap: without a cgroup swapped-out pages are not counted".into(),
+            ],
+            ..Enforcement::default()
+        };
+        let mut on_disk = e.clone();
+        sifbox_engine::limits::plan_storage(&mut e, &Writable::Tmpfs { size_mib: 1024 });
+        let task = crate::task::Limits {
+            cpus: Some(1.5),
+            memory_mb: Some(512),
+            storage_mb: Some(1024),
+            gpus: Some(1),
+            gpu_types: Some(vec!["H100".into()]),
+        };
+        let mut r = rollout_with(task.clone(), &Overrides::default());
+        record_limits(&mut r, &e);
+        let names: Vec<(&str, &str, &str)> = r
+            .limits_applied
+            .iter()
+            .map(|a| (a.limit.as_str(), a.how.as_str(), a.unit.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("memory", "watchdog", "bytes"),
+                ("cpus", "affinity", "millicpus"),
+                ("storage", "tmpfs", "bytes")
+            ]
+        );
+        assert_eq!(r.limits_applied[2].value, 1024 << 20);
+        let notes = r.notes.join("\n");
+        assert!(notes.contains("limit not enforced: memory_swap"), "{notes}");
+        // pids was asked for (the default cap) and the engine said nothing.
+        assert!(
+            notes.contains("limit not enforced: pids: the sandbox reported no mechanism"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("gpus = 1 (gpu_types H100): recorded only"),
+            "{notes}"
+        );
+        assert!(
+            notes.contains("storage_mb = 1024 is above the memory limit"),
+            "{notes}"
+        );
+        assert!(
+            r.limits_applied[2]
+                .detail
+                .contains("the watchdog counts its pages"),
+            "{:?}",
+            r.limits_applied[2]
+        );
+        // On disk the layer holds no memory: no note about the memory limit.
+        sifbox_engine::limits::plan_storage(
+            &mut on_disk,
+            &Writable::Disk {
+                size_mib: 1024,
+                scratch: PathBuf::from("/scratch"),
+            },
+        );
+        let mut r = rollout_with(task.clone(), &Overrides::default());
+        record_limits(&mut r, &on_disk);
+        assert_eq!(r.limits_applied[2].how, "disk");
+        assert!(
+            !r.notes.join("\n").contains("above the memory limit"),
+            "{:?}",
+            r.notes
+        );
+        // Defaults only: no note on storage (10240 > 4096 is the default's
+        // doing), and nothing on GPUs.
+        let mut r = rollout_with(crate::task::Limits::default(), &Overrides::default());
+        let e = Enforcement {
+            applied: vec![
+                Applied {
+                    limit: "memory".into(),
+                    value: 4096 << 20,
+                    how: How::CgroupV2,
+                    detail: "memory.max".into(),
+                },
+                Applied {
+                    limit: "pids".into(),
+                    value: 4096,
+                    how: How::Rlimit,
+                    detail: "RLIMIT_NPROC".into(),
+                },
+            ],
+            ..Enforcement::default()
+        };
+        let mut in_tmpfs = e.clone();
+        sifbox_engine::limits::plan_storage(&mut in_tmpfs, &Writable::Tmpfs { size_mib: 10240 });
+        record_limits(&mut r, &in_tmpfs);
+        assert!(r.notes.is_empty(), "{:?}", r.notes);
+        // A sandbox that says nothing of its writable layer gets a note.
+        let mut silent = rollout_with(crate::task::Limits::default(), &Overrides::default());
+        record_limits(&mut silent, &e);
+        assert!(
+            silent
+                .notes
+                .iter()
+                .any(|n| n.contains("storage: the sandbox reported no mechanism")),
+            "{:?}",
+            silent.notes
+        );
+        assert_eq!(r.limits_applied[0].how, "cgroup_v2");
+        assert_eq!(r.limits_applied[1].how, "rlimit");
+    }
+}
