@@ -217,23 +217,14 @@ impl<'s> Layers<'s> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("build-{}-{n}", std::process::id());
-        let spec = SandboxSpec {
-            name: name.clone(),
-            rootfs: state.base.clone(),
-            layers: state.layers.iter().rev().cloned().collect(),
-            hostname: "buildkitsandbox".into(),
-            net: opts.net,
-            ids: self.ids.clone(),
-            writable,
-            binds: opts.binds.clone(),
-            host_dns: true,
-            shm_bytes: sifbox_engine::spec::DEFAULT_SHM_BYTES,
-            confinement: self.confinement,
-            limits: sifbox_engine::spec::Limits {
-                pids: Some(sifbox_engine::spec::DEFAULT_PIDS),
-                ..Default::default()
-            },
-        };
+        let mut spec = SandboxSpec::new(name.clone(), state.base.clone(), self.ids.clone());
+        spec.layers = state.layers.iter().rev().cloned().collect();
+        // BuildKit's host name for build steps.
+        spec.hostname = "buildkitsandbox".into();
+        spec.net = opts.net;
+        spec.writable = writable;
+        spec.binds = opts.binds.clone();
+        spec.confinement = self.confinement;
         let mut so = StartOptions::new(self.exe.clone());
         // A build sandbox dies with the build.
         so.oneshot = true;

@@ -128,15 +128,12 @@ impl Builder<'_> {
                 workdir,
             ),
         );
-        let req = ExecRequest {
-            argv,
-            env: run_env,
-            cwd: workdir,
-            user: cur.meta.user.clone(),
-            default_home: true,
-            fake_ids: self.fake_ids,
-            ..ExecRequest::default()
-        };
+        let req = ExecRequest::command(argv)
+            .base_env(run_env)
+            .cwd(Some(workdir))
+            .user(cur.meta.user.clone())
+            .fake_ids(self.fake_ids)
+            .build();
         let stubs = mount_stubs(&cur.state, &binds);
         let progress = Arc::clone(&self.progress);
         let mut outcome: Option<(ExecStatus, steps::Output)> = None;

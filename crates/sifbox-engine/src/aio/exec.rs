@@ -19,13 +19,13 @@ impl AsyncSandbox {
     /// use sifbox_engine::protocol::ExecRequest;
     /// # async fn demo(sb: sifbox_engine::aio::AsyncSandbox) -> sifbox_engine::Result<()> {
     /// let out = sb
-    ///     .exec(ExecRequest {
-    ///         argv: vec!["sh".into(), "-c".into(), "make test".into()],
-    ///         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-    ///         cwd: "/src".into(),
-    ///         timeout_ms: Some(600_000),
-    ///         ..Default::default()
-    ///     })
+    ///     .exec(
+    ///         ExecRequest::command(["sh", "-c", "make test"])
+    ///             .env("PATH", "/usr/bin:/bin")
+    ///             .cwd(Some("/src".into()))
+    ///             .timeout(Some(std::time::Duration::from_secs(600)))
+    ///             .build(),
+    ///     )
     ///     .await?;
     /// if out.timed_out {
     ///     eprintln!("timed out; partial output: {}", out.stdout);
@@ -125,12 +125,12 @@ impl AsyncSandbox {
     /// use sifbox_engine::protocol::ExecRequest;
     /// # async fn demo(sb: sifbox_engine::aio::AsyncSandbox) -> sifbox_engine::Result<()> {
     /// let mut p = sb
-    ///     .spawn(ExecRequest {
-    ///         argv: vec!["/usr/local/bin/agent".into(), "--acp".into()],
-    ///         env: sb.base_env().await?,
-    ///         cwd: "/workspace".into(),
-    ///         ..Default::default()
-    ///     })
+    ///     .spawn(
+    ///         ExecRequest::command(["/usr/local/bin/agent", "--acp"])
+    ///             .base_env(sb.base_env().await?)
+    ///             .cwd(Some("/workspace".into()))
+    ///             .build(),
+    ///     )
     ///     .await?;
     /// p.writeline(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#).await?;
     /// while let Some(line) = p.readline().await? {

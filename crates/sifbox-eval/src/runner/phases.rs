@@ -43,21 +43,14 @@ impl Running<'_> {
         net: NetMode,
         out: &File,
     ) -> sifbox_engine::Result<(ExecStatus, Duration)> {
-        let argv = if self.env_scripts {
-            sifbox_image::meta::with_env_scripts(&argv)
-        } else {
-            argv
-        };
-        let req = ExecRequest {
-            argv,
-            env,
-            cwd: cwd.to_string(),
-            user,
-            default_home: true,
-            timeout_ms: Some(ms(timeout).max(1)),
-            isolate_net: self.sandbox_net == NetMode::Host && net == NetMode::None,
-            ..ExecRequest::default()
-        };
+        let req = ExecRequest::command(argv)
+            .env_scripts(self.env_scripts)
+            .base_env(env)
+            .cwd(Some(cwd.to_string()))
+            .user(user)
+            .timeout(Some(timeout))
+            .isolate_net(self.sandbox_net == NetMode::Host && net == NetMode::None)
+            .build();
         let started = Instant::now();
         let st = self
             .sandbox
@@ -543,20 +536,13 @@ fn healthcheck(
         if ctx.cancel.is_cancelled() {
             return Err("interrupted".into());
         }
-        let argv = if run.env_scripts {
-            sifbox_image::meta::with_env_scripts(&h.argv)
-        } else {
-            h.argv.clone()
-        };
-        let req = ExecRequest {
-            argv,
-            env: run.base_env.clone(),
-            cwd: run.cwd.clone(),
-            default_home: true,
-            timeout_ms: Some(ms(h.timeout).max(1)),
-            isolate_net: run.sandbox_net == NetMode::Host && net == NetMode::None,
-            ..ExecRequest::default()
-        };
+        let req = ExecRequest::command(h.argv.clone())
+            .env_scripts(run.env_scripts)
+            .base_env(run.base_env.clone())
+            .cwd(Some(run.cwd.clone()))
+            .timeout(Some(h.timeout))
+            .isolate_net(run.sandbox_net == NetMode::Host && net == NetMode::None)
+            .build();
         let out = run
             .sandbox
             .exec_capture(req, None, 4096)

@@ -179,28 +179,21 @@ fn run_rollout(
         dst: PathBuf::from("/logs").join(RESULT_FILE),
         readonly: true,
     });
-    let spec = SandboxSpec {
-        name: name.clone(),
-        rootfs: image.rootfs.clone(),
-        layers: Vec::new(),
-        hostname: task.name.chars().take(64).collect(),
-        net: sandbox_net,
-        ids: ctx.ids.clone(),
-        writable: match &ctx.scratch {
-            Some(scratch) => Writable::Disk {
-                size_mib: r.limits.storage_mib(),
-                scratch: scratch.clone(),
-            },
-            None => Writable::Tmpfs {
-                size_mib: r.limits.storage_mib(),
-            },
+    let mut spec = SandboxSpec::new(name.clone(), image.rootfs.clone(), ctx.ids.clone());
+    spec.hostname = spec::hostname_for(&task.name);
+    spec.net = sandbox_net;
+    spec.writable = match &ctx.scratch {
+        Some(scratch) => Writable::Disk {
+            size_mib: r.limits.storage_mib(),
+            scratch: scratch.clone(),
         },
-        binds,
-        host_dns: true,
-        shm_bytes: spec::DEFAULT_SHM_BYTES,
-        confinement: ctx.opts.confinement(task),
-        limits: r.limits.spec(),
+        None => Writable::Tmpfs {
+            size_mib: r.limits.storage_mib(),
+        },
     };
+    spec.binds = binds;
+    spec.confinement = ctx.opts.confinement(task);
+    spec.limits = r.limits.spec();
     let opts = StartOptions {
         oneshot: true,
         fork_when_possible: false,
