@@ -21,7 +21,6 @@
 //!   `RUN --mount=from=`) are not built.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use serde::Serialize;
 
@@ -60,62 +59,19 @@ pub const PLATFORM_ARGS: &[&str] = &[
     "BUILDVARIANT",
 ];
 
-/// An OCI platform: `os/arch[/variant]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Platform {
-    /// `linux`.
-    pub os: String,
-    /// `amd64`, `arm64`...
-    pub arch: String,
-    /// `v7`, `v8`...
-    pub variant: Option<String>,
-}
+/// An OCI platform: `os/arch[/variant]` (the image store's, one for all
+/// of sifbox).
+pub use sifbox_image::layer::Platform;
 
-impl Platform {
-    /// The platform this process runs on, in OCI names.
-    pub fn host() -> Self {
-        let (arch, variant) = match std::env::consts::ARCH {
-            "x86_64" => ("amd64", None),
-            "x86" => ("386", None),
-            "aarch64" => ("arm64", None),
-            "arm" => ("arm", Some("v7")),
-            "powerpc64" if cfg!(target_endian = "little") => ("ppc64le", None),
-            "loongarch64" => ("loong64", None),
-            "mips64" if cfg!(target_endian = "little") => ("mips64le", None),
-            other => (other, None),
-        };
-        Platform {
-            os: std::env::consts::OS.to_owned(),
-            arch: arch.to_owned(),
-            variant: variant.map(str::to_owned),
-        }
+/// The platform builds run on and target by default, as BuildKit names it
+/// in `TARGETPLATFORM` and `BUILDPLATFORM`: the host's, with 32-bit ARM's
+/// variant (`v7`) spelled out.
+pub fn host_platform() -> Platform {
+    let mut p = Platform::host();
+    if p.architecture == "arm" && p.variant.is_none() {
+        p.variant = Some("v7".into());
     }
-
-    /// Parses `os/arch[/variant]`.
-    pub fn parse(s: &str) -> Option<Self> {
-        let mut parts = s.split('/');
-        let os = parts.next().filter(|p| !p.is_empty())?;
-        let arch = parts.next().filter(|p| !p.is_empty())?;
-        let variant = parts.next().map(str::to_owned);
-        if parts.next().is_some() || variant.as_deref() == Some("") {
-            return None;
-        }
-        Some(Platform {
-            os: os.to_owned(),
-            arch: arch.to_owned(),
-            variant,
-        })
-    }
-}
-
-impl fmt::Display for Platform {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.os, self.arch)?;
-        if let Some(v) = &self.variant {
-            write!(f, "/{v}")?;
-        }
-        Ok(())
-    }
+    p
 }
 
 /// What to plan for.
@@ -137,8 +93,8 @@ impl Default for PlanOptions {
         PlanOptions {
             build_args: BTreeMap::new(),
             target: None,
-            target_platform: Platform::host(),
-            build_platform: Platform::host(),
+            target_platform: host_platform(),
+            build_platform: host_platform(),
         }
     }
 }
@@ -783,11 +739,11 @@ fn builtin_args(opts: &PlanOptions) -> Vec<(String, String)> {
     [
         ("TARGETPLATFORM", t.to_string()),
         ("TARGETOS", t.os.clone()),
-        ("TARGETARCH", t.arch.clone()),
+        ("TARGETARCH", t.architecture.clone()),
         ("TARGETVARIANT", t.variant.clone().unwrap_or_default()),
         ("BUILDPLATFORM", b.to_string()),
         ("BUILDOS", b.os.clone()),
-        ("BUILDARCH", b.arch.clone()),
+        ("BUILDARCH", b.architecture.clone()),
         ("BUILDVARIANT", b.variant.clone().unwrap_or_default()),
     ]
     .into_iter()
@@ -814,8 +770,8 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             target: target.map(str::to_owned),
-            target_platform: Platform::parse("linux/arm/v7").expect("platform"),
-            build_platform: Platform::parse("linux/amd64").expect("platform"),
+            target_platform: "linux/arm/v7".parse::<Platform>().expect("platform"),
+            build_platform: "linux/amd64".parse::<Platform>().expect("platform"),
         }
     }
 
@@ -1115,22 +1071,26 @@ mod tests {
     #[test]
     fn platforms() {
         assert_eq!(
-            Platform::parse("linux/arm64")
+            "linux/arm64"
+                .parse::<Platform>()
+                .ok()
                 .map(|p| p.to_string())
                 .as_deref(),
             Some("linux/arm64")
         );
         assert_eq!(
-            Platform::parse("linux/arm/v7")
+            "linux/arm/v7"
+                .parse::<Platform>()
+                .ok()
                 .and_then(|p| p.variant)
                 .as_deref(),
             Some("v7")
         );
         for bad in ["", "linux", "linux/", "/amd64", "a/b/c/d", "a/b/"] {
-            assert!(Platform::parse(bad).is_none(), "{bad}");
+            assert!(bad.parse::<Platform>().is_err(), "{bad}");
         }
-        let h = Platform::host();
+        let h = host_platform();
         assert_eq!(h.os, std::env::consts::OS);
-        assert!(!h.arch.is_empty());
+        assert!(!h.architecture.is_empty());
     }
 }
