@@ -99,54 +99,13 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     }
 }
 
-/// A content digest, `sha256:HEX`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Digest(String);
+/// The store names images by their SHA-256 digest: sifbox's one digest
+/// type.
+pub use crate::layer::Digest;
 
-impl Digest {
-    /// The digest of `bytes`.
-    pub fn of_bytes(bytes: &[u8]) -> Digest {
-        Digest(format!("sha256:{}", hex::encode(Sha256::digest(bytes))))
-    }
-
-    /// The digest of a file's contents, streamed.
-    pub fn of_file(path: &Path) -> Result<Digest> {
-        let mut f = File::open(path).map_err(io(path))?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).map_err(io(path))?;
-        Ok(Digest(format!("sha256:{}", hex::encode(h.finalize()))))
-    }
-
-    /// Parses `sha256:HEX` (64 lowercase hex digits).
-    pub fn parse(s: &str) -> Option<Digest> {
-        let hex = s.strip_prefix("sha256:")?;
-        (hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-        .then(|| Digest(s.to_string()))
-    }
-
-    /// `sha256:HEX`.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The hex part.
-    pub fn hex(&self) -> &str {
-        self.0.trim_start_matches("sha256:")
-    }
-
-    /// File-name form, `sha256-HEX`.
-    fn file_stem(&self) -> String {
-        format!("sha256-{}", self.hex())
-    }
-}
-
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+/// File-name form of a digest, `sha256-HEX`.
+fn file_stem(d: &Digest) -> String {
+    format!("sha256-{}", d.hex())
 }
 
 /// An exclusive lock on one key, held until dropped.
@@ -317,7 +276,11 @@ impl BlobWriter {
     /// file is removed and nothing is stored.
     pub fn finish(mut self) -> Result<PathBuf> {
         let hasher = std::mem::take(&mut self.hasher);
-        let actual = Digest(format!("sha256:{}", hex::encode(hasher.finalize())));
+        let actual = Digest::parse_sha256(&format!("sha256:{}", hex::encode(hasher.finalize())))
+            .ok_or_else(|| StoreError::Io {
+                path: self.partial.clone(),
+                source: std::io::Error::other("a SHA-256 digest that is not one"),
+            })?;
         let partial = std::mem::take(&mut self.partial);
         if actual != self.digest {
             let _ = std::fs::remove_file(&partial);
@@ -656,18 +619,18 @@ impl Store {
     pub fn sif_path(&self, d: &Digest) -> PathBuf {
         self.root
             .join("images")
-            .join(format!("{}.sif", d.file_stem()))
+            .join(format!("{}.sif", file_stem(d)))
     }
 
     /// Path of an image's unpacked root file system.
     pub fn rootfs_path(&self, d: &Digest) -> PathBuf {
-        self.root.join("rootfs").join(d.file_stem())
+        self.root.join("rootfs").join(file_stem(d))
     }
 
     /// Publishes a finished SIF (a file in a work dir) under its digest;
     /// returns the digest. Publishing the same content twice keeps one copy.
     pub fn publish_sif(&self, file: &Path) -> Result<Digest> {
-        let digest = Digest::of_file(file)?;
+        let digest = Digest::sha256_of_file(file).map_err(io(file))?;
         let dst = self.sif_path(&digest);
         if dst.exists() {
             let _ = std::fs::remove_file(file);
@@ -716,7 +679,7 @@ impl Store {
             Access::Group => self
                 .root
                 .join("layers")
-                .join(format!("image-{}", d.file_stem())),
+                .join(format!("image-{}", file_stem(d))),
         }
     }
 
@@ -802,7 +765,7 @@ impl Store {
     /// bytes there are hashed first). A partial file longer than
     /// `expected_size` is started over. Hold [`Store::lock_blob`].
     pub fn blob_writer(&self, d: &Digest, expected_size: Option<u64>) -> Result<BlobWriter> {
-        let partial = self.root.join("blobs").join("partial").join(d.file_stem());
+        let partial = self.root.join("blobs").join("partial").join(file_stem(d));
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -838,7 +801,7 @@ impl Store {
             .root
             .join("blobs")
             .join("images")
-            .join(image.file_stem());
+            .join(file_stem(image));
         let text: String = blobs.iter().map(|b| format!("{b}\n")).collect();
         write_replacing(&path, text.as_bytes(), 0o600)
     }
@@ -856,11 +819,11 @@ impl Store {
             let n = e.file_name().to_string_lossy().into_owned();
             let image = n
                 .strip_prefix("sha256-")
-                .and_then(|h| Digest::parse(&format!("sha256:{h}")));
+                .and_then(|h| Digest::parse_sha256(&format!("sha256:{h}")));
             match image {
                 Some(d) if images.contains(&d) => {
                     let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                    keep.extend(text.lines().filter_map(Digest::parse));
+                    keep.extend(text.lines().filter_map(Digest::parse_sha256));
                 }
                 _ => {
                     let _ = std::fs::remove_file(e.path());
@@ -877,7 +840,7 @@ impl Store {
         let blobs = self.root.join("blobs").join("sha256");
         for e in std::fs::read_dir(&blobs).map_err(io(&blobs))?.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            let Some(d) = Digest::parse(&format!("sha256:{n}")) else {
+            let Some(d) = Digest::parse_sha256(&format!("sha256:{n}")) else {
                 continue;
             };
             if keep.contains(&d) {
@@ -934,7 +897,7 @@ impl Store {
             if let Some(d) = std::fs::read_to_string(e.path())
                 .ok()
                 .as_deref()
-                .and_then(Digest::parse)
+                .and_then(Digest::parse_sha256)
             {
                 out.push((name, d));
             }
@@ -952,7 +915,7 @@ impl Store {
             .filter_map(|e| {
                 let n = e.file_name().to_string_lossy().into_owned();
                 let hex = n.strip_prefix("sha256-")?.strip_suffix(".sif")?;
-                Digest::parse(&format!("sha256:{hex}"))
+                Digest::parse_sha256(&format!("sha256:{hex}"))
             })
             .collect();
         out.sort();
@@ -962,7 +925,7 @@ impl Store {
     /// Resolves NAME[:TAG], a digest, or a unique digest prefix (at least 6
     /// hex digits, with or without `sha256:`).
     pub fn resolve(&self, reference: &str) -> Result<Digest> {
-        if let Some(d) = Digest::parse(reference) {
+        if let Some(d) = Digest::parse_sha256(reference) {
             return if self.sif_path(&d).exists() {
                 Ok(d)
             } else {
@@ -1035,7 +998,7 @@ impl Store {
             let _ = std::fs::remove_file(p);
         }
         let still_named = self.refs()?.iter().any(|(_, rd)| *rd == d);
-        if !still_named || Digest::parse(reference).is_some() {
+        if !still_named || Digest::parse_sha256(reference).is_some() {
             for (n, rd) in self.refs()? {
                 if rd == d {
                     let _ = std::fs::remove_file(self.root.join("refs").join(escape(&n)));
@@ -1063,7 +1026,7 @@ impl Store {
     /// The digest an import source with `key` produced, if still stored.
     pub fn recall_source(&self, key: &str) -> Option<Digest> {
         let path = self.root.join("sources").join(escape(key));
-        let d = Digest::parse(std::fs::read_to_string(path).ok()?.trim())?;
+        let d = Digest::parse_sha256(std::fs::read_to_string(path).ok()?.trim())?;
         self.sif_path(&d).exists().then_some(d)
     }
 
@@ -1109,7 +1072,7 @@ impl Store {
             let n = e.file_name().to_string_lossy().into_owned();
             let d = n
                 .strip_prefix("sha256-")
-                .and_then(|h| Digest::parse(&format!("sha256:{h}")));
+                .and_then(|h| Digest::parse_sha256(&format!("sha256:{h}")));
             if d.is_none_or(|d| !images.contains(&d)) {
                 let p = e.path();
                 if remove_all(&p).is_ok() {
@@ -1126,7 +1089,7 @@ impl Store {
             let Some(hex) = n.strip_prefix("image-sha256-") else {
                 continue;
             };
-            if Digest::parse(&format!("sha256:{hex}")).is_none_or(|d| !images.contains(&d)) {
+            if Digest::parse_sha256(&format!("sha256:{hex}")).is_none_or(|d| !images.contains(&d)) {
                 let p = e.path();
                 if remove_all(&p).is_ok() {
                     report.unpacked_without_image.push(p);
@@ -1141,7 +1104,7 @@ impl Store {
                 .ok()
                 .as_deref()
                 .map(str::trim)
-                .and_then(Digest::parse)
+                .and_then(Digest::parse_sha256)
                 .is_some_and(|d| images.contains(&d));
             if !keep {
                 let _ = std::fs::remove_file(e.path());
@@ -1272,7 +1235,7 @@ mod tests {
     fn blobs_resume_verify_and_gc() {
         let (_t, s) = store();
         let data = b"layer bytes, twice as long as half".repeat(100);
-        let d = Digest::of_bytes(&data);
+        let d = Digest::sha256_of(&data);
         {
             let _l = s.lock_blob(&d).expect("lock");
             let mut w = s.blob_writer(&d, Some(data.len() as u64)).expect("writer");
@@ -1289,7 +1252,7 @@ mod tests {
         assert!(s.has_blob(&d));
 
         // Wrong bytes: an error, nothing stored, no partial left.
-        let other = Digest::of_bytes(b"expected");
+        let other = Digest::sha256_of(b"expected");
         let mut w = s.blob_writer(&other, None).expect("writer");
         w.write(b"something else").expect("write");
         let e = w.finish().expect_err("mismatch");
@@ -1314,14 +1277,14 @@ mod tests {
         assert!(s
             .root()
             .join("blobs/partial")
-            .join(other.file_stem())
+            .join(file_stem(&other))
             .exists());
 
         // gc_blobs keeps what a stored image was made from.
         let image = make_sif(&s, b"image");
         s.record_image_blobs(&image, std::slice::from_ref(&d))
             .expect("record");
-        let unused = Digest::of_bytes(b"unused");
+        let unused = Digest::sha256_of(b"unused");
         let mut w = s.blob_writer(&unused, None).expect("writer");
         w.write(b"unused").expect("write");
         w.finish().expect("finish");
@@ -1461,7 +1424,7 @@ mod tests {
         std::fs::create_dir_all(dead.join("sub")).expect("mkdir");
         std::fs::write(dead.with_extension("lock"), b"").expect("lock");
         // An unpacked tree whose image is gone.
-        let orphan = s.rootfs_path(&Digest::of_bytes(b"gone"));
+        let orphan = s.rootfs_path(&Digest::sha256_of(b"gone"));
         std::fs::create_dir_all(&orphan).expect("mkdir");
         let r = s.gc().expect("gc");
         assert_eq!(r.temp_dirs, vec![dead.clone()]);

@@ -512,7 +512,7 @@ impl Client {
         progress: &Arc<dyn Progress>,
     ) -> Result<BlobOutcome, PullError> {
         let name = desc.digest.to_string();
-        let sd = store::Digest::parse(&name)
+        let sd = store::Digest::parse_sha256(&name)
             .ok_or_else(|| self.invalid(format!("blob {name}: only sha256 blobs are supported")))?;
         let store_err = |e: store::StoreError| PullError::Store {
             reference: self.reference.to_string(),

@@ -245,10 +245,11 @@ pub fn pull(
     drop(rt);
 
     // The manifest itself, as fetched (it was checked against its digest).
-    let mdigest = store::Digest::parse(&manifest_digest).ok_or_else(|| PullError::Invalid {
-        reference: refname.clone(),
-        message: format!("manifest {manifest_digest}: only sha256 is supported"),
-    })?;
+    let mdigest =
+        store::Digest::parse_sha256(&manifest_digest).ok_or_else(|| PullError::Invalid {
+            reference: refname.clone(),
+            message: format!("manifest {manifest_digest}: only sha256 is supported"),
+        })?;
     {
         let _l = store.lock_blob(&mdigest).map_err(store_err)?;
         if !store.has_blob(&mdigest) {
@@ -286,7 +287,7 @@ pub fn pull(
     used.extend(
         blobs
             .iter()
-            .filter_map(|b| store::Digest::parse(&b.digest.to_string())),
+            .filter_map(|b| store::Digest::parse_sha256(&b.digest.to_string())),
     );
     store
         .record_image_blobs(&digest, &used)
@@ -329,7 +330,7 @@ fn check_platform(store: &Store, config: &BlobDescriptor, want: &Platform) -> Re
         #[serde(default)]
         variant: Option<String>,
     }
-    let path = store::Digest::parse(&config.digest.to_string())
+    let path = store::Digest::parse_sha256(&config.digest.to_string())
         .map(|d| store.blob_path(&d))
         .ok_or_else(|| format!("config {}: only sha256 is supported", config.digest))?;
     let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -508,7 +509,7 @@ fn assemble_layout(
     let mut digests: Vec<String> = vec![manifest.digest.to_string()];
     digests.extend(blobs.iter().map(|b| b.digest.to_string()));
     for d in digests {
-        let Some(sd) = store::Digest::parse(&d) else {
+        let Some(sd) = store::Digest::parse_sha256(&d) else {
             continue;
         };
         let src = store.blob_path(&sd);

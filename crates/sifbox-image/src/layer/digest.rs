@@ -1,4 +1,5 @@
-//! Content digests (`sha256:<hex>`, `sha512:<hex>`) and a hashing reader.
+//! Content digests (`sha256:<hex>`, `sha512:<hex>`) and a hashing reader:
+//! the one digest type of sifbox, for OCI blobs and the store's keys alike.
 
 use std::fmt;
 use std::io::{self, Read};
@@ -33,13 +34,22 @@ impl Algorithm {
 
 /// A content digest in OCI form, `algorithm:lowercase-hex`. Parsing checks
 /// the algorithm and the hex length, so the hex part is safe as a file name.
+/// The image store names images by their SHA-256 digest.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Digest {
+    /// `algorithm:hex`.
+    text: String,
     algorithm: Algorithm,
-    hex: String,
 }
 
 impl Digest {
+    fn new(algorithm: Algorithm, hex: &str) -> Digest {
+        Digest {
+            text: format!("{}:{hex}", algorithm.name()),
+            algorithm,
+        }
+    }
+
     /// The algorithm.
     #[must_use]
     pub fn algorithm(&self) -> Algorithm {
@@ -49,7 +59,37 @@ impl Digest {
     /// The lowercase hex digits.
     #[must_use]
     pub fn hex(&self) -> &str {
-        &self.hex
+        &self.text[self.algorithm.name().len() + 1..]
+    }
+
+    /// `algorithm:hex`.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// A SHA-256 digest (`sha256:` and 64 lowercase hex digits), as the
+    /// store's keys are; anything else is `None`.
+    #[must_use]
+    pub fn parse_sha256(s: &str) -> Option<Digest> {
+        s.parse::<Digest>()
+            .ok()
+            .filter(|d| d.algorithm == Algorithm::Sha256)
+    }
+
+    /// The SHA-256 digest of a file's contents, streamed.
+    pub fn sha256_of_file(path: &std::path::Path) -> io::Result<Digest> {
+        let mut f = std::fs::File::open(path)?;
+        let mut h = Hasher::new(Algorithm::Sha256);
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        Ok(h.finish())
     }
 
     /// The SHA-256 digest of `data`.
@@ -63,13 +103,13 @@ impl Digest {
     /// Where an OCI image layout keeps this blob: `blobs/<alg>/<hex>`.
     #[must_use]
     pub fn blob_path(&self) -> String {
-        format!("blobs/{}/{}", self.algorithm.name(), self.hex)
+        format!("blobs/{}/{}", self.algorithm.name(), self.hex())
     }
 }
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.algorithm.name(), self.hex)
+        f.write_str(&self.text)
     }
 }
 
@@ -95,10 +135,7 @@ impl FromStr for Digest {
                 algorithm.hex_len()
             ));
         }
-        Ok(Digest {
-            algorithm,
-            hex: hex.to_string(),
-        })
+        Ok(Digest::new(algorithm, hex))
     }
 }
 
@@ -129,7 +166,7 @@ impl Hasher {
             Hasher::Sha256(h) => (Algorithm::Sha256, hex::encode(h.finalize())),
             Hasher::Sha512(h) => (Algorithm::Sha512, hex::encode(h.finalize())),
         };
-        Digest { algorithm, hex }
+        Digest::new(algorithm, &hex)
     }
 }
 
