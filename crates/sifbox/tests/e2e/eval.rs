@@ -10,16 +10,14 @@
 //! by scripts/bootstrap-base.sh) and, for its compile-c task's build, the
 //! network to Debian's mirror.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{eventually, processes_with_arg, rootfs, tempdir, unique, unique_number, Sifbox};
+use crate::harness::{
+    self, eventually, processes_with_arg, rootfs, tempdir, unique, unique_number, Sifbox,
+};
 use serde_json::Value;
 
 /// How long an eval of the small cases may take.

@@ -8,16 +8,12 @@
 //! tarball (`$SIFBOX_TEST_DEBIAN_TAR`, default `target/bookworm-minbase.tar`,
 //! made by scripts/bootstrap-base.sh) and the network to Debian's mirror.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{rootfs, tempdir, Output, Sifbox};
+use crate::harness::{self, rootfs, tempdir, Output, Sifbox};
 use serde_json::Value;
 
 /// How long a build of the busybox cases may take.

@@ -3,7 +3,7 @@
 //! the `sandbox.json` evidence.
 //!
 //! They drive the real `sifbox` binary against the busybox test rootfs, as
-//! `tests/e2e.rs` does (see its header and `e2e/harness.rs`), and pass both
+//! the `cli` suite does (see its header and `harness`), and pass both
 //! as root and as an unprivileged user with a subordinate id range. Every
 //! test has its own `$SIFBOX_RUNTIME`, unique names and markers, so tests run
 //! in parallel; every sandbox a test starts is held by a [`Started`] guard
@@ -17,10 +17,6 @@
 //!  5. many sandboxes                          11. evidence and /logs
 //!  6. a killed supervisor and gc              12. bad input
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -31,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use harness::{
-    descendants, eventually, my_ids, processes_with_arg, rootfs, sifbox_bin, still_running,
+use crate::harness::{
+    self, descendants, eventually, my_ids, processes_with_arg, rootfs, sifbox_bin, still_running,
     tempdir, unique, unique_number, Output, Proc, Sifbox,
 };
 

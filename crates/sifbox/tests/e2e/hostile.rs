@@ -18,17 +18,15 @@
 //!  4. the kernel's attack surface (the seccomp policy)
 //!  5. build steps
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use harness::{rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output, Sifbox};
+use crate::harness::{
+    self, rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output, Sifbox,
+};
 
 // ===========================================================================
 // Helpers

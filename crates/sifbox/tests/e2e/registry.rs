@@ -17,10 +17,6 @@
 //! Missing tools fail the test with the package to install
 //! (scripts/install-deps.sh installs them all).
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -29,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{rootfs, tempdir, Output, Sifbox};
+use crate::harness::{self, rootfs, tempdir, Output, Sifbox};
 use sha2::Digest as _;
 
 // ---------------------------------------------------------------------------

@@ -6,16 +6,12 @@
 //! need siftool or mksquashfs say so and fail when they are missing: CI
 //! installs them (scripts/install-deps.sh).
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{rootfs, tempdir, Output, Sifbox};
+use crate::harness::{self, rootfs, tempdir, Output, Sifbox};
 use serde_json::Value;
 
 /// A test's store plus its runtime dir.

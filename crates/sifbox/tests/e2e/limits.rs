@@ -5,15 +5,11 @@
 //! unprivileged user (RLIMIT_NPROC, the watchdog, affinity); every test is
 //! bounded and leaves nothing running.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::time::Duration;
 
 use serde_json::Value;
 
-use harness::{processes_with_arg, tempdir, unique, unique_number, Sifbox};
+use crate::harness::{self, processes_with_arg, tempdir, unique, unique_number, Sifbox};
 
 /// A long-lived sandbox with `opts`, stopped when dropped; its logs dir
 /// holds sandbox.json.
