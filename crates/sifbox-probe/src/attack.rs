@@ -5,7 +5,7 @@
 //! what it read, or targets files the test made; it never changes a real
 //! host setting. The report is one JSON object:
 //! `{"attacks": {NAME: {"contained": bool, "detail": "..."}}}`, and the
-//! end-to-end tests (crates/sifbox/tests/hostile.rs) assert on it.
+//! end-to-end tests (crates/sifbox/tests/e2e/hostile.rs) assert on it.
 
 use std::fs;
 use std::io::{Read, Write};

@@ -1,6 +1,9 @@
 //! Helpers for the end-to-end tests: where the binary and the test rootfs
 //! are, a per-test `Sifbox` with its own runtime dir, running commands with a
-//! timeout, the probe, and scanning the host's /proc and file trees.
+//! timeout, the probe, and scanning the host's /proc and file trees; the
+//! host tools the suites drive; a test's own image store ([`Store`]), a
+//! long-lived sandbox that is stopped when its guard goes ([`Started`]),
+//! and host trees built entry by entry ([`Tree`]).
 //!
 //! Every command runs under a deadline ([`TIMEOUT`] unless a test chooses
 //! another): a hang fails the test, with everything it printed so far,
@@ -18,6 +21,14 @@ use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+
+mod started;
+mod store;
+mod tree;
+
+pub use started::Started;
+pub use store::Store;
+pub use tree::{mode_of, set_mode, Tree};
 
 /// How long any one sifbox invocation may take before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,41 +107,33 @@ pub fn unique_number() -> u64 {
 /// Apptainer's tools make them (gzip squashfs as the primary system
 /// partition), in `dir`. Panics, naming the tool, when one is missing.
 /// (The images and hostile suites use it.)
-#[allow(dead_code)]
 pub fn foreign_sif(root: &Path, dir: &Path) -> PathBuf {
     let part = dir.join("root.sqfs");
     let sif = dir.join("foreign.sif");
-    let run = |cmd: &mut Command| {
-        let out = cmd
-            .output()
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/install-deps.sh installs it)"));
-        assert!(
-            out.status.success(),
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    run(Command::new("mksquashfs").arg(root).arg(&part).args([
-        "-comp",
-        "gzip",
-        "-noappend",
-        "-quiet",
-    ]));
-    run(Command::new("siftool").arg("new").arg(&sif));
-    run(Command::new("siftool")
-        .args([
-            "add",
-            "--datatype",
-            "4",
-            "--parttype",
-            "2",
-            "--partfs",
-            "1",
-            "--partarch",
-            "2",
-        ])
-        .arg(&sif)
-        .arg(&part));
+    let siftool = require("siftool", "siftool");
+    run_tool(
+        Command::new(require("mksquashfs", "squashfs-tools"))
+            .arg(root)
+            .arg(&part)
+            .args(["-comp", "gzip", "-noappend", "-quiet"]),
+    );
+    run_tool(Command::new(&siftool).arg("new").arg(&sif));
+    run_tool(
+        Command::new(&siftool)
+            .args([
+                "add",
+                "--datatype",
+                "4",
+                "--parttype",
+                "2",
+                "--partfs",
+                "1",
+                "--partarch",
+                "2",
+            ])
+            .arg(&sif)
+            .arg(&part),
+    );
     sif
 }
 
@@ -144,13 +147,11 @@ pub fn tempdir(prefix: &str) -> tempfile::TempDir {
 
 /// Whether sandboxes may have disk-backed writable layers here: host root
 /// with loop devices (install-deps.sh installs mkfs.ext4).
-#[allow(dead_code)]
 pub fn disk_layers() -> bool {
-    rustix::process::geteuid().is_root() && Path::new("/dev/loop-control").exists()
+    is_root() && Path::new("/dev/loop-control").exists()
 }
 
 /// CPUs this test may run on.
-#[allow(dead_code)]
 pub fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
@@ -161,6 +162,106 @@ pub fn my_ids() -> (u32, u32) {
         rustix::process::getuid().as_raw(),
         rustix::process::getgid().as_raw(),
     )
+}
+
+// ---------------------------------------------------------------------------
+// Host tools and inputs
+// ---------------------------------------------------------------------------
+
+/// Whether this test runs as host root.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Where the host tool `tool` is; panics, naming the Debian `package` to
+/// install, when it is missing.
+pub fn require(tool: &str, package: &str) -> PathBuf {
+    ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "{tool} is missing: install the Debian package {package} (scripts/install-deps.sh)"
+            )
+        })
+}
+
+/// Runs a host tool, asserts that it succeeded and returns its stdout.
+#[track_caller]
+pub fn run_tool(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A copy of the test rootfs at `dst` (`cp -a`), for a test to change.
+pub fn copy_rootfs(dst: &Path) {
+    run_tool(Command::new("cp").arg("-a").arg(rootfs()).arg(dst));
+}
+
+/// The Debian bookworm minbase tarball: `$SIFBOX_TEST_DEBIAN_TAR`, else
+/// `<repo>/target/bookworm-minbase.tar`. Panics (never skips) when it is
+/// missing.
+pub fn debian_tar() -> PathBuf {
+    let tar = match std::env::var_os("SIFBOX_TEST_DEBIAN_TAR").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-minbase.tar"),
+    };
+    assert!(
+        tar.is_file(),
+        "the Debian bookworm minbase tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_DEBIAN_TAR)",
+        tar.display()
+    );
+    tar
+}
+
+/// The SHA-256 of `data`, in hex.
+pub fn sha256(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+/// The image digest (`sha256:` and 64 hex digits) that a command printed
+/// alone on stdout (`image import`, `pull`, `build`).
+#[track_caller]
+pub fn digest_of(out: &Output) -> String {
+    let d = out.stdout.trim().to_string();
+    assert!(
+        d.starts_with("sha256:") && d.len() == 71,
+        "digest: {d:?}\n{}",
+        out.stderr
+    );
+    d
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on (now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The GOARCH name of this host (`amd64`, `arm64`).
+pub fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// The JSON in the file `path`.
+pub fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
 }
 
 // ---------------------------------------------------------------------------
@@ -336,7 +437,6 @@ impl<'a> Invocation<'a> {
     }
 
     /// Gives the command `t` instead of [`TIMEOUT`] to finish.
-    #[allow(dead_code)]
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = t;
         self
@@ -725,6 +825,11 @@ fn stat(pid: i32) -> Option<(i32, u64, char)> {
     // f[0] is field 3 (state), f[1] field 4 (ppid), f[19] field 22 (start).
     let state = f.first()?.chars().next()?;
     Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?, state))
+}
+
+/// A host process with its start time, if it runs (or is a zombie).
+pub fn proc_of(pid: i32) -> Option<Proc> {
+    stat(pid).map(|(_, start, _)| Proc { pid, start })
 }
 
 fn host_pids() -> Vec<i32> {

@@ -3,7 +3,7 @@
 //! the `sandbox.json` evidence.
 //!
 //! They drive the real `sifbox` binary against the busybox test rootfs, as
-//! `tests/e2e.rs` does (see its header and `e2e/harness.rs`), and pass both
+//! the `cli` suite does (see its header and `harness`), and pass both
 //! as root and as an unprivileged user with a subordinate id range. Every
 //! test has its own `$SIFBOX_RUNTIME`, unique names and markers, so tests run
 //! in parallel; every sandbox a test starts is held by a [`Started`] guard
@@ -17,188 +17,24 @@
 //!  5. many sandboxes                          11. evidence and /logs
 //!  6. a killed supervisor and gc              12. bad input
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use harness::{
-    descendants, eventually, my_ids, processes_with_arg, rootfs, sifbox_bin, still_running,
-    tempdir, unique, unique_number, Output, Proc, Sifbox,
+use crate::harness::{
+    self, descendants, eventually, my_ids, proc_of, processes_with_arg, read_json, rootfs, sha256,
+    sifbox_bin, still_running, tempdir, unique, unique_number, Proc, Sifbox, Started, Tree,
 };
 
 // ===========================================================================
 // Helpers
 // ===========================================================================
-
-/// A sandbox made by `sifbox start --json`; dropping it runs `sifbox stop`
-/// (so a failed assertion never leaves it running).
-struct Started<'a> {
-    sb: &'a Sifbox,
-    name: String,
-    /// Host pid of the supervisor, from `start --json`.
-    pid: i32,
-    /// What `start --json` printed.
-    info: Value,
-    stopped: bool,
-}
-
-impl<'a> Started<'a> {
-    /// `sifbox start --json --rootfs <test rootfs> --name NAME OPTS...`,
-    /// with `envs` added to sifbox's own environment; asserts success.
-    fn new(sb: &'a Sifbox, name: &str, opts: &[&str], envs: &[(&str, &str)]) -> Started<'a> {
-        let mut args: Vec<OsString> = vec![
-            "start".into(),
-            "--json".into(),
-            "--rootfs".into(),
-            rootfs().into(),
-            "--name".into(),
-            name.into(),
-        ];
-        args.extend(opts.iter().map(OsString::from));
-        let mut inv = sb.cmd(args).no_clean_check();
-        for (k, v) in envs {
-            inv = inv.env(k, v);
-        }
-        let out = inv.output();
-        // Whatever happened, a sandbox of that name may exist now: the
-        // guard owns it from here on.
-        let mut guard = Started {
-            sb,
-            name: name.to_string(),
-            pid: 0,
-            info: Value::Null,
-            stopped: false,
-        };
-        out.success();
-        guard.info = out.json();
-        assert_eq!(guard.info["name"], name, "start --json: {}", guard.info);
-        guard.pid = guard.info["supervisor_pid"]
-            .as_i64()
-            .and_then(|p| i32::try_from(p).ok())
-            .unwrap_or_else(|| panic!("no supervisor_pid in {}", guard.info));
-        guard
-    }
-
-    /// A sandbox with a unique name and no options.
-    fn plain(sb: &'a Sifbox, prefix: &str) -> Started<'a> {
-        Started::new(sb, &unique(prefix), &[], &[])
-    }
-
-    /// `sifbox exec OPTS... NAME -- CMD...`
-    fn exec(&self, opts: &[&str], cmd: &[&str]) -> Output {
-        self.exec_env(opts, cmd, &[])
-    }
-
-    /// `sifbox exec OPTS... NAME -- CMD...` with `envs` in sifbox's own
-    /// environment.
-    fn exec_env(&self, opts: &[&str], cmd: &[&str], envs: &[(&str, &str)]) -> Output {
-        let mut inv = self.sb.cmd(self.exec_args(opts, cmd)).no_clean_check();
-        for (k, v) in envs {
-            inv = inv.env(k, v);
-        }
-        inv.output()
-    }
-
-    fn exec_args(&self, opts: &[&str], cmd: &[&str]) -> Vec<String> {
-        let mut args = vec!["exec".to_string()];
-        args.extend(opts.iter().map(|s| s.to_string()));
-        args.push(self.name.clone());
-        args.push("--".into());
-        args.extend(cmd.iter().map(|s| s.to_string()));
-        args
-    }
-
-    /// `sifbox exec NAME sh -c SCRIPT`
-    fn sh(&self, script: &str) -> Output {
-        self.exec(&[], &["sh", "-c", script])
-    }
-
-    /// `sifbox ARGS...` against this test's runtime dir, with no clean check.
-    fn sifbox(&self, args: &[&str]) -> Output {
-        self.sb.cmd(args).no_clean_check().output()
-    }
-
-    /// `sifbox stop [OPTS...] NAME`; returns its output (not asserted).
-    fn stop_with(mut self, opts: &[&str]) -> Output {
-        let mut args = vec!["stop"];
-        args.extend_from_slice(opts);
-        args.push(&self.name);
-        let out = self.sb.cmd(&args).no_clean_check().output();
-        self.stopped = true;
-        out
-    }
-
-    /// `sifbox stop NAME`, asserted to succeed.
-    fn stop(self) {
-        let name = self.name.clone();
-        let out = self.stop_with(&[]);
-        out.success();
-        assert!(
-            out.stdout.contains(&name),
-            "stop does not name {name}: {out:?}"
-        );
-    }
-
-    /// Forgets the sandbox (it was ended some other way).
-    fn disarm(mut self) {
-        self.stopped = true;
-    }
-
-    /// The supervisor and every host process below it, now.
-    fn processes(&self) -> Vec<Proc> {
-        let mut v = descendants(self.pid);
-        v.extend(proc_of(self.pid));
-        v
-    }
-}
-
-impl Drop for Started<'_> {
-    fn drop(&mut self) {
-        if !self.stopped {
-            stop_quietly(self.sb, &self.name);
-        }
-    }
-}
-
-/// `sifbox stop --timeout 0 NAME` without asserting anything (for guards:
-/// it must not panic), killed after 30 s.
-fn stop_quietly(sb: &Sifbox, name: &str) {
-    let child = Command::new(sifbox_bin())
-        .args(["stop", "--timeout", "0", name])
-        .env("SIFBOX_RUNTIME", sb.runtime())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else { return };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Ok(None) = child.try_wait() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A host process with its start time, if it runs.
-fn proc_of(pid: i32) -> Option<Proc> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &text[text.rfind(')')? + 1..];
-    let start = after.split_whitespace().nth(19)?.parse().ok()?;
-    Some(Proc { pid, start })
-}
 
 /// `sifbox ps --json`'s list.
 fn ps(sb: &Sifbox) -> Vec<Value> {
@@ -257,36 +93,6 @@ fn random_hex(bytes: usize) -> String {
         .expect("getrandom");
     assert_eq!(n, bytes);
     buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `sha256sum FILE` on the host.
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .expect("running sha256sum");
-    assert!(
-        out.status.success(),
-        "sha256sum {}: {out:?}",
-        path.display()
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a digest")
-        .to_string()
-}
-
-/// Sets the mtime of `path` (not following a symlink) with `touch -h`.
-fn set_mtime(path: &Path, secs: u64) {
-    let st = Command::new("touch")
-        .arg("-h")
-        .arg("-d")
-        .arg(format!("@{secs}"))
-        .arg(path)
-        .status()
-        .expect("running touch");
-    assert!(st.success(), "touch -h {}", path.display());
 }
 
 /// Every entry below `root`: kind, permission bits, mtime (seconds) and the
@@ -736,17 +542,15 @@ fn exec_exit_codes_and_stdio() {
     assert_eq!(out.stdout, "out1\nout2\n");
     assert_eq!(out.stderr, "err1\nerr2\n");
     // Without -i, stdin is /dev/null even when sifbox's is not.
-    let out = sb
-        .cmd(sandbox.exec_args(&[], &["cat"]))
-        .no_clean_check()
+    let out = sandbox
+        .exec_cmd(&[], &["cat"])
         .stdin(b"should not arrive\n")
         .output();
     assert_eq!(out.success().stdout, "");
     // With -i, it arrives.
     let data = b"line one\nline two\n\x00binary\xff\n";
-    let out = sb
-        .cmd(sandbox.exec_args(&["-i"], &["sh", "-c", "cat; echo done >&2"]))
-        .no_clean_check()
+    let out = sandbox
+        .exec_cmd(&["-i"], &["sh", "-c", "cat; echo done >&2"])
         .stdin(data)
         .output();
     out.success();
@@ -803,9 +607,8 @@ fn exec_json_and_max_output() {
     out.code_is(127);
     assert_eq!(out.json()["exit_code"], 127);
     // -i with capture.
-    let out = sb
-        .cmd(sandbox.exec_args(&["-i", "--json"], &["cat"]))
-        .no_clean_check()
+    let out = sandbox
+        .exec_cmd(&["-i", "--json"], &["cat"])
         .stdin(b"piped\n")
         .output();
     assert_eq!(out.success().json()["stdout"], "piped\n");
@@ -906,10 +709,7 @@ fn exec_client_killed_ends_its_command() {
     for sig in [rustix::process::Signal::TERM, rustix::process::Signal::KILL] {
         let (m1, m2) = (unique_number().to_string(), unique_number().to_string());
         let script = format!("setsid sh -c 'sleep {m1}' >/dev/null 2>&1 & echo up; sleep {m2}");
-        let mut running = sb
-            .cmd(sandbox.exec_args(&[], &["sh", "-c", &script]))
-            .no_clean_check()
-            .spawn();
+        let mut running = sandbox.exec_cmd(&[], &["sh", "-c", &script]).spawn();
         running.wait_for_line(|l| l == "up");
         await_sleep(&m1);
         await_sleep(&m2);
@@ -1389,24 +1189,18 @@ fn cp_round_trip_keeps_modes_mtimes_and_links() {
     let sb = Sifbox::new();
     let sandbox = Started::plain(&sb, "cp");
     let work = tempdir("sifbox-cp.");
-    let tree = work.path().join("tree");
-    std::fs::create_dir_all(tree.join("sub/deeper")).expect("mkdir");
-    std::fs::write(tree.join("exe"), "#!/bin/sh\necho run\n").expect("write");
-    std::fs::set_permissions(tree.join("exe"), std::fs::Permissions::from_mode(0o750))
-        .expect("chmod");
-    std::fs::write(tree.join("sub/data"), b"\x00\x01binary\xff").expect("write");
-    std::fs::set_permissions(
-        tree.join("sub/data"),
-        std::fs::Permissions::from_mode(0o604),
-    )
-    .expect("chmod");
-    std::fs::write(tree.join("sub/deeper/empty"), "").expect("write");
-    std::os::unix::fs::symlink("exe", tree.join("rel-link")).expect("symlink");
-    std::os::unix::fs::symlink("/etc/shadow", tree.join("abs-link")).expect("symlink");
-    std::os::unix::fs::symlink("sub/deeper", tree.join("dir-link")).expect("symlink");
-    std::os::unix::fs::symlink("nowhere", tree.join("dangling")).expect("symlink");
-    std::fs::set_permissions(tree.join("sub"), std::fs::Permissions::from_mode(0o710))
-        .expect("chmod");
+    let tree = Tree::at(work.path().join("tree"));
+    tree.dir("sub/deeper")
+        .file("exe", "#!/bin/sh\necho run\n")
+        .mode("exe", 0o750)
+        .file("sub/data", b"\x00\x01binary\xff")
+        .mode("sub/data", 0o604)
+        .file("sub/deeper/empty", "")
+        .symlink("rel-link", "exe")
+        .symlink("abs-link", "/etc/shadow")
+        .symlink("dir-link", "sub/deeper")
+        .symlink("dangling", "nowhere")
+        .mode("sub", 0o710);
     // Distinct old mtimes, set leaves first.
     let mut secs = 1_500_000_000;
     for p in [
@@ -1420,15 +1214,15 @@ fn cp_round_trip_keeps_modes_mtimes_and_links() {
         "dangling",
         "sub",
     ] {
-        set_mtime(&tree.join(p), secs);
+        tree.mtime(p, secs);
         secs += 86_400 + 17;
     }
-    let want = listing(&tree);
+    let want = listing(tree.path());
 
     sandbox
         .sifbox(&[
             "cp",
-            tree.to_str().expect("utf-8"),
+            tree.path().to_str().expect("utf-8"),
             &format!("{}:/tmp", sandbox.name),
         ])
         .success();
@@ -1507,12 +1301,9 @@ fn cp_owner() {
     let sb = Sifbox::new();
     let sandbox = Started::plain(&sb, "cp-owner");
     let work = tempdir("sifbox-cp-owner.");
-    let tree = work.path().join("owned");
-    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
-    std::fs::write(tree.join("f"), "x").expect("write");
-    std::fs::write(tree.join("sub/g"), "y").expect("write");
-    std::os::unix::fs::symlink("f", tree.join("link")).expect("symlink");
-    let src = tree.to_str().expect("utf-8");
+    let tree = Tree::at(work.path().join("owned"));
+    tree.file("f", "x").file("sub/g", "y").symlink("link", "f");
+    let src = tree.path().to_str().expect("utf-8");
     sandbox
         .sifbox(&[
             "cp",
@@ -1587,7 +1378,7 @@ fn cp_owner() {
 fn cp_traversal_is_refused() {
     let sb = Sifbox::new();
     let sandbox = Started::plain(&sb, "cp-trav");
-    let work = tempdir("sifbox-cp-trav.");
+    let work = Tree::temp("sifbox-cp-trav.");
     let n = &sandbox.name;
     let inside_marker = unique("inside-hostname");
     sandbox
@@ -1598,8 +1389,8 @@ fn cp_traversal_is_refused() {
         .success();
 
     // A symlink inside to /etc/shadow comes out as a symlink.
-    let out_dir = work.path().join("out");
-    std::fs::create_dir(&out_dir).expect("mkdir");
+    work.dir("out");
+    let out_dir = work.join("out");
     let out_s = out_dir.to_str().expect("utf-8");
     sandbox
         .sifbox(&["cp", &format!("{n}:/tmp/link"), out_s])
@@ -1639,8 +1430,8 @@ fn cp_traversal_is_refused() {
     );
 
     // Uploads through `..` and a symlink to / land inside the sandbox.
-    let up = work.path().join("up");
-    std::fs::write(&up, "uploaded").expect("write");
+    work.file("up", "uploaded");
+    let up = work.join("up");
     let host_name1 = unique("cp-escape");
     let host_name2 = unique("cp-escape");
     for (dst, name) in [
@@ -1660,11 +1451,9 @@ fn cp_traversal_is_refused() {
 
     // A host destination that is a symlink to an outside file is not
     // written through.
-    let outside = work.path().join("outside-file");
-    std::fs::write(&outside, "precious").expect("write");
-    let dest = work.path().join("dest");
-    std::fs::create_dir(&dest).expect("mkdir");
-    std::os::unix::fs::symlink(&outside, dest.join("file")).expect("symlink");
+    let (outside, dest) = (work.join("outside-file"), work.join("dest"));
+    work.file("outside-file", "precious")
+        .symlink("dest/file", &outside);
     let r = sandbox.sifbox(&[
         "cp",
         &format!("{n}:/tmp/d/file"),
@@ -1688,11 +1477,8 @@ fn cp_traversal_is_refused() {
     assert_eq!(std::fs::read_to_string(&outside).expect("read"), "precious");
 
     // A host dir in the destination that is a symlink to an outside dir.
-    let outside_dir = work.path().join("outside-dir");
-    std::fs::create_dir(&outside_dir).expect("mkdir");
-    let dest2 = work.path().join("dest2");
-    std::fs::create_dir(&dest2).expect("mkdir");
-    std::os::unix::fs::symlink(&outside_dir, dest2.join("d")).expect("symlink");
+    let (outside_dir, dest2) = (work.join("outside-dir"), work.join("dest2"));
+    work.dir("outside-dir").symlink("dest2/d", &outside_dir);
     let r = sandbox.sifbox(&["cp", &format!("{n}:/tmp/d"), dest2.to_str().expect("utf-8")]);
     assert!(
         r.code() == Some(0) || r.code() == Some(125),
@@ -1707,19 +1493,15 @@ fn cp_traversal_is_refused() {
     // A symlink inside the tree that points out is copied as a link and
     // never followed when later entries are written: upload a tree whose
     // link points at an outside dir, then the same tree again.
-    let tree = work.path().join("tree");
-    let victim = work.path().join("victim");
-    std::fs::create_dir(&victim).expect("mkdir");
-    std::fs::create_dir(&tree).expect("mkdir");
-    std::os::unix::fs::symlink("/tmp", tree.join("sub")).expect("symlink");
+    let (tree, victim) = (work.join("tree"), work.join("victim"));
+    work.dir("victim").symlink("tree/sub", "/tmp");
     sandbox
         .sifbox(&["cp", tree.to_str().expect("utf-8"), &format!("{n}:/tmp/t1")])
         .success();
     let out = sandbox.exec(&[], &["readlink", "/tmp/t1/sub"]);
     assert_eq!(out.success().stdout, "/tmp\n");
-    let down = work.path().join("down");
-    std::fs::create_dir(&down).expect("mkdir");
-    std::os::unix::fs::symlink(&victim, down.join("t1")).expect("symlink");
+    let down = work.join("down");
+    work.symlink("down/t1", &victim);
     let r = sandbox.sifbox(&["cp", &format!("{n}:/tmp/t1"), down.to_str().expect("utf-8")]);
     assert!(r.code() == Some(0) || r.code() == Some(125), "{r:?}");
     let written: Vec<_> = std::fs::read_dir(&victim).expect("ls").collect();
@@ -1788,15 +1570,13 @@ fn cp_download_of_a_hostile_racing_tree_stays_in_its_destination() {
     let sb = Sifbox::new();
     let sandbox = Started::plain(&sb, "cp-hostile");
     let n = &sandbox.name;
-    let work = tempdir("sifbox-cp-hostile.");
-    let decoy_dir = work.path().join("decoy");
-    std::fs::create_dir(&decoy_dir).expect("mkdir");
-    let decoy = decoy_dir.join("file");
-    std::fs::write(&decoy, unique("decoy-content")).expect("write");
-    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    set_mtime(&decoy, 1_500_000_000);
-    let hostdir = work.path().join("hostdir");
-    std::fs::create_dir(&hostdir).expect("mkdir");
+    let work = Tree::temp("sifbox-cp-hostile.");
+    work.file("decoy/file", unique("decoy-content"))
+        .mode("decoy/file", 0o644)
+        .mtime("decoy/file", 1_500_000_000)
+        .dir("hostdir");
+    let (decoy_dir, decoy) = (work.join("decoy"), work.join("decoy/file"));
+    let hostdir = work.join("hostdir");
     let decoy_before = listing(&decoy_dir);
     let (dd, df) = (
         decoy_dir.to_str().expect("utf-8"),
@@ -1886,27 +1666,25 @@ fn cp_download_of_a_hostile_racing_tree_stays_in_its_destination() {
 #[test]
 fn cp_upload_never_follows_a_name_the_sandbox_swaps() {
     let sb = Sifbox::new();
-    let work = tempdir("sifbox-cp-swap.");
-    let hostdir = work.path().join("shared");
-    std::fs::create_dir_all(hostdir.join("sub")).expect("mkdir");
-    std::fs::write(hostdir.join("sub/g"), "benign\n").expect("write");
+    let work = Tree::temp("sifbox-cp-swap.");
+    let host = Tree::at(work.join("shared"));
+    host.file("sub/g", "benign\n");
     // Names to swap, and between them files that take a while to copy:
     // wherever they come in a walk, some swapped names wait long between
     // being listed and being opened.
     let swapped = ["f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7"];
     for f in swapped {
-        std::fs::write(hostdir.join(f), "benign\n").expect("write");
+        host.file(f, "benign\n");
     }
     for big in ["a-big", "f3-big", "g-big", "s-big", "zz-big"] {
-        std::fs::write(hostdir.join(big), vec![b'.'; 1 << 18]).expect("write");
+        host.file(big, vec![b'.'; 1 << 18]);
     }
+    let hostdir = host.path();
     let marker = unique("decoy-marker");
-    let decoy = work.path().join("decoy");
-    std::fs::write(&decoy, format!("{marker}\n")).expect("write");
-    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let decoy_dir = work.path().join("decoy-dir");
-    std::fs::create_dir(&decoy_dir).expect("mkdir");
-    std::fs::write(decoy_dir.join("g"), format!("{marker}\n")).expect("write");
+    work.file("decoy", format!("{marker}\n"))
+        .mode("decoy", 0o600)
+        .file("decoy-dir/g", format!("{marker}\n"));
+    let (decoy, decoy_dir) = (work.join("decoy"), work.join("decoy-dir"));
     let bind = format!("{}:/shared", hostdir.to_str().expect("utf-8"));
     let sandbox = Started::new(&sb, &unique("cp-swap"), &["--bind", &bind], &[]);
     let n = &sandbox.name;
@@ -2007,7 +1785,7 @@ fn cp_large_file_round_trip() {
         }
         w.flush().expect("flush");
     }
-    let want = sha256(&big);
+    let want = sha256(&std::fs::read(&big).expect("read"));
     let t = Instant::now();
     sandbox
         .sifbox(&[
@@ -2040,7 +1818,7 @@ fn cp_large_file_round_trip() {
         .success();
     let down = t.elapsed();
     assert_eq!(std::fs::metadata(&back).expect("stat").len(), 64 << 20);
-    assert_eq!(sha256(&back), want);
+    assert_eq!(sha256(&std::fs::read(&back).expect("read")), want);
     eprintln!("64 MiB: upload {up:?}, download {down:?}");
     sandbox.stop();
 }
@@ -2079,12 +1857,11 @@ fn env_values_stay_secret() {
 
     // A running exec (its client still waiting) and a detached one.
     let marker = unique_number().to_string();
-    let mut running = sb
-        .cmd(sandbox.exec_args(
+    let mut running = sandbox
+        .exec_cmd(
             &["-e", "EXEC_SECRET"],
             &["sh", "-c", &format!("echo up; sleep {marker}"), "sh"],
-        ))
-        .no_clean_check()
+        )
         .env("EXEC_SECRET", &exec_secret)
         .spawn();
     running.wait_for_line(|l| l == "up");
@@ -2262,12 +2039,6 @@ fn json_lines_echo_over_exec_i() {
 // ===========================================================================
 // 11. Evidence and /logs
 // ===========================================================================
-
-fn read_json(path: &Path) -> Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()))
-}
 
 fn now_ns() -> u64 {
     u64::try_from(
@@ -2485,7 +2256,7 @@ fn a_reused_logs_dir_follows_no_symlink_the_sandbox_left() {
     let decoy = parent.path().join("decoy");
     std::fs::create_dir(&decoy).expect("mkdir");
     std::fs::write(decoy.join("keep"), "keep").expect("write");
-    std::fs::set_permissions(&decoy, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    harness::set_mode(&decoy, 0o700);
     let before = harness::snapshot(&decoy);
     let decoy_mode = std::fs::metadata(&decoy).expect("stat").mode();
     let run = |cmd: &str| {
@@ -2553,13 +2324,7 @@ fn evidence_in_runtime_dir() {
         inv = inv.env_remove(k);
     }
     let out = inv.output();
-    let guard = Started {
-        sb: &sb,
-        name: name.clone(),
-        pid: 0,
-        info: Value::Null,
-        stopped: false,
-    };
+    let guard = Started::adopt(&sb, name.clone());
     let info = out.success().json();
     let path = sb
         .runtime()
@@ -2717,13 +2482,7 @@ fn start_ready_timeout_cleans_up() {
     if out.code() == Some(0) {
         // Ready within a microsecond: nothing to check but the stop.
         eprintln!("the sandbox was ready within 1 us");
-        let guard = Started {
-            sb: &sb,
-            name,
-            pid: 0,
-            info: Value::Null,
-            stopped: false,
-        };
+        let guard = Started::adopt(&sb, name);
         guard.stop();
     } else {
         out.sifbox_error();
@@ -2752,13 +2511,7 @@ fn start_does_not_leak_inherited_fds() {
         .program("/bin/sh", ["-c", &script])
         .no_clean_check()
         .output();
-    let guard = Started {
-        sb: &sb,
-        name,
-        pid: 0,
-        info: Value::Null,
-        stopped: false,
-    };
+    let guard = Started::adopt(&sb, name);
     out.success();
     let _ = guard.sh("echo escaped >&7");
     let fds = guard.sh("ls /proc/self/fd");

@@ -18,17 +18,16 @@
 //!  4. the kernel's attack surface (the seccomp policy)
 //!  5. build steps
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use harness::{rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output, Sifbox};
+use crate::harness::{
+    self, copy_rootfs, rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output,
+    Sifbox, Started, Store,
+};
 
 // ===========================================================================
 // Helpers
@@ -110,22 +109,6 @@ fn assert_contained(report: &Value) {
     );
 }
 
-/// A long-lived sandbox, stopped when dropped.
-struct Started<'a> {
-    sb: &'a Sifbox,
-    name: String,
-}
-
-impl Drop for Started<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .sb
-            .cmd(["stop", "--timeout", "1", &self.name])
-            .no_clean_check()
-            .output();
-    }
-}
-
 /// `sifbox start` through a shell that holds `9<decoy` open (and any
 /// further `redirects`), so the supervisor is forked with them.
 fn start_with_fds<'a>(sb: &'a Sifbox, decoy: &Decoy, opts: &str) -> Started<'a> {
@@ -140,7 +123,7 @@ fn start_with_fds<'a>(sb: &'a Sifbox, decoy: &Decoy, opts: &str) -> Started<'a> 
         ),
     )
     .success();
-    Started { sb, name }
+    Started::adopt(sb, name)
 }
 
 // ===========================================================================
@@ -274,13 +257,7 @@ fn a_pipe_given_to_start_is_not_held_by_the_sandbox() {
 /// `target` (or by an empty file when `target` is None).
 fn crafted_rootfs(dir: &Path, path: &str, target: Option<&Path>) -> PathBuf {
     let root = dir.join("root");
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(rootfs())
-        .arg(&root)
-        .status()
-        .expect("cp");
-    assert!(st.success(), "copying the test rootfs");
+    copy_rootfs(&root);
     let p = root.join(path);
     if p.is_dir() {
         std::fs::remove_dir_all(&p).expect("rm");
@@ -572,22 +549,10 @@ fn allow_userns_opts_in_to_nested_namespaces() {
 /// open (the audit read host files through /proc/1/fd/9 from a build).
 #[test]
 fn a_build_step_cannot_reach_the_builders_fds() {
-    let sb = Sifbox::new();
+    let store = Store::new("sifbox-hostile-build.");
     let decoy = Decoy::new();
-    let cache = tempdir("sifbox-hostile-build.");
     let ctx = tempdir("sifbox-hostile-ctx.");
-    let env_cache = cache.path().display().to_string();
-    let out = sb
-        .cmd([
-            "image",
-            "import",
-            &rootfs().display().to_string(),
-            "--name",
-            "busybox",
-        ])
-        .env("SIFBOX_CACHE", &env_cache)
-        .output();
-    out.success();
+    store.import(rootfs(), "busybox").output().success();
     // With the caller's whole id range, and with one id, where each step
     // runs in an exec process of its own under the fakeroot filter.
     for (i, userns) in ["auto", "single"].iter().enumerate() {
@@ -596,7 +561,8 @@ fn a_build_step_cannot_reach_the_builders_fds() {
             format!("FROM busybox\nRUN echo {i}; for p in /proc/[0-9]*; do cat $p/fd/9/secret; ls $p/fd/9/; done 2>/dev/null; sifbox-probe attack supervisor-fds supervisor-ptrace > /probe.json\n"),
         )
         .expect("Dockerfile");
-        let out = sb
+        let out = store
+            .sb
             .program(
                 "/bin/sh",
                 [
@@ -609,25 +575,17 @@ fn a_build_step_cannot_reach_the_builders_fds() {
                     ),
                 ],
             )
-            .env("SIFBOX_CACHE", &env_cache)
+            .env("SIFBOX_CACHE", store.path())
             .timeout(Duration::from_secs(120))
             .output();
         out.success();
         assert!(!out.stdout.contains(&decoy.secret) && !out.stderr.contains(&decoy.secret));
-        let report = sb
+        let report = store
             .cmd(["run", "hostile-build:1", "cat", "/probe.json"])
-            .env("SIFBOX_CACHE", &env_cache)
             .output();
         report.success();
         assert_contained(&report.json());
     }
-    let _ = sb
-        .cmd(["image", "rm", "hostile-build:1", "busybox"])
-        .env("SIFBOX_CACHE", &env_cache)
-        .output();
-    let _ = sb
-        .cmd(["gc", "--build-cache"])
-        .env("SIFBOX_CACHE", &env_cache)
-        .output();
-    harness::make_removable(cache.path());
+    store.empty();
+    harness::make_removable(store.path());
 }

@@ -6,39 +6,33 @@
 //! need siftool or mksquashfs say so and fail when they are missing: CI
 //! installs them (scripts/install-deps.sh).
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{rootfs, tempdir, Output, Sifbox};
+use crate::harness::{
+    self, copy_rootfs, digest_of, is_root, mode_of, require, rootfs, run_tool, set_mode, tempdir,
+    Output, Sifbox, Store, Tree,
+};
 use serde_json::Value;
 
-/// A test's store plus its runtime dir.
+/// A test's store plus its runtime dir, and a scratch dir.
 struct Env {
-    sb: Sifbox,
-    cache: tempfile::TempDir,
+    store: Store,
     scratch: tempfile::TempDir,
 }
 
 impl Env {
     fn new() -> Env {
         Env {
-            sb: Sifbox::new(),
-            cache: tempdir("sifbox-e2e-cache."),
+            store: Store::new("sifbox-e2e-cache."),
             scratch: tempdir("sifbox-e2e-img."),
         }
     }
 
     fn sifbox(&self, args: &[&str]) -> Output {
-        self.sb
-            .cmd(args)
-            .env("SIFBOX_CACHE", self.cache.path())
-            .output()
+        self.store.cmd(args).output()
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -61,63 +55,15 @@ impl Env {
 
     /// Images stored (files under images/).
     fn stored(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.cache.path().join("images"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        self.store.entries("images")
     }
-
-    fn tmp_entries(&self) -> Vec<String> {
-        std::fs::read_dir(self.cache.path().join("tmp"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-fn run_tool(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn require(tool: &str) -> PathBuf {
-    ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
-        .iter()
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{tool} is missing: run scripts/install-deps.sh"))
-}
-
-fn digest_of(out: &Output) -> String {
-    let d = out.stdout.trim().to_string();
-    assert!(d.starts_with("sha256:") && d.len() == 71, "digest: {d:?}");
-    d
 }
 
 #[test]
 fn import_run_tag_export_remove() {
     let env = Env::new();
     let tarball = env.rootfs_tarball();
-    let out = env.sifbox(&[
-        "image",
-        "import",
-        tarball.to_str().unwrap_or_default(),
-        "--name",
-        "bb:1",
-    ]);
+    let out = env.store.import(&tarball, "bb:1").output();
     out.success();
     let digest = digest_of(&out);
 
@@ -196,18 +142,11 @@ fn identical_inputs_give_identical_sifs() {
 
 #[test]
 fn siftool_reads_what_sifbox_writes() {
-    let siftool = require("siftool");
-    let unsquashfs = require("unsquashfs");
+    let siftool = require("siftool", "siftool");
+    let unsquashfs = require("unsquashfs", "squashfs-tools");
     let env = Env::new();
     let tarball = env.rootfs_tarball();
-    env.sifbox(&[
-        "image",
-        "import",
-        tarball.to_str().unwrap_or_default(),
-        "--name",
-        "x",
-    ])
-    .success();
+    env.store.import(&tarball, "x").output().success();
     let sif = env.path("x.sif");
     env.sifbox(&["image", "export", "x", sif.to_str().unwrap_or_default()])
         .success();
@@ -249,12 +188,12 @@ fn siftool_reads_what_sifbox_writes() {
 
 #[test]
 fn a_sif_made_by_mksquashfs_and_siftool_runs() {
-    require("siftool");
-    require("mksquashfs");
+    require("siftool", "siftool");
+    require("mksquashfs", "squashfs-tools");
     let env = Env::new();
     // A tree with Apptainer env scripts, as an Apptainer build leaves them.
     let tree = env.path("tree");
-    run_tool(Command::new("cp").arg("-a").arg(rootfs()).arg(&tree));
+    copy_rootfs(&tree);
     std::fs::create_dir_all(tree.join(".singularity.d/env")).expect("mkdir");
     std::fs::write(
         tree.join(".singularity.d/env/90-environment.sh"),
@@ -283,8 +222,8 @@ fn concurrent_imports_store_one_copy() {
         .map(|_| {
             Command::new(harness::sifbox_bin())
                 .args(["image", "import", &t, "--name", "same:1"])
-                .env("SIFBOX_CACHE", env2.cache.path())
-                .env("SIFBOX_RUNTIME", env2.sb.runtime())
+                .env("SIFBOX_CACHE", env2.store.path())
+                .env("SIFBOX_RUNTIME", env2.store.sb.runtime())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -309,8 +248,8 @@ fn concurrent_imports_store_one_copy() {
         .map(|_| {
             Command::new(harness::sifbox_bin())
                 .args(["run", "same:1", "cat", "/etc/sifbox-test-rootfs"])
-                .env("SIFBOX_CACHE", env2.cache.path())
-                .env("SIFBOX_RUNTIME", env2.sb.runtime())
+                .env("SIFBOX_CACHE", env2.store.path())
+                .env("SIFBOX_RUNTIME", env2.store.sb.runtime())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -324,7 +263,11 @@ fn concurrent_imports_store_one_copy() {
     for r in runs {
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    assert!(env2.tmp_entries().is_empty(), "{:?}", env2.tmp_entries());
+    assert!(
+        env2.store.tmp_entries().is_empty(),
+        "{:?}",
+        env2.store.tmp_entries()
+    );
 }
 
 #[test]
@@ -332,7 +275,7 @@ fn killed_importers_leave_the_store_consistent() {
     let env = Env::new();
     // A bigger input so that there is time to kill it mid-way.
     let big = env.path("big");
-    run_tool(Command::new("cp").arg("-a").arg(rootfs()).arg(&big));
+    copy_rootfs(&big);
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     for i in 0..64 {
         let mut data = vec![0u8; 256 * 1024];
@@ -357,7 +300,7 @@ fn killed_importers_leave_the_store_consistent() {
     for delay_ms in [1u64, 5, 20, 50, 100, 200, 400] {
         let mut child = Command::new(harness::sifbox_bin())
             .args(["image", "import", &t, "--name", "big:1"])
-            .env("SIFBOX_CACHE", env.cache.path())
+            .env("SIFBOX_CACHE", env.store.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -374,7 +317,11 @@ fn killed_importers_leave_the_store_consistent() {
     }
     // gc reclaims what the killed ones left; then a clean import works.
     env.sifbox(&["gc"]).success();
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
     env.sifbox(&["image", "import", &t, "--name", "big:1"])
         .success();
     let out = env.sifbox(&["run", "big:1", "sh", "-c", "ls / | grep -c blob"]);
@@ -386,14 +333,7 @@ fn killed_importers_leave_the_store_consistent() {
 fn bad_images_are_clear_errors() {
     let env = Env::new();
     let tarball = env.rootfs_tarball();
-    env.sifbox(&[
-        "image",
-        "import",
-        tarball.to_str().unwrap_or_default(),
-        "--name",
-        "ok",
-    ])
-    .success();
+    env.store.import(&tarball, "ok").output().success();
     let sif = env.path("ok.sif");
     env.sifbox(&["image", "export", "ok", sif.to_str().unwrap_or_default()])
         .success();
@@ -416,7 +356,11 @@ fn bad_images_are_clear_errors() {
     let out = env.sifbox(&["image", "tag", "ok", "bad name"]);
     out.sifbox_error();
     // Nothing half-made stayed behind.
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -429,25 +373,6 @@ fn open_top(prefix: &str) -> tempfile::TempDir {
     let top = tempdir(prefix);
     set_mode(top.path(), 0o755);
     top
-}
-
-fn set_mode(p: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-        .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
-}
-
-fn mode(p: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::symlink_metadata(p)
-        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
-        .permissions()
-        .mode()
-        & 0o7777
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
 }
 
 /// Runs `args` as the unprivileged user sbtest; `None` (with the reason
@@ -475,14 +400,14 @@ fn other_user_reaches(p: &Path) -> Option<bool> {
 /// root, a setuid-root file; harmless: a shell script, which the kernel
 /// never runs setuid).
 fn setid_image(top: &Path) -> PathBuf {
-    let tree = top.join("setid-tree");
-    run_tool(Command::new("cp").arg("-a").arg(rootfs()).arg(&tree));
+    let root = top.join("setid-tree");
+    copy_rootfs(&root);
+    let tree = Tree::at(&root);
     for (name, m) in [("suid-decoy", 0o4755), ("sgid-decoy", 0o2755)] {
-        let p = tree.join("usr/bin").join(name);
-        std::fs::write(&p, "#!/bin/sh\necho decoy\n").expect("write");
-        set_mode(&p, m);
+        let p = format!("usr/bin/{name}");
+        tree.file(&p, "#!/bin/sh\necho decoy\n").mode(&p, m);
     }
-    tree
+    root
 }
 
 /// The one unpacked tree of a store.
@@ -523,19 +448,19 @@ fn the_store_is_private_to_its_owner() {
     );
     out.success();
     assert_eq!(out.stdout, "4755\n", "a private store keeps the bits");
-    assert_eq!(mode(&store), 0o700, "the store root");
+    assert_eq!(mode_of(&store), 0o700, "the store root");
     for d in [
         "images", "refs", "rootfs", "tmp", "locks", "sources", "blobs", "layers",
     ] {
-        assert_eq!(mode(&store.join(d)), 0o700, "{d}/");
+        assert_eq!(mode_of(&store.join(d)), 0o700, "{d}/");
     }
     let decoy = only_tree(&store).join("usr/bin/suid-decoy");
-    assert_eq!(mode(&decoy), 0o4755);
+    assert_eq!(mode_of(&decoy), 0o4755);
     for e in std::fs::read_dir(store.join("images"))
         .expect("images")
         .flatten()
     {
-        assert_eq!(mode(&e.path()), 0o600, "{}", e.path().display());
+        assert_eq!(mode_of(&e.path()), 0o600, "{}", e.path().display());
     }
     // Another user: the source tree (in a dir anyone enters) is in reach,
     // the store's copy is not.
@@ -555,8 +480,8 @@ fn the_store_is_private_to_its_owner() {
     set_mode(&old, 0o755);
     set_mode(&old.join("rootfs"), 0o755);
     store_cmd(&sb, &old, &["image", "ls"]).success();
-    assert_eq!(mode(&old), 0o700);
-    assert_eq!(mode(&old.join("rootfs")), 0o700);
+    assert_eq!(mode_of(&old), 0o700);
+    assert_eq!(mode_of(&old.join("rootfs")), 0o700);
     if let Some(reaches) = other_user_reaches(&old.join("rootfs/sha256-0")) {
         assert!(!reaches, "sbtest reaches the tightened store");
     }
@@ -626,21 +551,21 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
     store_cmd(&sb, &store, &["image", "import", img, "--name", "setid:1"]).success();
     store_cmd(&sb, &store, &["run", "setid:1", "true"]).success();
     let tree = only_tree(&store);
-    assert_eq!(mode(&tree.join("usr/bin/suid-decoy")), 0o4755);
+    assert_eq!(mode_of(&tree.join("usr/bin/suid-decoy")), 0o4755);
 
     // Shared from now on.
     let out = shared(&["run", "setid:1", "stat", "-c", "%a", "/usr/bin/suid-decoy"]);
     out.success();
     assert_eq!(out.stdout, "755\n", "no setuid bit inside either");
-    assert_eq!(mode(&store), 0o2750, "the store root");
+    assert_eq!(mode_of(&store), 0o2750, "the store root");
     for d in ["images", "refs", "rootfs"] {
-        assert_eq!(mode(&store.join(d)), 0o2750, "{d}/");
+        assert_eq!(mode_of(&store.join(d)), 0o2750, "{d}/");
     }
     for d in ["tmp", "locks", "sources", "blobs", "layers", "build-cache"] {
-        assert_eq!(mode(&store.join(d)), 0o700, "{d}/");
+        assert_eq!(mode_of(&store.join(d)), 0o700, "{d}/");
     }
     for f in ["usr/bin/suid-decoy", "usr/bin/sgid-decoy"] {
-        assert_eq!(mode(&tree.join(f)) & 0o6000, 0, "{f} was stripped");
+        assert_eq!(mode_of(&tree.join(f)) & 0o6000, 0, "{f} was stripped");
     }
     // A tree unpacked while shared is stripped too.
     shared(&["image", "rm", "setid:1"]).success();
@@ -651,7 +576,7 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
     assert_eq!(out.stdout, "sifbox-test-rootfs v1\n");
     let tree = only_tree(&store);
     for f in ["usr/bin/suid-decoy", "usr/bin/sgid-decoy"] {
-        assert_eq!(mode(&tree.join(f)), 0o755, "{f} was stripped");
+        assert_eq!(mode_of(&tree.join(f)), 0o755, "{f} was stripped");
     }
     // The SIF keeps the bits: a private store made from it has them.
     let sif = top.path().join("setid.sif");
@@ -702,7 +627,7 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
     assert_eq!(trees.len(), 2, "{trees:?}");
     for t in &trees {
         assert_eq!(
-            mode(&t.join("usr/bin/suid-decoy")),
+            mode_of(&t.join("usr/bin/suid-decoy")),
             0o755,
             "{}",
             t.display()
@@ -800,7 +725,7 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
         .env("SIFBOX_STORE_SHARED", "0")
         .output()
         .success();
-    assert_eq!(mode(&store), 0o700, "private again: closed at once");
+    assert_eq!(mode_of(&store), 0o700, "private again: closed at once");
     sb.cmd(["image", "ls"])
         .env("SIFBOX_CACHE", &store)
         .env("SIFBOX_STORE_SHARED", "perhaps")
@@ -827,10 +752,10 @@ fn overlay_dirs_are_private() {
     ])
     .output()
     .success();
-    assert_eq!(mode(&ov), 0o700, "DIR");
-    assert_eq!(mode(&ov.join("work")), 0o700, "DIR/work");
+    assert_eq!(mode_of(&ov), 0o700, "DIR");
+    assert_eq!(mode_of(&ov.join("work")), 0o700, "DIR/work");
     let decoy = ov.join("upper/decoy");
-    assert_eq!(mode(&decoy), 0o4755, "what the sandbox wrote");
+    assert_eq!(mode_of(&decoy), 0o4755, "what the sandbox wrote");
     if let Some(reaches) = other_user_reaches(&top.path().join("made")) {
         assert!(reaches, "the check itself: sbtest reaches DIR's parent");
         assert_eq!(
@@ -847,7 +772,7 @@ fn overlay_dirs_are_private() {
     sb.run(["--overlay", old.to_str().unwrap_or_default(), "true"])
         .output()
         .success();
-    assert_eq!(mode(&old), 0o700);
+    assert_eq!(mode_of(&old), 0o700);
     if is_root() {
         let theirs = top.path().join("theirs");
         std::fs::create_dir(&theirs).expect("mkdir");

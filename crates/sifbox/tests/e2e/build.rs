@@ -8,68 +8,53 @@
 //! tarball (`$SIFBOX_TEST_DEBIAN_TAR`, default `target/bookworm-minbase.tar`,
 //! made by scripts/bootstrap-base.sh) and the network to Debian's mirror.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{rootfs, tempdir, Output, Sifbox};
+use crate::harness::{
+    self, debian_tar, digest_of, free_port, host_arch, is_root, require, rootfs, run_tool, tempdir,
+    Invocation, Output, Store, Tree,
+};
 use serde_json::Value;
 
 /// How long a build of the busybox cases may take.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A test's store with the test rootfs imported as `busybox`, and a build
+/// context.
 struct Env {
-    sb: Sifbox,
-    cache: tempfile::TempDir,
-    ctx: tempfile::TempDir,
+    store: Store,
+    ctx: Tree,
 }
 
 impl Env {
     /// A fresh store with the test rootfs imported as `busybox`.
     fn new() -> Env {
         let env = Env {
-            sb: Sifbox::new(),
-            cache: tempdir("sifbox-build-cache."),
-            ctx: tempdir("sifbox-build-ctx."),
+            store: Store::new("sifbox-build-cache."),
+            ctx: Tree::temp("sifbox-build-ctx."),
         };
-        env.sifbox(&[
-            "image",
-            "import",
-            &rootfs().display().to_string(),
-            "--name",
-            "busybox",
-        ])
-        .success();
+        env.store
+            .import(rootfs(), "busybox")
+            .timeout(BUILD_TIMEOUT)
+            .output()
+            .success();
         env
     }
 
+    /// `sifbox ARGS...` with the store, under [`BUILD_TIMEOUT`].
+    fn cmd(&self, args: &[&str]) -> Invocation<'_> {
+        self.store.cmd(args).timeout(BUILD_TIMEOUT)
+    }
+
     fn sifbox(&self, args: &[&str]) -> Output {
-        self.sb
-            .cmd(args)
-            .env("SIFBOX_CACHE", self.cache.path())
-            .timeout(BUILD_TIMEOUT)
-            .output()
+        self.cmd(args).output()
     }
 
     /// Writes a file of the context (parents made).
-    fn file(&self, rel: &str, content: &str) -> PathBuf {
-        let p = self.ctx.path().join(rel);
-        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-        std::fs::write(&p, content).expect("write");
-        p
-    }
-
-    fn chmod(&self, rel: &str, mode: u32) {
-        std::fs::set_permissions(
-            self.ctx.path().join(rel),
-            std::fs::Permissions::from_mode(mode),
-        )
-        .expect("chmod");
+    fn file(&self, rel: &str, content: &str) {
+        self.ctx.file(rel, content);
     }
 
     /// `sifbox build --progress plain ARGS... CONTEXT`.
@@ -102,46 +87,16 @@ impl Env {
         out.success();
         out.json()["config"].clone()
     }
-
-    /// Names in the store's tmp/ (work in progress; must be empty after).
-    fn tmp_entries(&self) -> Vec<String> {
-        std::fs::read_dir(self.cache.path().join("tmp"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
 }
 
 impl Drop for Env {
     /// Builds leave trees with files of the caller's subordinate ids, which
     /// only sifbox can remove: empty the store so that its temp dir goes.
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
+        if !std::thread::panicking() {
+            self.store.empty();
         }
-        let ls = self.sifbox(&["image", "ls", "--json"]);
-        if let Ok(v) = serde_json::from_str::<Value>(ls.stdout.trim()) {
-            for i in v["images"].as_array().into_iter().flatten() {
-                if let Some(d) = i["digest"].as_str() {
-                    let _ = self.sifbox(&["image", "rm", d]);
-                }
-            }
-        }
-        let _ = self.sifbox(&["gc", "--build-cache"]);
     }
-}
-
-fn digest_of(out: &Output) -> String {
-    let d = out.stdout.trim().to_string();
-    assert!(
-        d.starts_with("sha256:") && d.len() == 71,
-        "digest: {d:?}\n{}",
-        out.stderr
-    );
-    d
 }
 
 /// A build that failed on the caller's input: exit 125, the last stderr
@@ -164,10 +119,6 @@ fn input_error(out: &Output) -> &Output {
 /// range (builds and sandboxes map it).
 fn keeps_owners() -> bool {
     is_root() || harness::has_subid_range()
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
 }
 
 /// Lines of `stat -c '%n %a %u:%g %F'` as a map from name to the rest.
@@ -272,7 +223,7 @@ fn copy_and_add_follow_dockers_rules() {
     env.file("dir/x", "X\n");
     env.file("dir/sub/y", "Y\n");
     env.file("script.sh", "#!/bin/sh\necho script\n");
-    env.chmod("script.sh", 0o755);
+    env.ctx.mode("script.sh", 0o755);
     env.file("ignored.log", "no\n");
     env.file("keep/important.log", "yes\n");
     env.file("keep/other.log", "no\n");
@@ -280,30 +231,23 @@ fn copy_and_add_follow_dockers_rules() {
         ".dockerignore",
         "# comment\n*.log\n**/*.log\n!keep/important.log\n",
     );
-    std::os::unix::fs::symlink("a.txt", env.ctx.path().join("link")).expect("symlink");
-    // A tarball for ADD to unpack.
-    let src = tempdir("sifbox-build-tar.");
-    std::fs::create_dir_all(src.path().join("t/inner")).expect("mkdir");
-    std::fs::write(src.path().join("t/inner/z"), "Z\n").expect("write");
-    let status = Command::new("tar")
-        .arg("-C")
-        .arg(src.path().join("t"))
-        .arg("-czf")
-        .arg(env.ctx.path().join("archive.tar.gz"))
-        .arg(".")
-        .status()
-        .expect("tar");
-    assert!(status.success());
-    for (flag, name) in [("-cjf", "archive.tar.bz2"), ("-cJf", "archive.tar.xz")] {
-        let status = Command::new("tar")
-            .arg("-C")
-            .arg(src.path().join("t"))
-            .arg(flag)
-            .arg(env.ctx.path().join(name))
-            .arg(".")
-            .status()
-            .expect("tar (bzip2, xz-utils)");
-        assert!(status.success(), "tar {flag}");
+    env.ctx.symlink("link", "a.txt");
+    // Tarballs for ADD to unpack (bzip2 and xz-utils make two of them).
+    let src = Tree::temp("sifbox-build-tar.");
+    src.file("t/inner/z", "Z\n");
+    for (flag, name) in [
+        ("-czf", "archive.tar.gz"),
+        ("-cjf", "archive.tar.bz2"),
+        ("-cJf", "archive.tar.xz"),
+    ] {
+        run_tool(
+            Command::new("tar")
+                .arg("-C")
+                .arg(src.join("t"))
+                .arg(flag)
+                .arg(env.ctx.join(name))
+                .arg("."),
+        );
     }
     let df = r#"FROM busybox
 COPY a.txt /one/
@@ -529,13 +473,7 @@ RUN --mount=type=cache,id=count,target=/c wc -l < /c/n > /runs\n",
     );
     let ctx = env.ctx.path().display().to_string();
     let running: Vec<_> = (0..4)
-        .map(|_| {
-            env.sb
-                .cmd(["build", "--progress", "plain", &ctx])
-                .env("SIFBOX_CACHE", env.cache.path())
-                .timeout(BUILD_TIMEOUT)
-                .spawn()
-        })
+        .map(|_| env.cmd(&["build", "--progress", "plain", &ctx]).spawn())
         .collect();
     let digests: Vec<String> = running
         .into_iter()
@@ -547,7 +485,11 @@ RUN --mount=type=cache,id=count,target=/c wc -l < /c/n > /runs\n",
         .collect();
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
     assert_eq!(env.sh(&digests[0], "cat /runs"), "1\n");
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
 }
 
 #[test]
@@ -573,7 +515,11 @@ fn failing_run_reports_and_publishes_nothing() {
         .stderr_has("line2");
     let after = digests(env.sifbox(&["image", "ls", "--json"]).json());
     assert_eq!(before, after, "a failed build published an image");
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
 }
 
 #[test]
@@ -595,7 +541,11 @@ fn bad_input_is_one_clear_error() {
     env.sifbox(&["build", "--progress", "fancy", &ctx])
         .sifbox_error();
     env.build(&["--secret", "id=x"]).sifbox_error();
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
 }
 
 #[test]
@@ -631,25 +581,16 @@ fn tags_output_file_and_dockerfile_flag() {
         .map(|i| i["refs"].clone())
         .expect("built image listed");
     assert_eq!(refs, serde_json::json!(["t1:latest", "t2:v"]));
-    let list = Command::new("siftool")
-        .arg("list")
-        .arg(&sif)
-        .output()
-        .expect("siftool (apt install siftool)");
-    assert!(
-        list.status.success(),
-        "{}",
-        String::from_utf8_lossy(&list.stderr)
+    let list = run_tool(
+        Command::new(require("siftool", "siftool"))
+            .arg("list")
+            .arg(&sif),
     );
-    assert!(
-        String::from_utf8_lossy(&list.stdout).contains("FS"),
-        "{}",
-        String::from_utf8_lossy(&list.stdout)
-    );
+    assert!(list.contains("FS"), "{list}");
     assert_eq!(env.sh(&sif.display().to_string(), "cat /f"), "from-f\n");
     // -f - reads the Dockerfile from stdin.
     let out = env
-        .sb
+        .store
         .cmd([
             "build",
             "-q",
@@ -657,7 +598,6 @@ fn tags_output_file_and_dockerfile_flag() {
             "-",
             &env.ctx.path().display().to_string(),
         ])
-        .env("SIFBOX_CACHE", env.cache.path())
         .stdin(b"FROM busybox\nRUN echo stdin > /s\n")
         .output();
     out.success();
@@ -674,30 +614,15 @@ fn single_id_mapping_fakes_chown_and_setuid() {
     assert_eq!(env.sh(&d, "cat /done"), "ok\n");
 }
 
-fn debian_tar() -> PathBuf {
-    match std::env::var_os("SIFBOX_TEST_DEBIAN_TAR").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-minbase.tar"),
-    }
-}
-
 #[test]
 fn apt_get_install_in_debian_bookworm() {
     let tar = debian_tar();
-    assert!(
-        tar.is_file(),
-        "the Debian bookworm minbase tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_DEBIAN_TAR)",
-        tar.display()
-    );
     let env = Env::new();
-    env.sifbox(&[
-        "image",
-        "import",
-        &tar.display().to_string(),
-        "--name",
-        "debian:bookworm",
-    ])
-    .success();
+    env.store
+        .import(&tar, "debian:bookworm")
+        .timeout(BUILD_TIMEOUT)
+        .output()
+        .success();
     env.file(
         "Dockerfile",
         "FROM debian:bookworm\nRUN apt-get update && apt-get install -y --no-install-recommends hello \
@@ -705,7 +630,7 @@ fn apt_get_install_in_debian_bookworm() {
     );
     for userns in ["auto", "single"] {
         let out = env
-            .sb
+            .store
             .cmd([
                 "build",
                 "--progress",
@@ -716,7 +641,6 @@ fn apt_get_install_in_debian_bookworm() {
                 "hello",
                 &env.ctx.path().display().to_string(),
             ])
-            .env("SIFBOX_CACHE", env.cache.path())
             .timeout(Duration::from_secs(600))
             .output();
         out.success();
@@ -740,10 +664,7 @@ struct HttpServer {
 
 impl HttpServer {
     fn serve(dir: &Path) -> HttpServer {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            l.local_addr().expect("addr").port()
-        };
+        let port = free_port();
         let child = Command::new("python3")
             .args([
                 "-m",
@@ -809,11 +730,7 @@ RUN echo $TARGETARCH $TARGETPLATFORM > /platform\n\
 COPY --link a.txt /linked.txt\n\
 RUN cat \"$SSL_CERT_FILE\" | head -n1 > /ca-seen\n\
 USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
+    let arch = host_arch();
     env.build_ok(
         df,
         &["-t", "plat", "--host-ca", &bundle.display().to_string()],
@@ -843,9 +760,8 @@ fn interrupted_build_leaves_nothing_after_gc() {
     );
     let ctx = env.ctx.path().display().to_string();
     let running = env
-        .sb
+        .store
         .cmd(["build", "--progress", "plain", &ctx])
-        .env("SIFBOX_CACHE", env.cache.path())
         .no_clean_check()
         .spawn();
     let started = harness::eventually(Duration::from_secs(20), || {
@@ -859,8 +775,12 @@ fn interrupted_build_leaves_nothing_after_gc() {
     });
     assert!(gone, "the build's sandbox outlived it");
     env.sifbox(&["gc"]).success();
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
-    env.sb.assert_clean();
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
+    env.store.sb.assert_clean();
     let ls = env.sifbox(&["image", "ls", "--json"]).json();
     assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
 }
@@ -872,20 +792,14 @@ fn gc_build_cache_empties_layers_and_cache_mounts() {
 && chown -R 1000:1000 /home/user && chmod 700 /home/user/d\n";
     env.build_ok(df, &[]);
     let layers = || -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(env.cache.path().join("layers"))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut v = env.store.entries("layers");
         v.retain(|n| n != "empty");
         v
     };
     assert!(!layers().is_empty());
     env.sifbox(&["gc", "--build-cache"]).success();
     assert!(layers().is_empty(), "{:?}", layers());
-    let cache_dirs = std::fs::read_dir(env.cache.path().join("build-cache"))
+    let cache_dirs = std::fs::read_dir(env.store.path().join("build-cache"))
         .map(|rd| rd.count())
         .unwrap_or(0);
     assert_eq!(cache_dirs, 0);
@@ -935,7 +849,7 @@ COPY --from=files /data /data\n";
     // Unpacking it for a run makes the store's copy of its tree.
     // (There is no program in it to run: the command fails, the tree stays.)
     let _ = env.sifbox(&["run", &d, "/data/hello.txt"]);
-    let rootfs = env.cache.path().join("rootfs").join(d.replace(':', "-"));
+    let rootfs = env.store.tree_of(&d);
     let mut top: Vec<String> = std::fs::read_dir(&rootfs)
         .expect("unpacked rootfs")
         .flatten()
@@ -989,8 +903,12 @@ fn a_non_root_user_owns_what_the_build_gave_it() {
     // Removing the image and collecting leaves nothing of its tree.
     env.sifbox(&["image", "rm", "owned"]).success();
     env.sifbox(&["gc"]).success();
-    assert!(env.tmp_entries().is_empty(), "{:?}", env.tmp_entries());
-    let rootfs = env.cache.path().join("rootfs").join(d.replace(':', "-"));
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
+    let rootfs = env.store.tree_of(&d);
     assert!(!rootfs.exists(), "{} is left", rootfs.display());
 }
 
@@ -1006,31 +924,28 @@ const DECOY_MARKER: &str = "SIFBOX-DECOY-a91c3e-OUTSIDE-THE-CONTEXT";
 
 /// A decoy dir outside `env`'s context, `secret` and `sub/secret` holding
 /// the marker; the context gets symlinks to it every way there is.
-fn hostile_context(env: &Env) -> tempfile::TempDir {
-    let decoy = tempdir("sifbox-build-decoy.");
-    std::fs::create_dir_all(decoy.path().join("sub")).expect("mkdir");
-    std::fs::write(decoy.path().join("secret"), DECOY_MARKER).expect("write");
-    std::fs::write(decoy.path().join("sub/secret"), DECOY_MARKER).expect("write");
-    let ctx = env.ctx.path();
+fn hostile_context(env: &Env) -> Tree {
+    let decoy = Tree::temp("sifbox-build-decoy.");
+    decoy
+        .file("secret", DECOY_MARKER)
+        .file("sub/secret", DECOY_MARKER);
     env.file("a.txt", "A\n");
     env.file("dir/deep/f", "F\n");
-    let link = |target: &Path, name: &str| {
-        std::os::unix::fs::symlink(target, ctx.join(name)).expect("symlink");
-    };
-    link(decoy.path(), "abs");
-    link(&decoy.path().join("secret"), "abs-file");
-    link(Path::new("../../../../../../../../.."), "up");
     // A relative way out from a subdirectory.
-    let depth = ctx.join("dir").components().count() - 1;
+    let depth = env.ctx.join("dir").components().count() - 1;
     let rel_out = "../".repeat(depth)
         + decoy
             .path()
             .to_str()
             .expect("utf-8")
             .trim_start_matches('/');
-    link(Path::new(&rel_out), "dir/out");
-    link(Path::new("loop2"), "loop1");
-    link(Path::new("loop1"), "loop2");
+    env.ctx
+        .symlink("abs", decoy.path())
+        .symlink("abs-file", decoy.join("secret"))
+        .symlink("up", "../../../../../../../../..")
+        .symlink("dir/out", &rel_out)
+        .symlink("loop1", "loop2")
+        .symlink("loop2", "loop1");
     decoy
 }
 
@@ -1128,8 +1043,7 @@ fn hostile_context_alias_does_not_bypass_dockerignore() {
     env.file("secret", DECOY_MARKER);
     env.file("sub/secret", "not excluded\n");
     env.file(".dockerignore", "secret\n");
-    std::os::unix::fs::symlink(".", env.ctx.path().join("alias")).expect("symlink");
-    std::os::unix::fs::symlink("/", env.ctx.path().join("root")).expect("symlink");
+    env.ctx.symlink("alias", ".").symlink("root", "/");
     for src in [
         "secret",
         "alias/secret",
@@ -1179,12 +1093,12 @@ fn hostile_context_symlinks_inside_it_still_work() {
     let env = Env::new();
     env.file("a.txt", "A\n");
     env.file("dir/deep/f", "F\n");
-    let ctx = env.ctx.path();
-    std::os::unix::fs::symlink("a.txt", ctx.join("link")).expect("symlink");
-    std::os::unix::fs::symlink("link", ctx.join("link2")).expect("symlink");
-    std::os::unix::fs::symlink("/dir/deep", ctx.join("deep-abs")).expect("symlink");
-    std::os::unix::fs::symlink("deep/f", ctx.join("dir/f-link")).expect("symlink");
-    std::os::unix::fs::symlink("../../../../../../a.txt", ctx.join("dir/up-a")).expect("symlink");
+    env.ctx
+        .symlink("link", "a.txt")
+        .symlink("link2", "link")
+        .symlink("deep-abs", "/dir/deep")
+        .symlink("dir/f-link", "deep/f")
+        .symlink("dir/up-a", "../../../../../../a.txt");
     let df = "FROM busybox AS stage\nRUN echo staged > /real && ln -s /real /lnk && mkdir /d && ln -s /d /dl && echo in-d > /d/x\n\
 FROM busybox\n\
 COPY link /l\nCOPY link2 /l2\nCOPY lin* /globbed/\nCOPY deep-abs/f /through-abs\nCOPY deep-abs /deep-contents/\n\

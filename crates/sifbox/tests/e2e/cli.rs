@@ -19,9 +19,6 @@
 //!  4. host files/home   9. network          14. host root's privilege
 //!  5. root file system 10. stdio            15. doctor
 
-#[path = "e2e/harness.rs"]
-mod harness;
-
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::Path;
@@ -30,10 +27,10 @@ use std::time::Duration;
 use rustix::process::Signal;
 use serde_json::Value;
 
-use harness::{
-    descendants, eventually, host_namespace, map_count, mount_at, mounts, my_ids, path_exists,
-    path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff, still_running, tempdir, unique,
-    unique_number, writable, Sifbox, DEFAULT_PATH,
+use crate::harness::{
+    self, descendants, eventually, host_namespace, map_count, mount_at, mounts, my_ids,
+    path_exists, path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff, still_running,
+    tempdir, unique, unique_number, writable, Sifbox, DEFAULT_PATH,
 };
 
 // ===========================================================================

@@ -17,10 +17,6 @@
 //! Missing tools fail the test with the package to install
 //! (scripts/install-deps.sh installs them all).
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -29,36 +25,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{rootfs, tempdir, Output, Sifbox};
-use sha2::Digest as _;
+use crate::harness::{
+    self, digest_of, free_port, host_arch, require, rootfs, run_tool, sha256, tempdir, Output,
+    Store, Tree,
+};
 
 // ---------------------------------------------------------------------------
 // Tools
 // ---------------------------------------------------------------------------
-
-fn require(tool: &str, package: &str) -> PathBuf {
-    ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
-        .iter()
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| {
-            panic!(
-                "{tool} is missing: install the Debian package {package} (scripts/install-deps.sh)"
-            )
-        })
-}
-
-#[track_caller]
-fn run_tool(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// skopeo with an auth file of its own: without one it reads
 /// /run/containers/UID/auth.json, which another user's podman or buildah
@@ -73,17 +47,6 @@ fn skopeo() -> Command {
     let mut c = Command::new(require("skopeo", "skopeo"));
     c.env("REGISTRY_AUTH_FILE", dir.path().join("auth.json"));
     c
-}
-
-fn sha256(data: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(data)))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 // ---------------------------------------------------------------------------
@@ -440,41 +403,31 @@ impl Layout {
 
     /// A layer with these entries.
     fn add_layer(&mut self, tag: &str, entries: &[Entry<'_>]) {
-        let stage = self
-            .scratch
-            .path()
-            .join(format!("stage{}", self.layers + 1));
-        std::fs::create_dir_all(&stage).expect("stage");
-        let parent = |p: &Path| {
-            if let Some(d) = p.parent() {
-                std::fs::create_dir_all(d).expect("parent dir");
-            }
-        };
+        let stage = Tree::at(
+            self.scratch
+                .path()
+                .join(format!("stage{}", self.layers + 1)),
+        );
         for e in entries {
             match e {
                 Entry::File(p, data) => {
-                    let f = stage.join(p);
-                    parent(&f);
-                    std::fs::write(&f, data).expect("file");
+                    stage.file(p, data);
                 }
-                Entry::Dir(p) => std::fs::create_dir_all(stage.join(p)).expect("dir"),
+                Entry::Dir(p) => {
+                    stage.dir(p);
+                }
                 Entry::Whiteout(p) => {
                     let p = Path::new(p);
                     let name = p.file_name().expect("name").to_string_lossy();
-                    let f = stage
-                        .join(p.parent().unwrap_or(Path::new("")))
-                        .join(format!(".wh.{name}"));
-                    parent(&f);
-                    std::fs::write(&f, b"").expect("whiteout");
+                    let dir = p.parent().unwrap_or(Path::new(""));
+                    stage.file(dir.join(format!(".wh.{name}")), b"");
                 }
                 Entry::Opaque(d) => {
-                    let f = stage.join(d).join(".wh..wh..opq");
-                    parent(&f);
-                    std::fs::write(&f, b"").expect("opaque marker");
+                    stage.file(Path::new(d).join(".wh..wh..opq"), b"");
                 }
             }
         }
-        self.add_tar_of(tag, &stage);
+        self.add_tar_of(tag, stage.path());
     }
 
     fn config(&self, tag: &str, args: &[&str]) {
@@ -584,26 +537,24 @@ fn multi_layer(layout: &mut Layout, tag: &str) {
 // sifbox with a test's own store
 // ---------------------------------------------------------------------------
 
+/// A test's store, with a home of its own.
 struct Env {
-    sb: Sifbox,
-    cache: tempfile::TempDir,
+    store: Store,
     home: tempfile::TempDir,
 }
 
 impl Env {
     fn new() -> Env {
         Env {
-            sb: Sifbox::new(),
-            cache: tempdir("sifbox-e2e-cache."),
+            store: Store::new("sifbox-e2e-cache."),
             home: tempdir("sifbox-e2e-home."),
         }
     }
 
     fn cmd(&self, args: &[&str]) -> harness::Invocation<'_> {
         // No credentials of the user running the tests leak in.
-        self.sb
+        self.store
             .cmd(args)
-            .env("SIFBOX_CACHE", self.cache.path())
             .env("HOME", self.home.path())
             .env_remove("DOCKER_CONFIG")
             .env_remove("REGISTRY_AUTH_FILE")
@@ -618,46 +569,6 @@ impl Env {
         let out = self.sifbox(&["pull", reference]);
         out.success();
         digest_of(&out)
-    }
-
-    fn entries(&self, sub: &str) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.cache.path().join(sub))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    }
-
-    fn has_blob(&self, digest: &str) -> bool {
-        self.cache
-            .path()
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
-            .is_file()
-    }
-}
-
-#[track_caller]
-fn digest_of(out: &Output) -> String {
-    let d = out.stdout.trim().to_string();
-    assert!(
-        d.starts_with("sha256:") && d.len() == 71,
-        "digest: {d:?}\n{}",
-        out.stderr
-    );
-    d
-}
-
-/// The GOARCH name of this host.
-fn host_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
     }
 }
 
@@ -729,13 +640,13 @@ fn multi_layer_docker_v2_image_with_whiteouts_and_opaque_dirs() {
     let layers = layout.layer_digests("multi");
     env.sifbox(&["gc"]).success();
     env.sifbox(&["gc", "--blobs"]).success();
-    assert!(layers.iter().all(|l| env.has_blob(l)));
+    assert!(layers.iter().all(|l| env.store.has_blob(l)));
     env.sifbox(&["image", "rm", &reference]).success();
     env.sifbox(&["gc", "--blobs"]).success();
     assert!(
-        env.entries("blobs/sha256").is_empty(),
+        env.store.entries("blobs/sha256").is_empty(),
         "{:?}",
-        env.entries("blobs/sha256")
+        env.store.entries("blobs/sha256")
     );
 }
 
@@ -756,8 +667,8 @@ fn run_pulls_a_docker_reference_on_first_use() {
     ]);
     out.success();
     assert_eq!(out.stdout, "new\n");
-    assert_eq!(env.entries("images").len(), 1);
-    let refs = env.entries("refs");
+    assert_eq!(env.store.entries("images").len(), 1);
+    let refs = env.store.entries("refs");
     assert_eq!(refs.len(), 1, "{refs:?}");
     // The second run uses the stored image: no registry request at all.
     let before = reg.requests().len();
@@ -807,7 +718,7 @@ fn manifest_list_with_two_platforms() {
     })
     .to_string()
     .into_bytes();
-    let list_digest = sha256(&list);
+    let list_digest = format!("sha256:{}", sha256(&list));
     std::fs::write(
         layout
             .path
@@ -910,11 +821,12 @@ fn zstd_layers() {
     let env = Env::new();
     let digest = env.pull(&format!("{}/test/zstd:1", reg.host()));
     let zstd_blobs = env
+        .store
         .entries("blobs/sha256")
         .iter()
         .filter(|h| {
             let mut magic = [0u8; 4];
-            std::fs::File::open(env.cache.path().join("blobs/sha256").join(h))
+            std::fs::File::open(env.store.path().join("blobs/sha256").join(h))
                 .and_then(|mut f| f.read_exact(&mut magic))
                 .is_ok()
                 && magic == [0x28, 0xb5, 0x2f, 0xfd]
@@ -997,7 +909,7 @@ fn private_registry_behind_basic_auth() {
         .output()
         .sifbox_error()
         .stderr_has("USER:PASSWORD");
-    assert!(env.entries("images").is_empty());
+    assert!(env.store.entries("images").is_empty());
 
     let check = |env: &Env, inv: harness::Invocation<'_>| {
         let out = inv.output();
@@ -1053,8 +965,7 @@ fn private_registry_behind_basic_auth() {
         ),
     )
     .expect("helper");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    harness::set_mode(&helper, 0o755);
     let docker_config = files.path().join("docker");
     std::fs::create_dir_all(&docker_config).expect("mkdir");
     std::fs::write(
@@ -1110,21 +1021,24 @@ fn a_blob_corrupted_on_the_registry_is_rejected() {
         .stderr_has("nothing was stored");
     let last = out.stderr.lines().last().unwrap_or_default();
     assert!(last.starts_with("sifbox: error: pull: "), "{}", out.stderr);
-    assert!(env.entries("images").is_empty());
-    assert!(env.entries("refs").is_empty());
-    assert!(!env.has_blob(&victim));
+    assert!(env.store.entries("images").is_empty());
+    assert!(env.store.entries("refs").is_empty());
+    assert!(!env.store.has_blob(&victim));
     // The corrupt download is gone; a sibling download that the failure
     // stopped midway keeps its partial file for the next pull (by design).
     let victim_file = victim.replace(':', "-");
     assert!(
-        !env.entries("blobs/partial").contains(&victim_file),
+        !env.store.entries("blobs/partial").contains(&victim_file),
         "{:?}",
-        env.entries("blobs/partial")
+        env.store.entries("blobs/partial")
     );
     assert!(
-        env.entries("tmp").iter().all(|e| e.ends_with(".lock")),
+        env.store
+            .entries("tmp")
+            .iter()
+            .all(|e| e.ends_with(".lock")),
         "{:?}",
-        env.entries("tmp")
+        env.store.entries("tmp")
     );
 }
 
@@ -1169,11 +1083,11 @@ fn registry_stopped_mid_pull_then_the_next_pull_resumes() {
         .stderr_has("attempts")
         .stderr_has("pull again");
     // Nothing partial in the store, but the partial blob is kept.
-    assert!(env.entries("images").is_empty());
-    assert!(env.entries("refs").is_empty());
-    assert!(env.entries("rootfs").is_empty());
+    assert!(env.store.entries("images").is_empty());
+    assert!(env.store.entries("refs").is_empty());
+    assert!(env.store.entries("rootfs").is_empty());
     let partial = env
-        .cache
+        .store
         .path()
         .join("blobs/partial")
         .join(big_layer.replace(':', "-"));
@@ -1203,7 +1117,7 @@ fn registry_stopped_mid_pull_then_the_next_pull_resumes() {
         .iter()
         .any(|(m, p, s)| m == "GET" && p.ends_with(&big_layer) && *s == 206);
     assert!(ranged, "a 206 for the big layer: {:?}", reg.requests());
-    assert!(env.entries("blobs/partial").is_empty());
+    assert!(env.store.entries("blobs/partial").is_empty());
     let run = env.sifbox(&["run", &digest_of(&out), "sh", "-c", "wc -c < /big.bin"]);
     run.success();
     assert_eq!(run.stdout.trim(), format!("{}", 24 << 20));
@@ -1240,7 +1154,7 @@ fn four_concurrent_pulls_download_each_blob_once() {
         reg.blob_gets()
     );
     assert_eq!(n, 4, "config and three layers: {gets:?}");
-    assert_eq!(env.entries("images").len(), 1);
+    assert_eq!(env.store.entries("images").len(), 1);
 }
 
 #[test]
@@ -1275,7 +1189,7 @@ fn bad_references_and_missing_images_are_clear_errors() {
         .output()
         .sifbox_error()
         .stderr_has("connecting to");
-    assert!(env.entries("images").is_empty());
+    assert!(env.store.entries("images").is_empty());
 }
 
 #[test]

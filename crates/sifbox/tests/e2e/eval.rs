@@ -10,33 +10,30 @@
 //! by scripts/bootstrap-base.sh) and, for its compile-c task's build, the
 //! network to Debian's mirror.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{eventually, processes_with_arg, rootfs, tempdir, unique, unique_number, Sifbox};
+use crate::harness::{
+    self, copy_rootfs, debian_tar, eventually, mode_of, processes_with_arg, read_json, run_tool,
+    unique, unique_number, Store, Tree,
+};
 use serde_json::Value;
 
 /// How long an eval of the small cases may take.
 const EVAL_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A test's store and a dir for its tasks and the job's output.
 struct Env {
-    sb: Sifbox,
-    cache: tempfile::TempDir,
-    dir: tempfile::TempDir,
+    store: Store,
+    dir: Tree,
 }
 
 impl Env {
     fn new() -> Env {
         Env {
-            sb: Sifbox::new(),
-            cache: tempdir("sifbox-eval-cache."),
-            dir: tempdir("sifbox-eval."),
+            store: Store::new("sifbox-eval-cache."),
+            dir: Tree::temp("sifbox-eval."),
         }
     }
 
@@ -45,20 +42,16 @@ impl Env {
         let env = Env::new();
         let base = env.path("evalbase");
         make_evalbase(&base);
-        env.cmd(&[
-            "image",
-            "import",
-            &base.display().to_string(),
-            "--name",
-            "evalbase",
-        ])
-        .output()
-        .success();
+        env.store
+            .import(&base, "evalbase")
+            .timeout(EVAL_TIMEOUT)
+            .output()
+            .success();
         env
     }
 
     fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
+        self.dir.join(rel)
     }
 
     fn out(&self) -> PathBuf {
@@ -66,14 +59,11 @@ impl Env {
     }
 
     /// Writes a file (parents made; `.sh` files executable).
-    fn write(&self, rel: &str, text: &str) -> PathBuf {
-        let p = self.path(rel);
-        std::fs::create_dir_all(p.parent().expect("a parent")).expect("mkdir");
-        std::fs::write(&p, text).expect("writing a file");
+    fn write(&self, rel: &str, text: &str) {
+        self.dir.file(rel, text);
         if rel.ends_with(".sh") {
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            self.dir.mode(rel, 0o755);
         }
-        p
     }
 
     /// A task `tasks/NAME` on `evalbase` (unless `toml` names another
@@ -100,10 +90,7 @@ impl Env {
     }
 
     fn cmd(&self, args: &[&str]) -> harness::Invocation<'_> {
-        self.sb
-            .cmd(args)
-            .env("SIFBOX_CACHE", self.cache.path())
-            .timeout(EVAL_TIMEOUT)
+        self.store.cmd(args).timeout(EVAL_TIMEOUT)
     }
 
     /// `sifbox eval --out OUT --progress plain ARGS...`
@@ -115,10 +102,7 @@ impl Env {
     }
 
     fn json(&self, rel: &str) -> Value {
-        let p = self.out().join(rel);
-        let text =
-            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        read_json(&self.out().join(rel))
     }
 
     fn result(&self, job: &str, rollout: &str) -> Value {
@@ -128,18 +112,11 @@ impl Env {
 
 /// The test rootfs plus the host's bash and the libraries it needs.
 fn make_evalbase(dst: &Path) {
-    let ok = Command::new("cp")
-        .arg("-a")
-        .arg(rootfs())
-        .arg(dst)
-        .status()
-        .expect("running cp");
-    assert!(ok.success(), "copying the test rootfs");
+    copy_rootfs(dst);
     let bash = Path::new("/bin/bash");
-    let ldd = Command::new("ldd").arg(bash).output().expect("running ldd");
-    assert!(ldd.status.success(), "ldd /bin/bash failed");
+    let ldd = run_tool(Command::new("ldd").arg(bash));
     let mut files = vec![bash.to_path_buf()];
-    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+    for line in ldd.lines() {
         // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or
         // "/lib64/ld-linux-x86-64.so.2 (0x...)".
         let path = line
@@ -153,13 +130,6 @@ fn make_evalbase(dst: &Path) {
         let to = dst.join(f.strip_prefix("/").expect("absolute"));
         std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
         std::fs::copy(&f, &to).unwrap_or_else(|e| panic!("copying {}: {e}", f.display()));
-    }
-}
-
-fn debian_tar() -> PathBuf {
-    match std::env::var_os("SIFBOX_TEST_DEBIAN_TAR").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-minbase.tar"),
     }
 }
 
@@ -190,24 +160,14 @@ fn failed(class: &str, reward: Option<f64>) -> (String, Option<String>, Option<f
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();
-    assert!(
-        tar.is_file(),
-        "the Debian bookworm minbase tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_DEBIAN_TAR)",
-        tar.display()
-    );
     let tasks = example_tasks();
     assert!(tasks.is_dir(), "{} is missing", tasks.display());
     let env = Env::new();
-    env.cmd(&[
-        "image",
-        "import",
-        &tar.display().to_string(),
-        "--name",
-        "debian:bookworm",
-    ])
-    .timeout(Duration::from_secs(300))
-    .output()
-    .success();
+    env.store
+        .import(&tar, "debian:bookworm")
+        .timeout(Duration::from_secs(300))
+        .output()
+        .success();
     let tasks = tasks.display().to_string();
     let out = env
         .eval(&["--job", "oracle", "--jobs", "2", &tasks])
@@ -594,7 +554,7 @@ fn ctrl_c_stops_every_sandbox_and_resume_completes_the_rest() {
     running.signal(rustix::process::Signal::INT);
     let out = running.wait();
     out.code_is(130);
-    env.sb.assert_clean();
+    env.store.sb.assert_clean();
     assert!(
         eventually(Duration::from_secs(5), || processes_with_arg(
             &nap.to_string()
@@ -1100,14 +1060,6 @@ fn a_fork_bomb_is_capped_by_the_default_pids_limit_and_all_of_it_killed() {
 // the rollout dir is bound at /logs; it tries to make the host write
 // outside the rollout dir, and to forge the reward.
 // ===========================================================================
-
-fn mode_of(p: &Path) -> u32 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(p)
-        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
-        .mode()
-        & 0o7777
-}
 
 /// Every path below `dir` (symlinks not followed).
 fn tree(dir: &Path) -> Vec<PathBuf> {

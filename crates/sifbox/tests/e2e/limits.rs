@@ -5,65 +5,42 @@
 //! unprivileged user (RLIMIT_NPROC, the watchdog, affinity); every test is
 //! bounded and leaves nothing running.
 
-#[path = "e2e/harness.rs"]
-#[allow(dead_code)]
-mod harness;
-
 use std::time::Duration;
 
 use serde_json::Value;
 
-use harness::{processes_with_arg, tempdir, unique, unique_number, Sifbox};
+use crate::harness::{
+    self, is_root, processes_with_arg, read_json, tempdir, unique, unique_number, Sifbox, Started,
+};
 
 /// A long-lived sandbox with `opts`, stopped when dropped; its logs dir
 /// holds sandbox.json.
-struct Started<'a> {
-    sb: &'a Sifbox,
-    name: String,
+struct Limited<'a> {
+    sandbox: Started<'a>,
     logs: tempfile::TempDir,
 }
 
-impl<'a> Started<'a> {
-    fn new(sb: &'a Sifbox, opts: &[&str]) -> Started<'a> {
-        let name = unique("lim");
+impl<'a> Limited<'a> {
+    fn new(sb: &'a Sifbox, opts: &[&str]) -> Limited<'a> {
         let logs = tempdir("sifbox-lim-logs.");
-        let logs_dir = logs.path().join("logs");
-        let mut args = vec![
-            "start".to_string(),
-            "--rootfs".into(),
-            harness::rootfs().display().to_string(),
-            "--name".into(),
-            name.clone(),
-            "--logs".into(),
-            logs_dir.display().to_string(),
-        ];
-        args.extend(opts.iter().map(|s| (*s).to_string()));
-        sb.cmd(&args).no_clean_check().output().success();
-        Started { sb, name, logs }
+        let logs_dir = logs.path().join("logs").display().to_string();
+        let mut all = vec!["--logs", logs_dir.as_str()];
+        all.extend_from_slice(opts);
+        Limited {
+            sandbox: Started::new(sb, &unique("lim"), &all, &[]),
+            logs,
+        }
     }
 
     fn exec(&self, script: &str) -> harness::Output {
-        self.sb
-            .cmd(["exec", &self.name, "--", "sh", "-c", script])
-            .no_clean_check()
+        self.sandbox
+            .exec_cmd(&[], &["sh", "-c", script])
             .timeout(Duration::from_secs(60))
             .output()
     }
 
     fn record(&self) -> Value {
-        let p = self.logs.path().join("logs/sandbox.json");
-        serde_json::from_str(&std::fs::read_to_string(&p).expect("sandbox.json"))
-            .expect("sandbox.json is JSON")
-    }
-}
-
-impl Drop for Started<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .sb
-            .cmd(["stop", "--timeout", "0", &self.name])
-            .no_clean_check()
-            .output();
+        read_json(&self.logs.path().join("logs/sandbox.json"))
     }
 }
 
@@ -84,7 +61,7 @@ fn how(record: &Value, limit: &str) -> Option<String> {
 fn a_fork_bomb_is_capped_by_pids() {
     let sb = Sifbox::new();
     let marker = unique_number();
-    let s = Started::new(&sb, &["--pids", "64"]);
+    let s = Limited::new(&sb, &["--pids", "64"]);
     let record = s.record();
     let mechanism = how(&record, "pids").unwrap_or_else(|| panic!("pids not enforced: {record:#}"));
     assert!(
@@ -116,7 +93,7 @@ fn a_fork_bomb_is_capped_by_pids() {
 #[test]
 fn every_sandbox_has_a_pids_cap() {
     let sb = Sifbox::new();
-    let s = Started::new(&sb, &[]);
+    let s = Limited::new(&sb, &[]);
     let record = s.record();
     let applied = &record["limits"]["applied"];
     let pids = applied
@@ -138,8 +115,8 @@ fn every_sandbox_has_a_pids_cap() {
 #[test]
 fn a_memory_hog_is_killed_at_its_limit_and_its_neighbour_is_not() {
     let sb = Sifbox::new();
-    let small = Started::new(&sb, &["--memory", "96m"]);
-    let big = Started::new(&sb, &["--memory", "512m"]);
+    let small = Limited::new(&sb, &["--memory", "96m"]);
+    let big = Limited::new(&sb, &["--memory", "512m"]);
     assert!(
         how(&small.record(), "memory").is_some(),
         "{:#}",
@@ -173,16 +150,16 @@ fn wakeups(pid: i64) -> u64 {
 #[test]
 fn an_idle_sandbox_costs_its_watchdog_no_wakeups() {
     let sb = Sifbox::new();
-    let s = Started::new(&sb, &["--memory", "96m"]);
+    let s = Limited::new(&sb, &["--memory", "96m"]);
     let record = s.record();
     if how(&record, "memory").as_deref() != Some("watchdog") {
-        assert!(rustix::process::geteuid().is_root(), "{record:#}");
+        assert!(is_root(), "{record:#}");
         return;
     }
     let ps = sb.cmd(["ps", "--json"]).no_clean_check().output().json();
     let outer = ps["sandboxes"]
         .as_array()
-        .and_then(|l| l.iter().find(|x| x["name"] == s.name.as_str()))
+        .and_then(|l| l.iter().find(|x| x["name"] == s.sandbox.name.as_str()))
         .and_then(|x| x["supervisor_pid"].as_i64())
         .unwrap_or_else(|| panic!("no supervisor pid in {ps:#}"));
     // Idle twice: before the first command, and after one (with its
@@ -256,7 +233,7 @@ fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
     let scratch = tempdir("sifbox-scratch.");
     let sp = scratch.path().display().to_string();
     if !harness::disk_layers() {
-        let why = if rustix::process::geteuid().is_root() {
+        let why = if is_root() {
             "/dev/loop-control is missing"
         } else {
             "needs host root"
@@ -287,10 +264,7 @@ fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
             .timeout(Duration::from_secs(60))
             .output()
     };
-    let record: Value = serde_json::from_str(
-        &std::fs::read_to_string(logs_dir.join("sandbox.json")).expect("sandbox.json"),
-    )
-    .expect("sandbox.json is JSON");
+    let record = read_json(&logs_dir.join("sandbox.json"));
     assert_eq!(
         how(&record, "storage").as_deref(),
         Some("disk"),
@@ -415,7 +389,7 @@ fn cpus_1_caps_two_busy_loops() {
 #[test]
 fn sandbox_json_records_the_limits() {
     let sb = Sifbox::new();
-    let s = Started::new(
+    let s = Limited::new(
         &sb,
         &[
             "--memory",
