@@ -514,7 +514,7 @@ fn remove_prefix(v: &str, pat: &str, longest: bool) -> String {
         cuts.reverse();
     }
     for i in cuts {
-        if glob_match(&p, &s[..i]) {
+        if crate::glob::glob_match(&p, &s[..i]) {
             return s[i..].iter().collect();
         }
     }
@@ -529,7 +529,7 @@ fn remove_suffix(v: &str, pat: &str, longest: bool) -> String {
         cuts.reverse();
     }
     for i in cuts {
-        if glob_match(&p, &s[i..]) {
+        if crate::glob::glob_match(&p, &s[i..]) {
             return s[..i].iter().collect();
         }
     }
@@ -549,7 +549,10 @@ fn replace(v: &str, pat: &str, rep: &str, all: bool) -> String {
     let mut replaced = false;
     while i < s.len() {
         if !replaced || all {
-            if let Some(j) = (i + 1..=s.len()).rev().find(|&j| glob_match(&p, &s[i..j])) {
+            if let Some(j) = (i + 1..=s.len())
+                .rev()
+                .find(|&j| crate::glob::glob_match(&p, &s[i..j]))
+            {
                 out.push_str(rep);
                 i = j;
                 replaced = true;
@@ -560,106 +563,6 @@ fn replace(v: &str, pat: &str, rep: &str, all: bool) -> String {
         i += 1;
     }
     out
-}
-
-/// Shell pattern matching for the `#`, `%` and `/` modifiers: `*` matches
-/// any string (slashes too), `?` one character, `[...]` a class (`!` or
-/// `^` negates, `a-z` ranges), `\` makes the next character literal.
-pub(crate) fn glob_match(p: &[char], s: &[char]) -> bool {
-    let (mut pi, mut si) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while si < s.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    star = Some((pi, si));
-                    pi += 1;
-                    continue;
-                }
-                '?' => {
-                    pi += 1;
-                    si += 1;
-                    continue;
-                }
-                '[' => {
-                    if let Some((ok, next)) = match_class(p, pi, s[si]) {
-                        if ok {
-                            pi = next;
-                            si += 1;
-                            continue;
-                        }
-                    } else if s[si] == '[' {
-                        pi += 1;
-                        si += 1;
-                        continue;
-                    }
-                }
-                '\\' if pi + 1 < p.len() => {
-                    if p[pi + 1] == s[si] {
-                        pi += 2;
-                        si += 1;
-                        continue;
-                    }
-                }
-                c => {
-                    if c == s[si] {
-                        pi += 1;
-                        si += 1;
-                        continue;
-                    }
-                }
-            }
-        }
-        match star {
-            Some((sp, ss)) => {
-                pi = sp + 1;
-                si = ss + 1;
-                star = Some((sp, ss + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
-/// Matches `c` against the class starting at `p[start] == '['`; returns
-/// whether it matched and the index after `]`, or `None` when the class is
-/// not closed (then `[` is literal).
-fn match_class(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
-    let mut i = start + 1;
-    let negate = matches!(p.get(i), Some('!' | '^'));
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    let mut first = true;
-    loop {
-        let lo = *p.get(i)?;
-        if lo == ']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        let lo = if lo == '\\' {
-            i += 1;
-            *p.get(i)?
-        } else {
-            lo
-        };
-        i += 1;
-        if p.get(i) == Some(&'-') && p.get(i + 1).is_some_and(|&h| h != ']') {
-            let mut hi = p[i + 1];
-            i += 2;
-            if hi == '\\' {
-                hi = *p.get(i)?;
-                i += 1;
-            }
-            if lo <= c && c <= hi {
-                matched = true;
-            }
-        } else if lo == c {
-            matched = true;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -883,7 +786,7 @@ mod tests {
         for (p, s, want) in cases {
             let p: Vec<char> = p.chars().collect();
             let s: Vec<char> = s.chars().collect();
-            assert_eq!(glob_match(&p, &s), *want, "{p:?} vs {s:?}");
+            assert_eq!(crate::glob::glob_match(&p, &s), *want, "{p:?} vs {s:?}");
         }
     }
 }

@@ -4,6 +4,7 @@
 //! args, stages and the target into what the executor walks.
 
 pub mod dockerfile;
+pub mod glob;
 pub mod ignore;
 pub mod lex;
 pub mod plan;

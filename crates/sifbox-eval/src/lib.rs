@@ -12,7 +12,6 @@
 
 pub mod cancel;
 pub mod error;
-pub mod glob;
 pub mod result;
 pub mod reward;
 pub mod rollout_dir;

@@ -837,7 +837,7 @@ pub fn load(dir: &Path) -> Result<Task> {
 /// anything runs.
 pub fn check_filters(patterns: &[String]) -> Result<()> {
     for f in patterns {
-        crate::glob::check(f)
+        sifbox_build::glob::check(f)
             .map_err(|why| bad(format!("--filter {f}"), why, "fix the pattern"))?;
     }
     Ok(())
@@ -850,7 +850,11 @@ pub fn select(mut tasks: Vec<Task>, patterns: &[String]) -> Result<Vec<Task>> {
     if patterns.is_empty() {
         return Ok(tasks);
     }
-    tasks.retain(|t| patterns.iter().any(|f| crate::glob::matches(f, &t.name)));
+    tasks.retain(|t| {
+        patterns
+            .iter()
+            .any(|f| sifbox_build::glob::matches(f, &t.name))
+    });
     if tasks.is_empty() {
         return Err(bad(
             format!("--filter {}", patterns.join(" --filter ")),

@@ -1,15 +1,19 @@
-//! Shell-style patterns for `--filter`: `*` (any run of characters), `?`
-//! (one character), `[abc]`, `[a-z]`, `[!abc]` or `[^abc]` (one character
-//! of, or not of, a set), `\x` (x literally).
+//! Shell patterns, one matcher for sifbox: `*` (any run of characters,
+//! slashes too), `?` (one character), `[...]` (a class: `!` or `^` negates,
+//! `a-z` ranges, a leading `]` is a member), `\x` (x literally). The
+//! shell-word expansion's `${v#pat}`, `${v%pat}` and `${v/pat/rep}` use it,
+//! and so does `sifbox eval --filter`. (`.dockerignore` keeps Go's
+//! `filepath.Match` semantics, in [`crate::ignore`].)
 
-/// Checks that `pattern` is well formed.
+/// Checks that `pattern` is well formed: every class closed, no trailing
+/// backslash.
 pub fn check(pattern: &str) -> Result<(), String> {
     let p: Vec<char> = pattern.chars().collect();
     let mut i = 0;
     while i < p.len() {
         match p[i] {
-            '[' => match class_end(&p, i) {
-                Some(end) => i = end + 1,
+            '[' => match match_class(&p, i, '\0') {
+                Some((_, next)) => i = next,
                 None => return Err(format!("unclosed [ in {pattern:?}")),
             },
             '\\' if i + 1 == p.len() => return Err(format!("trailing \\ in {pattern:?}")),
@@ -24,104 +28,107 @@ pub fn check(pattern: &str) -> Result<(), String> {
 pub fn matches(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();
-    // Iterative matching with one backtrack point (the last `*`): linear
-    // in practice, never exponential.
-    let (mut pi, mut ni) = (0, 0);
+    glob_match(&p, &n)
+}
+
+/// Shell pattern matching for the `#`, `%` and `/` modifiers: `*` matches
+/// any string (slashes too), `?` one character, `[...]` a class (`!` or
+/// `^` negates, `a-z` ranges), `\` makes the next character literal.
+pub(crate) fn glob_match(p: &[char], s: &[char]) -> bool {
+    let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
+    while si < s.len() {
         if pi < p.len() {
             match p[pi] {
                 '*' => {
-                    star = Some((pi, ni));
+                    star = Some((pi, si));
                     pi += 1;
                     continue;
                 }
                 '?' => {
                     pi += 1;
-                    ni += 1;
+                    si += 1;
                     continue;
                 }
                 '[' => {
-                    if let Some(end) = class_end(&p, pi) {
-                        if class_matches(&p[pi + 1..end], n[ni]) {
-                            pi = end + 1;
-                            ni += 1;
+                    if let Some((ok, next)) = match_class(p, pi, s[si]) {
+                        if ok {
+                            pi = next;
+                            si += 1;
                             continue;
                         }
-                    } else if n[ni] == '[' {
+                    } else if s[si] == '[' {
                         pi += 1;
-                        ni += 1;
+                        si += 1;
                         continue;
                     }
                 }
                 '\\' if pi + 1 < p.len() => {
-                    if p[pi + 1] == n[ni] {
+                    if p[pi + 1] == s[si] {
                         pi += 2;
-                        ni += 1;
+                        si += 1;
                         continue;
                     }
                 }
                 c => {
-                    if c == n[ni] {
+                    if c == s[si] {
                         pi += 1;
-                        ni += 1;
+                        si += 1;
                         continue;
                     }
                 }
             }
         }
         match star {
-            Some((sp, sn)) => {
+            Some((sp, ss)) => {
                 pi = sp + 1;
-                ni = sn + 1;
-                star = Some((sp, sn + 1));
+                si = ss + 1;
+                star = Some((sp, ss + 1));
             }
             None => return false,
         }
     }
-    p[pi..].iter().all(|c| *c == '*')
+    p[pi..].iter().all(|&c| c == '*')
 }
 
-/// The index of the `]` closing the class that opens at `p[open]`.
-fn class_end(p: &[char], open: usize) -> Option<usize> {
-    let mut i = open + 1;
-    if matches!(p.get(i), Some('!' | '^')) {
+/// Matches `c` against the class starting at `p[start] == '['`; returns
+/// whether it matched and the index after `]`, or `None` when the class is
+/// not closed (then `[` is literal).
+fn match_class(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
+    let mut i = start + 1;
+    let negate = matches!(p.get(i), Some('!' | '^'));
+    if negate {
         i += 1;
     }
-    // A `]` right at the start is a member.
-    if p.get(i) == Some(&']') {
-        i += 1;
-    }
-    while i < p.len() {
-        if p[i] == ']' {
-            return Some(i);
+    let mut matched = false;
+    let mut first = true;
+    loop {
+        let lo = *p.get(i)?;
+        if lo == ']' && !first {
+            return Some((matched != negate, i + 1));
         }
-        i += 1;
-    }
-    None
-}
-
-fn class_matches(class: &[char], c: char) -> bool {
-    let (negate, set) = match class.first() {
-        Some('!' | '^') => (true, &class[1..]),
-        _ => (false, class),
-    };
-    let mut hit = false;
-    let mut i = 0;
-    while i < set.len() {
-        if i + 2 < set.len() && set[i + 1] == '-' {
-            if set[i] <= c && c <= set[i + 2] {
-                hit = true;
-            }
-            i += 3;
-        } else {
-            if set[i] == c {
-                hit = true;
-            }
+        first = false;
+        let lo = if lo == '\\' {
             i += 1;
+            *p.get(i)?
+        } else {
+            lo
+        };
+        i += 1;
+        if p.get(i) == Some(&'-') && p.get(i + 1).is_some_and(|&h| h != ']') {
+            let mut hi = p[i + 1];
+            i += 2;
+            if hi == '\\' {
+                hi = *p.get(i)?;
+                i += 1;
+            }
+            if lo <= c && c <= hi {
+                matched = true;
+            }
+        } else if lo == c {
+            matched = true;
         }
     }
-    hit != negate
 }
 
 #[cfg(test)]
@@ -147,11 +154,14 @@ mod tests {
         assert!(!matches("*a*b*c*", "xxaxxcxxbxx"));
         assert!(matches("exact", "exact"));
         assert!(!matches("exact", "exactly"));
+        // An unclosed class is a literal `[`.
+        assert!(matches("[ab", "[ab"));
     }
 
     #[test]
     fn well_formed() {
         assert!(check("a*[bc]?").is_ok());
+        assert!(check("[]]").is_ok());
         assert!(check("[abc").is_err());
         assert!(check("abc\\").is_err());
     }
