@@ -87,7 +87,7 @@ pub fn prepare_scratch(dir: &Path) -> Result<()> {
 }
 
 fn setup_err(what: impl std::fmt::Display) -> impl FnOnce(rustix::io::Errno) -> Error {
-    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+    move |e| Error::syscall(what.to_string(), e)
 }
 
 /// Makes a `size_mib` ext4 file system in a nameless file in `scratch`,

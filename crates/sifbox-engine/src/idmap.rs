@@ -200,9 +200,9 @@ pub fn resolve(mode: UsernsMode, caller: &Caller) -> Result<IdMapping> {
                     _ => "newuidmap/newgidmap are not installed (Debian package uidmap)",
                 };
                 Err(Error::BadInput {
-                    what: "--userns full".into(),
+                    what: "the full id mapping (subordinate ids)".into(),
                     why: missing.into(),
-                    fix: "ask an admin for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, or use --userns single; `sifbox doctor` shows what this host offers".into(),
+                    fix: "ask an admin for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, or map a single id (`--userns single`); `sifbox doctor` shows what this host offers".into(),
                 })
             }
         },
@@ -245,9 +245,9 @@ pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<
         (&caller.newgidmap, &mapping.gid, "newgidmap"),
     ] {
         let tool = tool.as_ref().ok_or_else(|| Error::BadInput {
-            what: "--userns full".into(),
+            what: "the full id mapping (subordinate ids)".into(),
             why: format!("{which} is not installed"),
-            fix: "install the uidmap package or use --userns single".into(),
+            fix: "install the uidmap package, or map a single id (`--userns single`)".into(),
         })?;
         let out = Command::new(tool)
             .arg(pid.to_string())
@@ -256,7 +256,7 @@ pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<
             .ctx(|| format!("running {}", tool.display()))?;
         if !out.status.success() {
             return Err(Error::Setup(format!(
-                "{which} {pid} {}: {}; check /etc/subuid and /etc/subgid for your user, or use --userns single",
+                "{which} {pid} {}: {}; check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)",
                 map_args(ranges).join(" "),
                 String::from_utf8_lossy(&out.stderr).trim()
             )));

@@ -359,7 +359,7 @@ fn relative(inside: &Path) -> PathBuf {
 }
 
 fn sys_err(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> Error {
-    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+    move |e| Error::syscall(what.to_string(), e)
 }
 
 /// The root being assembled: the overlay mount and the mounts made on it.
@@ -666,7 +666,7 @@ fn fs_error(ctx: &OwnedFd, what: String, e: Errno) -> Error {
     } else {
         format!(" ({})", log.join("; "))
     };
-    Error::Setup(format!("{what}: {}{detail}", std::io::Error::from(e)))
+    Error::syscall(format!("{what}{detail}"), e)
 }
 
 fn attach(tree: &OwnedFd, target: BorrowedFd<'_>, what: &str) -> Result<()> {

@@ -70,7 +70,7 @@ pub fn install(allow_userns: bool) -> std::io::Result<()> {
         return Err(std::io::Error::new(
             std::io::ErrorKind::Unsupported,
             format!(
-                "sifbox has no default seccomp policy for {}; run with --seccomp unconfined",
+                "sifbox has no default seccomp policy for {}; run unconfined (`--seccomp unconfined`)",
                 std::env::consts::ARCH
             ),
         ));

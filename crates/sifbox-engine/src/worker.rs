@@ -160,7 +160,7 @@ pub fn run(
             return fail(
                 125,
                 format!(
-                    "working directory {} does not exist in the sandbox; pass an existing --cwd",
+                    "working directory {} does not exist in the sandbox; give an existing one",
                     req.cwd
                 ),
             )

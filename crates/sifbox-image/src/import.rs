@@ -31,6 +31,18 @@ pub enum ImportError {
     },
 }
 
+impl ImportError {
+    /// What the user can do about it.
+    pub fn fix(&self) -> Option<String> {
+        match self {
+            ImportError::Store(e) => e.fix(),
+            ImportError::Source { .. } => Some(
+                "check the file: a .sif, a rootfs directory or tarball, an OCI layout or archive, or a docker archive".into(),
+            ),
+        }
+    }
+}
+
 type Result<T, E = ImportError> = std::result::Result<T, E>;
 
 fn src_err(path: &Path, e: impl std::fmt::Display) -> ImportError {

@@ -90,6 +90,26 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// What the user can do about it, where the message does not say.
+    pub fn fix(&self) -> Option<String> {
+        match self {
+            StoreError::Io { source, .. } => Some(match source.raw_os_error() {
+                Some(28) => "free space on that disk (`sifbox gc` removes what no image needs), or set SIFBOX_CACHE to a store on another one".into(),
+                Some(13) => "check the permissions of the image store, or set SIFBOX_CACHE to a directory of your own".into(),
+                _ => "check the image store's disk and permissions (SIFBOX_CACHE)".into(),
+            }),
+            StoreError::NotYours { .. } => Some("use a store of your own (unset SIFBOX_CACHE), or, for a lab group's shared store, set `store.shared = true` in ~/.config/sifbox/config.toml (or SIFBOX_STORE_SHARED=1)".into()),
+            StoreError::BlobMismatch { .. } => Some("pull again; if it persists, the registry or a proxy serves other bytes than the manifest names".into()),
+            StoreError::NotFound(_)
+            | StoreError::Ambiguous { .. }
+            | StoreError::BadName(_)
+            | StoreError::ReadOnly { .. }
+            | StoreError::NotUnpacked { .. } => None,
+        }
+    }
+}
+
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {

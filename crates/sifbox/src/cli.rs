@@ -153,8 +153,8 @@ pub fn run() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("sifbox: error: {e}");
-            ExitCode::from(EXIT_SIFBOX_ERROR)
+            eprintln!("sifbox: error: {}", e.line());
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -7,6 +7,7 @@
 
 mod cli;
 mod cmd;
+mod error;
 
 use std::process::ExitCode;
 

@@ -189,7 +189,7 @@ impl Sandbox {
                 return Err(Error::BadInput {
                     what: format!("sandbox name {:?}", spec.name),
                     why: "a sandbox of that name is running".into(),
-                    fix: "choose another --name, or stop it first".into(),
+                    fix: "choose another name, or stop that sandbox first".into(),
                 })
             }
             Err(e) => return Err(Error::io(format!("creating {}", dir.display()), e)),
@@ -202,7 +202,7 @@ impl Sandbox {
             // other users' reach. upper/ keeps the mode it is made with:
             // the overlay's root takes it, and it is the sandbox's `/`.
             let bad = |why: String| Error::BadInput {
-                what: format!("--overlay {}", o.display()),
+                what: format!("the overlay directory {}", o.display()),
                 why,
                 fix: "pass a directory of your own on a local file system".into(),
             };
@@ -230,7 +230,7 @@ impl Sandbox {
                 rustix::fs::fchmod(&top, rustix::fs::Mode::from_raw_mode(0o700))
                     .map_err(|e| bad(format!("cannot make it private (0700): {e}")))?;
                 tracing::debug!(
-                    "--overlay {}: mode {:04o} made 0700",
+                    "the overlay directory {}: mode {:04o} made 0700",
                     o.display(),
                     st.st_mode & 0o7777
                 );
@@ -251,7 +251,7 @@ impl Sandbox {
             if let Some(why) = crate::disk::unavailable() {
                 return Err(bad(
                     why,
-                    "leave out --disk (the layer is then a tmpfs: --tmpfs-size)",
+                    "ask for a tmpfs writable layer instead (its size counts in the memory limit)",
                 ));
             }
             crate::disk::prepare_scratch(scratch)?;
@@ -369,7 +369,7 @@ impl Sandbox {
                     let mut fds = [PollFd::new(status.get_ref(), PollFlags::IN)];
                     if matches!(poll(&mut fds, Some(&t)), Ok(0)) {
                         return Err(Error::Setup(format!(
-                            "sandbox {} was not ready in time; it was removed (raise --ready-timeout?)",
+                            "sandbox {} was not ready in time; it was removed (give it longer to start)",
                             self.name
                         )));
                     }

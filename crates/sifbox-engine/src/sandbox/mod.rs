@@ -196,7 +196,7 @@ fn read_status(status: &mut BufReader<File>, name: &str) -> Result<Status> {
     match line.split_once(' ').unwrap_or((line, "")) {
         ("unshared", _) => Ok(Status::Unshared),
         ("ready", t) => Ok(Status::Ready(t.parse().unwrap_or_default())),
-        ("error", msg) => Err(Error::Setup(msg.to_string())),
+        ("error", msg) => Err(Error::from_status(msg)),
         _ => Err(Error::Setup(format!(
             "sandbox {name}: the supervisor exited during setup"
         ))),

@@ -100,13 +100,12 @@ impl Status {
     }
 
     fn error(&mut self, e: &Error) {
-        let one_line = e.to_string().replace('\n', " ");
-        self.send(&format!("error {one_line}"));
+        self.send(&format!("error {}", e.status_line()));
     }
 }
 
 fn errno(what: &str) -> impl FnOnce(rustix::io::Errno) -> Error + '_ {
-    move |e| Error::Setup(format!("{what}: {}", std::io::Error::from(e)))
+    move |e| Error::syscall(what, e)
 }
 
 /// Entry point of `sifbox __supervisor`; returns the exit code.

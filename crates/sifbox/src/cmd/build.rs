@@ -73,7 +73,7 @@ pub(crate) fn resolve_image(store: &Store, reference: &str) -> Result<Digest, Bu
         .map_err(|e| BuildError::bad(format!("image {}", e.arg), e.kind.to_string(), e.fix()))
 }
 
-pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     let mode = if a.quiet {
         Mode::Quiet
     } else {
@@ -101,7 +101,8 @@ pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
                 format!("--host-ca {}", ca.display()),
                 "no such file",
                 "pass the host's CA bundle file",
-            ));
+            )
+            .into());
         }
     }
     for t in &a.tags {
@@ -122,7 +123,8 @@ pub fn run(a: BuildArgs) -> sifbox_engine::Result<ExitCode> {
                 format!("--userns {other}"),
                 "unknown mode",
                 "use auto, full or single",
-            ))
+            )
+            .into())
         }
     };
     let opts = BuildOptions {

@@ -31,7 +31,7 @@ fn sandbox_side(arg: &str) -> Option<(&str, &str)> {
     (!name.is_empty() && !name.contains('/')).then_some((name, path))
 }
 
-pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
     let usage = "usage: sifbox cp [--owner USER | --keep-setid] SRC DST, with NAME:/path on \
                  exactly one side";
     match (sandbox_side(&a.src), sandbox_side(&a.dst)) {
@@ -42,7 +42,8 @@ pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
                     "--keep-setid",
                     "only applies to copies out of a sandbox (uploads keep the bits)",
                     usage,
-                ));
+                )
+                .into());
             }
             let sandbox = Sandbox::attach(name)?;
             sandbox.upload(&PathBuf::from(&a.src), path, a.owner.as_deref())?;
@@ -50,11 +51,7 @@ pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
         (Some((name, path)), None) => {
             check_inside(path)?;
             if a.owner.is_some() {
-                return Err(bad(
-                    "--owner",
-                    "only applies to copies into a sandbox",
-                    usage,
-                ));
+                return Err(bad("--owner", "only applies to copies into a sandbox", usage).into());
             }
             let sandbox = Sandbox::attach(name)?;
             let setid = if a.keep_setid {
@@ -69,7 +66,8 @@ pub fn run(a: CpArgs) -> sifbox_engine::Result<ExitCode> {
                 "sifbox cp",
                 "one side must be NAME:/path and the other a host path",
                 usage,
-            ))
+            )
+            .into())
         }
     }
     Ok(ExitCode::SUCCESS)

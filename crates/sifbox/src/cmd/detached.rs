@@ -35,7 +35,7 @@ pub struct LogsArgs {
     pub follow: bool,
 }
 
-pub fn wait(a: WaitArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn wait(a: WaitArgs) -> crate::error::Result<ExitCode> {
     let sandbox = Sandbox::attach(&a.name)?;
     Ok(status_exit(&sandbox.wait_detached(&a.id)?))
 }
@@ -66,14 +66,14 @@ fn parse_signal(s: &str) -> sifbox_engine::Result<i32> {
     }
 }
 
-pub fn kill(a: KillArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn kill(a: KillArgs) -> crate::error::Result<ExitCode> {
     let sig = parse_signal(&a.signal)?;
     let sandbox = Sandbox::attach(&a.name)?;
     sandbox.signal_detached(&a.id, sig)?;
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn logs(a: LogsArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn logs(a: LogsArgs) -> crate::error::Result<ExitCode> {
     let sandbox = Sandbox::attach(&a.name)?;
     let (out, err, _) = sandbox.detached_files(&a.id)?;
     let open = |p: &std::path::Path| {

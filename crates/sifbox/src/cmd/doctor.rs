@@ -11,7 +11,7 @@ pub struct DoctorArgs {
     json: bool,
 }
 
-pub fn run(args: DoctorArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(args: DoctorArgs) -> crate::error::Result<ExitCode> {
     let exe = std::env::current_exe()
         .map_err(|e| sifbox_engine::Error::io("locating the sifbox binary", e))?;
     let checks = doctor::run_checks(&exe);

@@ -14,7 +14,7 @@ use sifbox_engine::spec::{NetMode, UsernsMode};
 use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
-use sifbox_eval::{cancel::Cancel, task, EvalError};
+use sifbox_eval::{cancel::Cancel, task};
 
 use crate::cmd::options::{bad, NetArg, UsernsArg};
 
@@ -314,16 +314,8 @@ fn usage(what: String, why: &str, fix: &str) -> Error {
     bad(&what, why, fix)
 }
 
-fn to_engine(e: EvalError) -> Error {
-    match e {
-        EvalError::BadInput { what, why, fix } => Error::BadInput { what, why, fix },
-        EvalError::Engine(e) => e,
-        EvalError::Io { what, source } => Error::Io { what, source },
-    }
-}
-
 /// `docker_image`: the store, else a registry.
-pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     let progress = match a.progress.as_str() {
         "auto" => {
             if rustix::termios::isatty(std::io::stderr()) {
@@ -339,14 +331,13 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
                 format!("--progress {other}"),
                 "unknown mode",
                 "use auto, plain or quiet",
-            ))
+            )
+            .into())
         }
     };
-    task::check_filters(&a.filter).map_err(to_engine)?;
-    let agent = Agent::parse(&a.agent).map_err(to_engine)?;
-    let tasks = task::discover(&a.tasks)
-        .and_then(|t| task::select(t, &a.filter))
-        .map_err(to_engine)?;
+    task::check_filters(&a.filter)?;
+    let agent = Agent::parse(&a.agent)?;
+    let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
     let store = crate::cmd::image::open_store()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
     let jobs = a.jobs.unwrap_or_else(|| {
@@ -455,7 +446,7 @@ pub fn run(a: EvalArgs) -> sifbox_engine::Result<ExitCode> {
     finished.store(true, Ordering::SeqCst);
     signal_handle.close();
     display.clear();
-    let outcome = outcome.map_err(to_engine)?;
+    let outcome = outcome?;
     out!("{}", outcome.summary.table());
     let _ = std::io::stdout().flush();
     if progress != Mode::Quiet {

@@ -50,7 +50,7 @@ pub struct ExecArgs {
 /// Captured output is limited to this much per stream unless asked otherwise.
 const DEFAULT_MAX_OUTPUT: usize = 16 << 20;
 
-pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
     let mut argv = a.command.clone();
     if argv.first().map(String::as_str) == Some("--") {
         argv.remove(0);
@@ -60,7 +60,8 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
             "sifbox exec",
             "no command given",
             "usage: sifbox exec [OPTIONS] NAME [--] CMD [ARGS...]",
-        ));
+        )
+        .into());
     }
     let timeout = match a.timeout {
         None => None,
@@ -70,7 +71,8 @@ pub fn run(a: ExecArgs) -> sifbox_engine::Result<ExitCode> {
                 "--timeout",
                 "must be a positive number of seconds",
                 "e.g. --timeout 30",
-            ))
+            )
+            .into())
         }
     };
     let sandbox = Sandbox::attach(&a.name)?;

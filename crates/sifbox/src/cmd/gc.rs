@@ -24,7 +24,7 @@ pub struct GcArgs {
     build_cache: bool,
 }
 
-pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
     let root = runtime::root()?;
     let removed = runtime::reap_dead(&root)?;
     let cgroups = stale_cgroups(&root)?;
@@ -42,18 +42,15 @@ pub fn run(args: GcArgs) -> sifbox_engine::Result<ExitCode> {
         let exe = std::env::current_exe()
             .map_err(|e| sifbox_engine::Error::io("finding the sifbox binary", e))?;
         let layers =
-            sifbox_build::layers::Layers::new(&opened, exe, sifbox_engine::spec::UsernsMode::Auto)
-                .map_err(|e| build_err(&e))?;
+            sifbox_build::layers::Layers::new(&opened, exe, sifbox_engine::spec::UsernsMode::Auto)?;
         let unremovable = std::mem::take(&mut store.unremovable);
-        layers
-            .remove_trees(&unremovable)
-            .map_err(|e| build_err(&e))?;
+        layers.remove_trees(&unremovable)?;
         for p in unremovable {
             let _ = std::fs::remove_file(p.with_extension("lock"));
             store.temp_dirs.push(p);
         }
         if args.build_cache {
-            pruned = layers.prune().map_err(|e| build_err(&e))?;
+            pruned = layers.prune()?;
         }
     }
     let blobs = if args.blobs {
@@ -117,8 +114,4 @@ fn stale_cgroups(root: &std::path::Path) -> sifbox_engine::Result<Vec<std::path:
         &|name| live.iter().any(|l| l == name),
         std::time::Duration::from_secs(60),
     ))
-}
-
-fn build_err(e: &sifbox_build::error::BuildError) -> sifbox_engine::Error {
-    sifbox_engine::Error::Setup(format!("cleaning up build leftovers: {e}"))
 }

@@ -38,26 +38,10 @@ pub enum ImageCommand {
     Export { reference: String, file: PathBuf },
 }
 
-fn store_err(e: impl std::fmt::Display) -> Error {
-    Error::BadInput {
-        what: "image store".into(),
-        why: e.to_string(),
-        fix: "check the reference with `sifbox image ls`, or SIFBOX_CACHE".into(),
-    }
-}
-
 /// Opens the store at its default place, private unless the caller's
 /// config makes it a lab group's shared store ([`store_access`]).
-pub fn open_store() -> sifbox_engine::Result<Store> {
-    let root = Store::default_root();
-    Store::open_with(&root, store_access()?).map_err(|e| Error::BadInput {
-        what: format!("image store {}", root.display()),
-        fix: match e {
-            StoreError::NotYours { .. } => "use a store of your own (unset SIFBOX_CACHE), or, for a lab group's shared store, set `store.shared = true` in ~/.config/sifbox/config.toml (or SIFBOX_STORE_SHARED=1)".into(),
-            _ => "set SIFBOX_CACHE to a writable directory".into(),
-        },
-        why: e.to_string(),
-    })
+pub fn open_store() -> crate::error::Result<Store> {
+    Ok(Store::open_with(&Store::default_root(), store_access()?)?)
 }
 
 /// Whether the store is a lab group's shared one: `SIFBOX_STORE_SHARED`
@@ -100,11 +84,11 @@ pub(crate) fn store_access() -> sifbox_engine::Result<Access> {
     }
 }
 
-pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
+pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
     let store = open_store()?;
     match cmd {
         ImageCommand::Ls { json } => {
-            let list = store.list().map_err(store_err)?;
+            let list = store.list()?;
             if json {
                 outln!("{}", serde_json::json!({ "images": list }));
             } else {
@@ -120,14 +104,13 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
             }
         }
         ImageCommand::Inspect { reference, json } => {
-            let d = store.resolve(&reference).map_err(store_err)?;
+            let d = store.resolve(&reference)?;
             let entry = store
-                .list()
-                .map_err(store_err)?
+                .list()?
                 .into_iter()
                 .find(|e| e.digest == d.as_str())
-                .ok_or_else(|| store_err(format!("{reference}: vanished")))?;
-            let m = import::image_meta(&store, &d).map_err(store_err)?;
+                .ok_or_else(|| StoreError::NotFound(reference.clone()))?;
+            let m = import::image_meta(&store, &d)?;
             let v = serde_json::json!({ "image": entry, "config": m });
             if json {
                 outln!("{v}");
@@ -137,26 +120,22 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
         }
         ImageCommand::Rm { references } => {
             for r in references {
-                let d = store.remove(&r).map_err(store_err)?;
+                let d = store.remove(&r)?;
                 outln!("removed {r} ({d})");
             }
         }
         ImageCommand::Tag { reference, name } => {
-            let d = store.resolve(&reference).map_err(store_err)?;
-            let name = store.tag(&name, &d).map_err(store_err)?;
+            let d = store.resolve(&reference)?;
+            let name = store.tag(&name, &d)?;
             outln!("{name} -> {d}");
         }
         ImageCommand::Import { source, name } => {
-            let r = import::import(&store, &source, name.as_deref()).map_err(|e| Error::BadInput {
-                what: format!("import {}", source.display()),
-                why: e.to_string(),
-                fix: "pass a .sif, a rootfs directory or tarball, an OCI layout or archive, or a docker-archive".into(),
-            })?;
+            let r = import::import(&store, &source, name.as_deref())?;
             outln!("{}", r.digest);
         }
         ImageCommand::Export { reference, file } => {
-            let d = store.resolve(&reference).map_err(store_err)?;
-            import::export(&store, &d, &file).map_err(store_err)?;
+            let d = store.resolve(&reference)?;
+            import::export(&store, &d, &file)?;
             outln!("{}", file.display());
         }
     }
@@ -165,23 +144,13 @@ pub fn run(cmd: ImageCommand) -> sifbox_engine::Result<ExitCode> {
 
 pub use sifbox_registry::Resolved;
 
-/// A failed image resolution as sifbox's error: bad input (exit 125 with
-/// what to do) whatever the cause, naming it.
-pub fn resolve_err(e: sifbox_registry::ResolveError) -> Error {
-    Error::BadInput {
-        what: format!("image {}", e.arg),
-        fix: e.fix(),
-        why: e.kind.to_string(),
-    }
-}
-
 /// Resolves an IMAGE argument of a command by the one rule
 /// (`sifbox_registry::resolve`): `docker://REF` pulled the first time, a
 /// rootfs directory in place, a file imported once, else a store name. The
 /// store is opened only when it is needed.
-pub fn resolve(arg: &str) -> sifbox_engine::Result<Resolved> {
-    let parsed = sifbox_registry::ImageArg::from_cli(arg).map_err(resolve_err)?;
-    if let Some(tree) = parsed.tree().map_err(resolve_err)? {
+pub fn resolve(arg: &str) -> crate::error::Result<Resolved> {
+    let parsed = sifbox_registry::ImageArg::from_cli(arg)?;
+    if let Some(tree) = parsed.tree()? {
         return Ok(Resolved::in_place(tree, arg));
     }
     let store = open_store()?;
@@ -189,7 +158,9 @@ pub fn resolve(arg: &str) -> sifbox_engine::Result<Resolved> {
         progress: crate::cmd::progress::for_stderr(false),
         ..sifbox_registry::ResolveOptions::default()
     };
-    sifbox_registry::resolve::resolve(&store, &parsed, arg, &opts).map_err(resolve_err)
+    Ok(sifbox_registry::resolve::resolve(
+        &store, &parsed, arg, &opts,
+    )?)
 }
 
 /// Resolves a Dockerfile's `FROM` or a task's `docker_image` in `store`:

@@ -351,7 +351,7 @@ pub fn own_logs(
 
 /// Resolves the image of a sandbox command: `--rootfs DIR` (a directory) or
 /// the IMAGE argument.
-pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> sifbox_engine::Result<Resolved> {
+pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> crate::error::Result<Resolved> {
     match (&a.rootfs, image) {
         (Some(dir), None) => {
             if !dir.is_dir() {
@@ -359,7 +359,8 @@ pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> sifbox_engine::Res
                     &format!("--rootfs {}", dir.display()),
                     "no such directory",
                     "pass an unpacked root file system directory, or an IMAGE without --rootfs",
-                ));
+                )
+                .into());
             }
             crate::cmd::image::resolve(&dir.to_string_lossy())
         }
@@ -368,6 +369,7 @@ pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> sifbox_engine::Res
             "image",
             "give exactly one image (IMAGE or --rootfs DIR)",
             "e.g. --rootfs ./rootfs, or an image name from `sifbox image ls`",
-        )),
+        )
+        .into()),
     }
 }

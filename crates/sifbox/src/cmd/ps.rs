@@ -11,7 +11,7 @@ pub struct PsArgs {
     json: bool,
 }
 
-pub fn run(a: PsArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: PsArgs) -> crate::error::Result<ExitCode> {
     let root = runtime::root()?;
     let entries: Vec<_> = runtime::scan(&root)?
         .into_iter()

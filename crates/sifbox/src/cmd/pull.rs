@@ -39,7 +39,7 @@ fn bad_input(what: &str, why: String, fix: &str) -> Error {
     }
 }
 
-pub fn run(a: PullArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: PullArgs) -> crate::error::Result<ExitCode> {
     let reference = Reference::parse(&a.reference).map_err(|e| {
         bad_input(
             &format!("pull {}", a.reference),
@@ -88,19 +88,17 @@ pub fn run(a: PullArgs) -> sifbox_engine::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Pulls with progress on stderr (none when `quiet`); errors become one
-/// clear message.
+/// Pulls with progress on stderr (none when `quiet`).
 pub fn pull(
     store: &Store,
     reference: &Reference,
     opts: &PullOptions,
     quiet: bool,
-) -> sifbox_engine::Result<Pulled> {
-    sifbox_registry::pull(store, reference, opts, progress::for_stderr(quiet)).map_err(|e| {
-        Error::BadInput {
-            what: "pull".into(),
-            fix: e.fix(),
-            why: e.to_string(),
-        }
-    })
+) -> crate::error::Result<Pulled> {
+    Ok(sifbox_registry::pull(
+        store,
+        reference,
+        opts,
+        progress::for_stderr(quiet),
+    )?)
 }

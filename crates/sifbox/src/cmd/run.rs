@@ -30,11 +30,11 @@ pub struct RunArgs {
 
 const USAGE: &str = "usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] CMD [ARGS...]";
 
-pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
     let mut args = a.args.clone();
     let image_arg = match &a.sandbox.rootfs {
         Some(_) => None,
-        None if args.is_empty() => return Err(bad("sifbox run", "no image given", USAGE)),
+        None if args.is_empty() => return Err(bad("sifbox run", "no image given", USAGE).into()),
         None => Some(args.remove(0)),
     };
     if args.first().map(String::as_str) == Some("--") {
@@ -50,7 +50,8 @@ pub fn run(a: RunArgs) -> sifbox_engine::Result<ExitCode> {
             "sifbox run",
             "no command given (and the image names none)",
             USAGE,
-        ));
+        )
+        .into());
     }
     let planned = build_spec(&a.sandbox, &image)?;
     let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;

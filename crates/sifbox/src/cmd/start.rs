@@ -22,20 +22,22 @@ pub struct StartArgs {
     pub image: Option<String>,
 }
 
-pub fn run(a: StartArgs) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     if a.sandbox.name.is_none() {
         return Err(bad(
             "sifbox start",
             "no --name given",
             "name the sandbox: sifbox start --name NAME IMAGE",
-        ));
+        )
+        .into());
     }
     if a.ready_timeout.is_nan() || a.ready_timeout <= 0.0 {
         return Err(bad(
             "--ready-timeout",
             "must be a positive number of seconds",
             "e.g. --ready-timeout 60",
-        ));
+        )
+        .into());
     }
     let image = resolve_image(&a.sandbox, a.image.as_deref())?;
     let planned = build_spec(&a.sandbox, &image)?;

@@ -20,13 +20,14 @@ pub struct StopArgs {
 /// Stops each sandbox; an unknown or already stopped one succeeds with a
 /// note. Stopping removes its runtime state too (`rm` is the same, for
 /// scripts that say what they mean); its logs dir stays.
-pub fn run(a: StopArgs, verb: &str) -> sifbox_engine::Result<ExitCode> {
+pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
     if !(a.timeout >= 0.0 && a.timeout.is_finite()) {
         return Err(bad(
             "--timeout",
             "must be zero or more seconds",
             "e.g. --timeout 10",
-        ));
+        )
+        .into());
     }
     let grace = Duration::from_secs_f64(a.timeout);
     let root = runtime::root()?;
@@ -46,7 +47,8 @@ pub fn run(a: StopArgs, verb: &str) -> sifbox_engine::Result<ExitCode> {
                         &format!("sandbox {name}"),
                         "it runs but does not answer",
                         "kill its supervisor (see `sifbox ps`), then run `sifbox gc`",
-                    ));
+                    )
+                    .into());
                 }
                 runtime::remove_dir(&dir)?;
                 if existed {

@@ -1020,7 +1020,13 @@ fn a_blob_corrupted_on_the_registry_is_rejected() {
         .stderr_has(&format!("blob {victim}"))
         .stderr_has("nothing was stored");
     let last = out.stderr.lines().last().unwrap_or_default();
-    assert!(last.starts_with("sifbox: error: pull: "), "{}", out.stderr);
+    // One line, naming the image pulled (the pull error, typed up to the
+    // edge, then what to do).
+    assert!(
+        last.starts_with(&format!("sifbox: error: {}/test/corrupt:1: ", reg.host())),
+        "{}",
+        out.stderr
+    );
     assert!(env.store.entries("images").is_empty());
     assert!(env.store.entries("refs").is_empty());
     assert!(!env.store.has_blob(&victim));
