@@ -14,7 +14,7 @@ use sifbox_image::store::{self, Store};
 use crate::challenge::{self, Challenge};
 use crate::credentials::Credentials;
 use crate::error::PullError;
-use crate::pull::{BlobOutcome, Progress};
+use crate::progress::{BlobOutcome, Progress};
 use crate::reference::Reference;
 
 /// Manifest media types asked for, best first.
@@ -53,6 +53,89 @@ impl RetryPolicy {
             .base_delay
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
         exp.min(self.max_delay)
+    }
+}
+
+/// What one try of a request came to (see [`RetryPolicy::run`]).
+enum Try<T> {
+    /// Done.
+    Done(T),
+    /// Failed for good.
+    Fail(PullError),
+    /// Failed in a way that may pass: try again after the backoff, or
+    /// after `after` (a Retry-After), while tries are left; `error` when
+    /// none are.
+    Again {
+        error: PullError,
+        after: Option<Duration>,
+    },
+    /// Failed after getting somewhere (some bytes of a blob): try again,
+    /// counting from the first try anew.
+    Progressed(PullError),
+    /// Try again at once, not counting this one (a fresh token was got).
+    Now,
+}
+
+impl RetryPolicy {
+    /// The tries of one request (see [`Tries`]).
+    fn tries(&self) -> Tries<'_> {
+        Tries {
+            policy: self,
+            attempt: 0,
+        }
+    }
+}
+
+/// The one retry loop of the client, as a state: each request's loop is
+///
+/// ```text
+/// let mut tries = policy.tries();
+/// loop {
+///     let attempt = tries.start();
+///     let t = async { ...one try... }.await;
+///     if let Some(r) = tries.after(t).await { break r; }
+/// }
+/// ```
+///
+/// and what to do after a try (count it, wait the backoff or the
+/// Retry-After, give up with the last error) is decided here alone.
+struct Tries<'a> {
+    policy: &'a RetryPolicy,
+    attempt: u32,
+}
+
+impl Tries<'_> {
+    /// A try begins; its number, from 1.
+    fn start(&mut self) -> u32 {
+        self.attempt += 1;
+        self.attempt
+    }
+
+    /// What a try came to: the result when there is nothing more to try;
+    /// else `None`, after waiting, to try again.
+    async fn after<T>(&mut self, t: Try<T>) -> Option<Result<T, PullError>> {
+        let (error, after) = match t {
+            Try::Done(t) => return Some(Ok(t)),
+            Try::Fail(e) => return Some(Err(e)),
+            Try::Now => {
+                self.attempt -= 1;
+                return None;
+            }
+            Try::Progressed(e) => {
+                self.attempt = 1;
+                (e, None)
+            }
+            Try::Again { error, after } => (error, after),
+        };
+        if self.attempt >= self.policy.attempts {
+            return Some(Err(error));
+        }
+        let wait = after
+            .map(|d| d.min(self.policy.max_retry_after))
+            .unwrap_or_else(|| self.policy.backoff(self.attempt));
+        tracing::debug!(?wait, attempt = self.attempt, %error, "retrying");
+        tokio::time::sleep(wait).await;
+        None
     }
 }
 
@@ -170,48 +253,56 @@ impl Client {
         })?;
         let plain_ok = plain_http_allowed(reference, insecure);
         let host = reference.endpoint();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut last = String::new();
-            for scheme in ["https", "http"] {
-                if scheme == "http" && !plain_ok {
-                    continue;
-                }
-                let url = format!("{scheme}://{host}/v2/");
-                match http.get(&url).send().await {
-                    Ok(resp) => {
-                        let client = Client {
-                            http: http.clone(),
-                            base: format!("{scheme}://{host}"),
-                            reference: reference.clone(),
-                            creds: creds.clone(),
-                            auth: tokio::sync::Mutex::new(None),
-                            retry: retry.clone(),
-                        };
-                        client.after_ping(resp).await?;
-                        return Ok(client);
+        let policy = retry.clone();
+        {
+            let mut tries = policy.tries();
+            loop {
+                let attempt = tries.start();
+                let t = async {
+                    let mut last = String::new();
+                    for scheme in ["https", "http"] {
+                        if scheme == "http" && !plain_ok {
+                            continue;
+                        }
+                        let url = format!("{scheme}://{host}/v2/");
+                        match http.get(&url).send().await {
+                            Ok(resp) => {
+                                let client = Client {
+                                    http: http.clone(),
+                                    base: format!("{scheme}://{host}"),
+                                    reference: reference.clone(),
+                                    creds: creds.clone(),
+                                    auth: tokio::sync::Mutex::new(None),
+                                    retry: retry.clone(),
+                                };
+                                return match client.after_ping(resp).await {
+                                    Ok(()) => Try::Done(client),
+                                    Err(e) => Try::Fail(e),
+                                };
+                            }
+                            Err(e) => last = format!("{url}: {}", error_chain(&e)),
+                        }
                     }
-                    Err(e) => last = format!("{url}: {}", error_chain(&e)),
+                    let error = if !plain_ok && !last.contains("refused") {
+                        PullError::Insecure {
+                            reference: reference.to_string(),
+                            message: last,
+                        }
+                    } else {
+                        PullError::Transport {
+                            reference: reference.to_string(),
+                            what: format!("connecting to {host}"),
+                            message: last,
+                            attempts: attempt,
+                        }
+                    };
+                    Try::Again { error, after: None }
+                }
+                .await;
+                if let Some(r) = tries.after(t).await {
+                    break r;
                 }
             }
-            if attempt >= retry.attempts {
-                let https_only = !plain_ok;
-                return Err(if https_only && !last.contains("refused") {
-                    PullError::Insecure {
-                        reference: reference.to_string(),
-                        message: last,
-                    }
-                } else {
-                    PullError::Transport {
-                        reference: reference.to_string(),
-                        what: format!("connecting to {host}"),
-                        message: last,
-                        attempts: attempt,
-                    }
-                });
-            }
-            tokio::time::sleep(retry.backoff(attempt)).await;
         }
     }
 
@@ -288,77 +379,89 @@ impl Client {
             }
         }
         let what = format!("token from {}", url.origin().ascii_serialization());
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut rb = self.http.get(url.clone());
-            if let Some(cr) = &self.creds {
-                rb = rb.header(AUTHORIZATION, basic_header(cr));
-            }
-            let result = match rb.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    let headers = resp.headers().clone();
-                    match read_capped(resp, 1 << 20).await {
-                        Ok(body) => Ok((status, headers, body)),
+        {
+            let mut tries = self.retry.tries();
+            loop {
+                let attempt = tries.start();
+                let t = async {
+                    let mut rb = self.http.get(url.clone());
+                    if let Some(cr) = &self.creds {
+                        rb = rb.header(AUTHORIZATION, basic_header(cr));
+                    }
+                    let result = match rb.send().await {
+                        Ok(resp) => {
+                            let status = resp.status();
+                            let headers = resp.headers().clone();
+                            read_capped(resp, 1 << 20)
+                                .await
+                                .map(|body| (status, headers, body))
+                        }
                         Err(e) => Err(e),
-                    }
-                }
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok((status, _, body)) if status.is_success() => {
-                    #[derive(serde::Deserialize)]
-                    struct Token {
-                        #[serde(default)]
-                        token: String,
-                        #[serde(default)]
-                        access_token: String,
-                    }
-                    let t: Token = serde_json::from_slice(&body)
-                        .map_err(|e| self.invalid(format!("{what}: not a token reply: {e}")))?;
-                    let token = if t.token.is_empty() {
-                        t.access_token
-                    } else {
-                        t.token
                     };
-                    if token.is_empty()
-                        || !token.bytes().all(|b| b.is_ascii_graphic())
-                        || token.len() > 64 << 10
-                    {
-                        return Err(self.invalid(format!("{what}: no usable token in the reply")));
+                    match result {
+                        Ok((status, _, body)) if status.is_success() => {
+                            match self.token_of(&what, &body) {
+                                Ok(t) => Try::Done(t),
+                                Err(e) => Try::Fail(e),
+                            }
+                        }
+                        Ok((status, headers, body)) => {
+                            let error = self.err_status(&what, status, &body);
+                            if transient_status(status) {
+                                Try::Again {
+                                    error,
+                                    after: retry_after(&headers),
+                                }
+                            } else {
+                                Try::Fail(error)
+                            }
+                        }
+                        Err(e) => {
+                            let error = PullError::Transport {
+                                reference: self.reference.to_string(),
+                                what: what.clone(),
+                                message: error_chain(&e),
+                                attempts: attempt,
+                            };
+                            if transient_error(&e) {
+                                Try::Again { error, after: None }
+                            } else {
+                                Try::Fail(error)
+                            }
+                        }
                     }
-                    return Ok(token);
                 }
-                Ok((status, headers, body)) => {
-                    if transient_status(status) && attempt < self.retry.attempts {
-                        self.sleep_for(attempt, &headers).await;
-                        continue;
-                    }
-                    return Err(self.err_status(&what, status, &body));
-                }
-                Err(e) => {
-                    if transient_error(&e) && attempt < self.retry.attempts {
-                        tokio::time::sleep(self.retry.backoff(attempt)).await;
-                        continue;
-                    }
-                    return Err(PullError::Transport {
-                        reference: self.reference.to_string(),
-                        what,
-                        message: error_chain(&e),
-                        attempts: attempt,
-                    });
+                .await;
+                if let Some(r) = tries.after(t).await {
+                    break r;
                 }
             }
         }
     }
 
-    async fn sleep_for(&self, attempt: u32, headers: &HeaderMap) {
-        let wait = retry_after(headers)
-            .map(|d| d.min(self.retry.max_retry_after))
-            .unwrap_or_else(|| self.retry.backoff(attempt));
-        tracing::debug!(?wait, attempt, "retrying");
-        tokio::time::sleep(wait).await;
+    /// The token in a token service's reply.
+    fn token_of(&self, what: &str, body: &[u8]) -> Result<String, PullError> {
+        #[derive(serde::Deserialize)]
+        struct Token {
+            #[serde(default)]
+            token: String,
+            #[serde(default)]
+            access_token: String,
+        }
+        let t: Token = serde_json::from_slice(body)
+            .map_err(|e| self.invalid(format!("{what}: not a token reply: {e}")))?;
+        let token = if t.token.is_empty() {
+            t.access_token
+        } else {
+            t.token
+        };
+        if token.is_empty()
+            || !token.bytes().all(|b| b.is_ascii_graphic())
+            || token.len() > 64 << 10
+        {
+            return Err(self.invalid(format!("{what}: no usable token in the reply")));
+        }
+        Ok(token)
     }
 
     /// Sends a GET with the current authorization; answers one new
@@ -372,56 +475,75 @@ impl Client {
         range_from: u64,
     ) -> Result<reqwest::Response, PullError> {
         let url = format!("{}{path}", self.base);
-        let mut attempt = 0;
         let mut reauthed = false;
-        loop {
-            attempt += 1;
-            let mut rb = self.http.get(&url);
-            if let Some(a) = accept {
-                rb = rb.header(ACCEPT, a);
-            }
-            if range_from > 0 {
-                rb = rb.header(RANGE, format!("bytes={range_from}-"));
-            }
-            if let Some(a) = self.auth.lock().await.clone() {
-                rb = rb.header(AUTHORIZATION, a);
-            }
-            match rb.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    if status.is_success() || status == StatusCode::RANGE_NOT_SATISFIABLE {
-                        return Ok(resp);
+        {
+            let mut tries = self.retry.tries();
+            loop {
+                let attempt = tries.start();
+                let t = async {
+                    let mut rb = self.http.get(&url);
+                    if let Some(a) = accept {
+                        rb = rb.header(ACCEPT, a);
                     }
-                    if status == StatusCode::UNAUTHORIZED && !reauthed {
-                        reauthed = true;
-                        let ch = challenges_of(resp.headers());
-                        let had_auth = self.auth.lock().await.is_some();
-                        let basic_again = ch.iter().all(|c| c.scheme == "basic") && had_auth;
-                        if !ch.is_empty() && !basic_again {
-                            self.authenticate(&ch).await?;
-                            attempt -= 1;
-                            continue;
+                    if range_from > 0 {
+                        rb = rb.header(RANGE, format!("bytes={range_from}-"));
+                    }
+                    if let Some(a) = self.auth.lock().await.clone() {
+                        rb = rb.header(AUTHORIZATION, a);
+                    }
+                    match rb.send().await {
+                        Ok(resp) => {
+                            let status = resp.status();
+                            if status.is_success() || status == StatusCode::RANGE_NOT_SATISFIABLE {
+                                return Try::Done(resp);
+                            }
+                            if status == StatusCode::UNAUTHORIZED && !reauthed {
+                                reauthed = true;
+                                let ch = challenges_of(resp.headers());
+                                let had_auth = self.auth.lock().await.is_some();
+                                let basic_again =
+                                    ch.iter().all(|c| c.scheme == "basic") && had_auth;
+                                if !ch.is_empty() && !basic_again {
+                                    return match self.authenticate(&ch).await {
+                                        Ok(()) => Try::Now,
+                                        Err(e) => Try::Fail(e),
+                                    };
+                                }
+                            }
+                            let headers = resp.headers().clone();
+                            let body = if transient_status(status) {
+                                Vec::new()
+                            } else {
+                                read_capped(resp, 64 << 10).await.unwrap_or_default()
+                            };
+                            let error = self.err_status(what, status, &body);
+                            if transient_status(status) {
+                                Try::Again {
+                                    error,
+                                    after: retry_after(&headers),
+                                }
+                            } else {
+                                Try::Fail(error)
+                            }
+                        }
+                        Err(e) => {
+                            let error = PullError::Transport {
+                                reference: self.reference.to_string(),
+                                what: what.to_string(),
+                                message: error_chain(&e),
+                                attempts: attempt,
+                            };
+                            if transient_error(&e) {
+                                Try::Again { error, after: None }
+                            } else {
+                                Try::Fail(error)
+                            }
                         }
                     }
-                    let headers = resp.headers().clone();
-                    if transient_status(status) && attempt < self.retry.attempts {
-                        self.sleep_for(attempt, &headers).await;
-                        continue;
-                    }
-                    let body = read_capped(resp, 64 << 10).await.unwrap_or_default();
-                    return Err(self.err_status(what, status, &body));
                 }
-                Err(e) => {
-                    if transient_error(&e) && attempt < self.retry.attempts {
-                        tokio::time::sleep(self.retry.backoff(attempt)).await;
-                        continue;
-                    }
-                    return Err(PullError::Transport {
-                        reference: self.reference.to_string(),
-                        what: what.to_string(),
-                        message: error_chain(&e),
-                        attempts: attempt,
-                    });
+                .await;
+                if let Some(r) = tries.after(t).await {
+                    break r;
                 }
             }
         }
@@ -432,26 +554,39 @@ impl Client {
     pub async fn manifest(&self, reference: &str) -> Result<Fetched, PullError> {
         let what = format!("manifest {reference}");
         let path = format!("/v2/{}/manifests/{reference}", self.reference.repository());
-        let mut attempt = 0;
-        let (headers, bytes) = loop {
-            attempt += 1;
-            let resp = self.get(&path, &what, Some(ACCEPT_MANIFESTS), 0).await?;
-            let headers = resp.headers().clone();
-            match read_capped(resp, layer::MAX_MANIFEST_BYTES).await {
-                Ok(b) => break (headers, b),
-                Err(e) if attempt < self.retry.attempts && transient_error(&e) => {
-                    tokio::time::sleep(self.retry.backoff(attempt)).await;
+        let (headers, bytes) = {
+            let mut tries = self.retry.tries();
+            loop {
+                let attempt = tries.start();
+                let t = async {
+                    let resp = match self.get(&path, &what, Some(ACCEPT_MANIFESTS), 0).await {
+                        Ok(r) => r,
+                        Err(e) => return Try::Fail(e),
+                    };
+                    let headers = resp.headers().clone();
+                    match read_capped(resp, layer::MAX_MANIFEST_BYTES).await {
+                        Ok(b) => Try::Done((headers, b)),
+                        Err(e) => {
+                            let error = PullError::Transport {
+                                reference: self.reference.to_string(),
+                                what: what.clone(),
+                                message: error_chain(&e),
+                                attempts: attempt,
+                            };
+                            if transient_error(&e) {
+                                Try::Again { error, after: None }
+                            } else {
+                                Try::Fail(error)
+                            }
+                        }
+                    }
                 }
-                Err(e) => {
-                    return Err(PullError::Transport {
-                        reference: self.reference.to_string(),
-                        what,
-                        message: error_chain(&e),
-                        attempts: attempt,
-                    })
+                .await;
+                if let Some(r) = tries.after(t).await {
+                    break r;
                 }
             }
-        };
+        }?;
         if bytes.len() as u64 > layer::MAX_MANIFEST_BYTES {
             return Err(self.invalid(format!(
                 "{what} is larger than {} bytes",
@@ -543,9 +678,9 @@ impl Client {
         let started = Instant::now();
         let path = format!("/v2/{}/blobs/{name}", self.reference.repository());
         let what = format!("blob {name}");
-        let mut attempt = 0;
+        let mut tries = self.retry.tries();
         while w.offset() < desc.size || desc.size == 0 {
-            attempt += 1;
+            let attempt = tries.start();
             let offset = w.offset();
             let resp = self.get(&path, &what, None, offset).await?;
             match resp.status() {
@@ -602,9 +737,6 @@ impl Client {
             }
             // Cut short: try again from where it stopped; a try that got
             // bytes does not count against the limit.
-            if w.offset() > before {
-                attempt = 0;
-            }
             let message = cut.as_ref().map_or_else(
                 || {
                     format!(
@@ -615,16 +747,21 @@ impl Client {
                 },
                 |e| error_chain(e),
             );
-            if attempt + 1 >= self.retry.attempts {
-                return Err(PullError::Transport {
-                    reference: self.reference.to_string(),
-                    what,
-                    message,
-                    attempts: attempt + 1,
-                });
+            tracing::debug!(blob = %name, offset = w.offset(), %message, "blob download interrupted");
+            let error = PullError::Transport {
+                reference: self.reference.to_string(),
+                what: what.clone(),
+                message,
+                attempts: attempt,
+            };
+            let t = if w.offset() > before {
+                Try::Progressed(error)
+            } else {
+                Try::Again { error, after: None }
+            };
+            if let Some(Err(e)) = tries.after::<()>(t).await {
+                return Err(e);
             }
-            tracing::debug!(blob = %name, offset = w.offset(), %message, "blob download interrupted; continuing");
-            tokio::time::sleep(self.retry.backoff(attempt + 1)).await;
         }
         let bytes = w.offset() - resumed_from;
         let finished = {
