@@ -17,7 +17,7 @@ use crate::layer;
 use crate::meta::{self, ImageMeta};
 use crate::sif::{self, Arch, DataType, Partition, Sif, SifWriter};
 use crate::squash;
-use crate::store::{Digest, Store, StoreError, WorkDir};
+use crate::store::{Digest, Reuse, Store, StoreError, WorkDir};
 
 /// Errors of importing and unpacking, each naming the source.
 #[derive(Debug, thiserror::Error)]
@@ -117,55 +117,48 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
         SourceKind::RootfsDir => format!("dir:{}", canon.display()),
         _ => file_key(&canon)?,
     };
-    let _lock = store.lock(&format!("import-{key}"))?;
-    if kind != SourceKind::RootfsDir {
-        if let Some(d) = store.recall_source(&key) {
-            let name = name.map(|n| store.tag(n, &d)).transpose()?;
-            return Ok(Imported {
-                digest: d,
-                name,
-                cached: true,
-            });
-        }
-    }
-    let work = store.work_dir("import")?;
-    let digest = match kind {
-        SourceKind::Sif => {
-            // Checked first, then kept byte for byte: its digest is its own.
-            Sif::open(&canon).map_err(|e| src_err(source, e))?;
-            let copy = work.path().join("image.sif");
-            std::fs::copy(&canon, &copy).map_err(|e| src_err(source, e))?;
-            store.publish_sif(&copy)?
-        }
-        SourceKind::RootfsDir => {
-            let sif = work.path().join("image.sif");
-            build_sif(
-                &canon,
-                &ImageMeta::default(),
-                work.path(),
-                &sif,
-                clamp_time(&canon),
-            )?;
-            store.publish_sif(&sif)?
-        }
-        SourceKind::Layers => import_layers(
-            store,
-            &canon,
-            &work,
-            LayersOptions {
-                clamp: clamp_time(&canon),
-                ..LayersOptions::default()
-            },
-        )?,
+    let reuse = if kind == SourceKind::RootfsDir {
+        Reuse::Never
+    } else {
+        Reuse::Yes
     };
-    if kind != SourceKind::RootfsDir {
-        store.remember_source(&key, &digest)?;
-    }
+    let (digest, cached) = store.make_once(&format!("import:{key}"), reuse, || {
+        let work = store.work_dir("import")?;
+        Ok::<_, ImportError>(match kind {
+            SourceKind::Sif => {
+                // Checked first, then kept byte for byte: its digest is its own.
+                Sif::open(&canon).map_err(|e| src_err(source, e))?;
+                let copy = work.path().join("image.sif");
+                std::fs::copy(&canon, &copy).map_err(|e| src_err(source, e))?;
+                store.publish_sif(&copy)?
+            }
+            SourceKind::RootfsDir => {
+                let sif = work.path().join("image.sif");
+                build_sif(
+                    &canon,
+                    &ImageMeta::default(),
+                    work.path(),
+                    &sif,
+                    clamp_time(&canon),
+                )?;
+                store.publish_sif(&sif)?
+            }
+            SourceKind::Layers => import_layers(
+                store,
+                &canon,
+                &work,
+                LayersOptions {
+                    clamp: clamp_time(&canon),
+                    ..LayersOptions::default()
+                },
+            )?,
+        })
+    })?;
     let name = name.map(|n| store.tag(n, &digest)).transpose()?;
     Ok(Imported {
         digest,
         name,
-        cached: false,
+        cached,
     })
 }
 

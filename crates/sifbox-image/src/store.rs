@@ -128,6 +128,18 @@ fn file_stem(d: &Digest) -> String {
     format!("sha256-{}", d.hex())
 }
 
+/// Whether [`Store::make_once`] may take what a source made before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// Yes, and what is made now is recorded.
+    Yes,
+    /// Make it anew (`--no-cache`), and record it.
+    Refresh,
+    /// Make it anew and record nothing: a source whose key cannot tell a
+    /// change (a directory), made one at a time all the same.
+    Never,
+}
+
 /// An exclusive lock on one key, held until dropped.
 #[derive(Debug)]
 pub struct KeyLock {
@@ -1037,6 +1049,37 @@ impl Store {
         Ok(d)
     }
 
+    /// The one "make once per key" protocol of the store, for imports, pulls
+    /// and builds: under the lock of `key` (concurrent makers of one source
+    /// wait, and then find the first one's image), the image this source
+    /// made before, if it is still stored and `reuse` allows; else `make`'s,
+    /// recorded for next time (unless `reuse` is [`Reuse::Never`]). Returns
+    /// the digest and whether it was made before.
+    pub fn make_once<E: From<StoreError>>(
+        &self,
+        key: &str,
+        reuse: Reuse,
+        make: impl FnOnce() -> std::result::Result<Digest, E>,
+    ) -> std::result::Result<(Digest, bool), E> {
+        if reuse == Reuse::Yes {
+            // Most calls end here, without a lock file.
+            if let Some(d) = self.recall_source(key) {
+                return Ok((d, true));
+            }
+        }
+        let _lock = self.lock(&format!("make-{key}"))?;
+        if reuse == Reuse::Yes {
+            if let Some(d) = self.recall_source(key) {
+                return Ok((d, true));
+            }
+        }
+        let d = make()?;
+        if reuse != Reuse::Never {
+            self.remember_source(key, &d)?;
+        }
+        Ok((d, false))
+    }
+
     /// Records that an import source with `key` produced `digest`.
     pub fn remember_source(&self, key: &str, digest: &Digest) -> Result<()> {
         let path = self.root.join("sources").join(escape(key));
@@ -1199,6 +1242,43 @@ mod tests {
         for bad in ["", ":x", "a:", "../x", "a b", "sha256:abc", "-x"] {
             assert!(normalize_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_source_is_made_once_and_reused_as_asked() {
+        let (_t, s) = store();
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = |content: &'static [u8]| {
+            made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, StoreError>(make_sif(&s, content))
+        };
+        // Four makers at once: one makes, the others find its image.
+        let results: Vec<(Digest, bool)> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| sc.spawn(|| s.make_once("k", Reuse::Yes, || make(b"one")).expect("make")))
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("join")).collect()
+        });
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(results.iter().filter(|(_, cached)| !cached).count(), 1);
+        assert!(results.iter().all(|(d, _)| *d == results[0].0));
+        // Refresh makes it anew and records that; Never records nothing.
+        let (d2, cached) = s
+            .make_once("k", Reuse::Refresh, || make(b"two"))
+            .expect("make");
+        assert!(!cached);
+        assert_eq!(s.recall_source("k"), Some(d2.clone()));
+        let (d3, _) = s
+            .make_once("dir", Reuse::Never, || make(b"three"))
+            .expect("make");
+        assert_eq!(s.recall_source("dir"), None);
+        assert_ne!(d3, d2);
+        // A failed make records nothing.
+        let e = s.make_once("bad", Reuse::Yes, || {
+            Err::<Digest, _>(StoreError::NotFound("x".into()))
+        });
+        assert!(e.is_err());
+        assert_eq!(s.recall_source("bad"), None);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use sifbox_image::import;
 use sifbox_image::layer::{BlobDescriptor, Manifest, Platform};
 use sifbox_image::squash;
-use sifbox_image::store::{self, Store};
+use sifbox_image::store::{self, Reuse, Store};
 
 use crate::client::{Client, Fetched, RetryPolicy};
 use crate::credentials::{self, Credentials};
@@ -162,105 +162,124 @@ pub fn pull(
             blobs_downloaded: 0,
         })
     };
-    if let Some(d) = store.recall_source(&source_key(&manifest_digest)) {
-        return finish_cached(d);
+    // Made once per manifest (see `Store::make_once`): the downloads, the
+    // layout and the import, under its lock.
+    enum Made {
+        Store(store::StoreError),
+        Pull(PullError),
     }
-    let _lock = store
-        .lock(&format!("pull-{}", resolved.manifest.digest.hex()))
-        .map_err(store_err)?;
-    if let Some(d) = store.recall_source(&source_key(&manifest_digest)) {
-        return finish_cached(d);
+    impl From<store::StoreError> for Made {
+        fn from(e: store::StoreError) -> Made {
+            Made::Store(e)
+        }
     }
-    let mut blobs = vec![resolved.config.clone()];
-    blobs.extend(resolved.layers.iter().cloned());
-    progress.resolved(&manifest_digest, &blobs);
-    // A platform asked for, and no index to choose from: the config says
-    // what the image is for; check it before the layers come.
-    let mut config_outcome = None;
-    if let (Some(want), None) = (&opts.platform, &resolved.index) {
-        config_outcome = rt
-            .block_on(download_all(
+    let mut outcomes: Vec<BlobOutcome> = Vec::new();
+    let made = store.make_once(&source_key(&manifest_digest), Reuse::Yes, || {
+        let make = || -> Result<store::Digest, PullError> {
+            let mut blobs = vec![resolved.config.clone()];
+            blobs.extend(resolved.layers.iter().cloned());
+            progress.resolved(&manifest_digest, &blobs);
+            // A platform asked for, and no index to choose from: the config says
+            // what the image is for; check it before the layers come.
+            let mut config_outcome = None;
+            if let (Some(want), None) = (&opts.platform, &resolved.index) {
+                config_outcome = rt
+                    .block_on(download_all(
+                        store,
+                        &resolved.client,
+                        std::slice::from_ref(&resolved.config),
+                        1,
+                        &progress,
+                    ))?
+                    .pop();
+                check_platform(store, &resolved.config, want).map_err(|message| {
+                    PullError::Invalid {
+                        reference: refname.clone(),
+                        message,
+                    }
+                })?;
+            }
+            let rest = if config_outcome.is_some() {
+                &blobs[1..]
+            } else {
+                &blobs[..]
+            };
+            let mut got = rt.block_on(download_all(
                 store,
                 &resolved.client,
-                std::slice::from_ref(&resolved.config),
-                1,
+                rest,
+                opts.jobs.max(1),
                 &progress,
-            ))?
-            .pop();
-        check_platform(store, &resolved.config, want).map_err(|message| PullError::Invalid {
-            reference: refname.clone(),
-            message,
-        })?;
-    }
-    let rest = if config_outcome.is_some() {
-        &blobs[1..]
-    } else {
-        &blobs[..]
-    };
-    let mut outcomes = rt.block_on(download_all(
-        store,
-        &resolved.client,
-        rest,
-        opts.jobs.max(1),
-        &progress,
-    ))?;
-    if let Some(o) = config_outcome {
-        outcomes.insert(0, o);
-    }
-    // The downloads are done: no thread of the runtime outlives them.
-    drop(rt);
+            ))?;
+            if let Some(o) = config_outcome {
+                got.insert(0, o);
+            }
+            outcomes = got;
+            // The downloads are done: no thread of the runtime outlives them.
+            drop(rt);
 
-    // The manifest itself, as fetched (it was checked against its digest).
-    let mdigest =
-        store::Digest::parse_sha256(&manifest_digest).ok_or_else(|| PullError::Invalid {
-            reference: refname.clone(),
-            message: format!("manifest {manifest_digest}: only sha256 is supported"),
-        })?;
-    {
-        let _l = store.lock_blob(&mdigest).map_err(store_err)?;
-        if !store.has_blob(&mdigest) {
-            let mut w = store.blob_writer(&mdigest, None).map_err(store_err)?;
-            w.write(&resolved.manifest.bytes).map_err(store_err)?;
-            w.finish().map_err(store_err)?;
-        }
-    }
+            // The manifest itself, as fetched (it was checked against its digest).
+            let mdigest = store::Digest::parse_sha256(&manifest_digest).ok_or_else(|| {
+                PullError::Invalid {
+                    reference: refname.clone(),
+                    message: format!("manifest {manifest_digest}: only sha256 is supported"),
+                }
+            })?;
+            {
+                let _l = store.lock_blob(&mdigest).map_err(store_err)?;
+                if !store.has_blob(&mdigest) {
+                    let mut w = store.blob_writer(&mdigest, None).map_err(store_err)?;
+                    w.write(&resolved.manifest.bytes).map_err(store_err)?;
+                    w.finish().map_err(store_err)?;
+                }
+            }
 
-    tracing::debug!(elapsed = ?started.elapsed(), "blobs in the cache");
-    progress.step(&format!("unpacking {} layers", resolved.layers.len()));
-    let work = store.work_dir("pull").map_err(store_err)?;
-    let layout = work.path().join("layout");
-    assemble_layout(store, &layout, &resolved.manifest, &blobs).map_err(|e| PullError::Store {
-        reference: refname.clone(),
-        source: e,
-    })?;
-    // Entry times clamped to SOURCE_DATE_EPOCH when set, else to the newest
-    // the layers carry: the same image gives the same SIF anywhere. Level 6
-    // (as builds use): about 3x faster than 9 for a few percent more bytes,
-    // on the path of every `run docker://` of a new image.
-    let layers_opts = import::LayersOptions {
-        clamp: squash::PackOptions::from_env().clamp_mtime,
-        level: Some(6),
-        blobs_verified: true,
+            tracing::debug!(elapsed = ?started.elapsed(), "blobs in the cache");
+            progress.step(&format!("unpacking {} layers", resolved.layers.len()));
+            let work = store.work_dir("pull").map_err(store_err)?;
+            let layout = work.path().join("layout");
+            assemble_layout(store, &layout, &resolved.manifest, &blobs).map_err(|e| {
+                PullError::Store {
+                    reference: refname.clone(),
+                    source: e,
+                }
+            })?;
+            // Entry times clamped to SOURCE_DATE_EPOCH when set, else to the newest
+            // the layers carry: the same image gives the same SIF anywhere. Level 6
+            // (as builds use): about 3x faster than 9 for a few percent more bytes,
+            // on the path of every `run docker://` of a new image.
+            let layers_opts = import::LayersOptions {
+                clamp: squash::PackOptions::from_env().clamp_mtime,
+                level: Some(6),
+                blobs_verified: true,
+            };
+            let digest =
+                import::import_layers(store, &layout, &work, layers_opts).map_err(|e| {
+                    PullError::Import {
+                        reference: refname.clone(),
+                        source: e,
+                    }
+                })?;
+            tracing::debug!(elapsed = ?started.elapsed(), image = %digest, "imported");
+            let mut used: Vec<store::Digest> = vec![mdigest];
+            used.extend(
+                blobs
+                    .iter()
+                    .filter_map(|b| store::Digest::parse_sha256(&b.digest.to_string())),
+            );
+            store
+                .record_image_blobs(&digest, &used)
+                .map_err(store_err)?;
+            Ok(digest)
+        };
+        make().map_err(Made::Pull)
+    });
+    let digest = match made {
+        Ok((d, true)) => return finish_cached(d),
+        Ok((d, false)) => d,
+        Err(Made::Store(e)) => return Err(store_err(e)),
+        Err(Made::Pull(e)) => return Err(e),
     };
-    let digest = import::import_layers(store, &layout, &work, layers_opts).map_err(|e| {
-        PullError::Import {
-            reference: refname.clone(),
-            source: e,
-        }
-    })?;
-    tracing::debug!(elapsed = ?started.elapsed(), image = %digest, "imported");
-    let mut used: Vec<store::Digest> = vec![mdigest];
-    used.extend(
-        blobs
-            .iter()
-            .filter_map(|b| store::Digest::parse_sha256(&b.digest.to_string())),
-    );
-    store
-        .record_image_blobs(&digest, &used)
-        .map_err(store_err)?;
-    store
-        .remember_source(&source_key(&manifest_digest), &digest)
-        .map_err(store_err)?;
     let name = tag(store, reference, &digest, &resolved, &platform).map_err(store_err)?;
     let mut downloaded = 0;
     let (mut cached, mut fetched) = (0, 0);

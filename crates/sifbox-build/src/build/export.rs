@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use sifbox_image::store::Digest;
+use sifbox_image::store::{Digest, Reuse};
 
 use super::{hash_json, Builder, StageResult};
 use crate::error::Result;
@@ -16,21 +16,18 @@ impl Builder<'_> {
     pub(super) fn export(&mut self, target: &StageResult) -> Result<(Digest, bool)> {
         let meta = target.meta.clone();
         let key = chain_key(&target.state.key, &format!("IMAGE\n{}", hash_json(&meta)));
-        let source_key = format!("build:{key}");
-        let _lock = self.store.lock(&format!("build-image-{key}"))?;
-        if !self.opts.no_cache {
-            if let Some(d) = self.store.recall_source(&source_key) {
-                if self.store.sif_path(&d).is_file() {
-                    return Ok((d, true));
-                }
-            }
-        }
-        let started = Instant::now();
-        self.progress.note("exporting the image");
-        let clamp = sifbox_image::squash::PackOptions::from_env().clamp_mtime;
-        let d = steps::export(&self.layers, &target.state, &meta, clamp)?;
-        self.store.remember_source(&source_key, &d)?;
-        self.progress.done(false, started.elapsed());
-        Ok((d, false))
+        let reuse = if self.opts.no_cache {
+            Reuse::Refresh
+        } else {
+            Reuse::Yes
+        };
+        self.store.make_once(&format!("build:{key}"), reuse, || {
+            let started = Instant::now();
+            self.progress.note("exporting the image");
+            let clamp = sifbox_image::squash::PackOptions::from_env().clamp_mtime;
+            let d = steps::export(&self.layers, &target.state, &meta, clamp)?;
+            self.progress.done(false, started.elapsed());
+            Ok(d)
+        })
     }
 }
