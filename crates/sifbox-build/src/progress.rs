@@ -38,12 +38,58 @@ impl Mode {
     }
 }
 
+/// The one live status line of sifbox's displays on a terminal's stderr (a
+/// build's condensed steps, eval's job status): redrawn in place, cut to
+/// the terminal's width, with whole lines printed above it.
+#[derive(Debug, Default)]
+pub struct StatusLine {
+    shown: bool,
+}
+
+impl StatusLine {
+    /// Shows `text` as the status line (in place of what it showed).
+    pub fn show(&mut self, text: &str) {
+        let cut: String = text
+            .chars()
+            .take(terminal_width().saturating_sub(1))
+            .collect();
+        let mut e = std::io::stderr().lock();
+        let _ = write!(e, "\r\x1b[2K{cut}");
+        let _ = e.flush();
+        self.shown = true;
+    }
+
+    /// Prints `text` as a line of its own where the status line was (show
+    /// the status again after).
+    pub fn println(&mut self, text: &str) {
+        self.clear();
+        let _ = writeln!(std::io::stderr(), "{text}");
+    }
+
+    /// Keeps what the status line shows as a line of its own.
+    pub fn commit(&mut self) {
+        if self.shown {
+            let _ = writeln!(std::io::stderr());
+            self.shown = false;
+        }
+    }
+
+    /// Removes the status line.
+    pub fn clear(&mut self) {
+        if self.shown {
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
+            self.shown = false;
+        }
+    }
+}
+
 #[derive(Debug)]
 struct State {
     n: usize,
     header: String,
     started: Instant,
     last: String,
+    line: StatusLine,
 }
 
 /// The build's progress display (shared with the threads that read step
@@ -69,6 +115,7 @@ impl Progress {
                 header: String::new(),
                 started: Instant::now(),
                 last: String::new(),
+                line: StatusLine::default(),
             }),
             sink: None,
         }
@@ -106,11 +153,10 @@ impl Progress {
         if self.to_sink(line) {
             return;
         }
-        let mut e = std::io::stderr().lock();
         if self.condensed {
-            let _ = write!(e, "\r\x1b[2K{line}");
+            self.lock().line.show(line);
         } else {
-            let _ = writeln!(e, "{line}");
+            let _ = writeln!(std::io::stderr(), "{line}");
         }
     }
 
@@ -140,7 +186,7 @@ impl Progress {
             s.last = line.to_string();
             let shown = format!("{} | {}", s.header, one_line(line));
             drop(s);
-            self.print(&truncate(&shown, terminal_width()));
+            self.print(&shown);
         } else {
             let n = s.n;
             drop(s);
@@ -167,7 +213,7 @@ impl Progress {
         drop(s);
         self.print(&line);
         if self.condensed {
-            let _ = writeln!(std::io::stderr());
+            self.lock().line.commit();
         }
     }
 
@@ -190,11 +236,11 @@ impl Progress {
         if self.to_sink(msg) {
             return;
         }
-        let mut e = std::io::stderr().lock();
         if self.condensed {
-            let _ = write!(e, "\r\x1b[2K");
+            self.lock().line.println(msg);
+        } else {
+            let _ = writeln!(std::io::stderr(), "{msg}");
         }
-        let _ = writeln!(e, "{msg}");
     }
 }
 
@@ -207,14 +253,11 @@ fn one_line(s: &str) -> String {
     }
 }
 
-fn terminal_width() -> usize {
+/// The width of the terminal on stderr (100 when it says none).
+pub fn terminal_width() -> usize {
     rustix::termios::tcgetwinsize(std::io::stderr())
         .map(|w| usize::from(w.ws_col))
         .ok()
         .filter(|w| *w > 10)
         .unwrap_or(100)
-}
-
-fn truncate(s: &str, width: usize) -> String {
-    s.chars().take(width.saturating_sub(1)).collect()
 }

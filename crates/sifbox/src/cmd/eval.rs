@@ -126,7 +126,7 @@ struct State {
     building: BTreeSet<String>,
     started: Option<Instant>,
     /// Whether a status line is on the screen.
-    shown: bool,
+    line: sifbox_build::progress::StatusLine,
 }
 
 fn secs(d: Duration) -> String {
@@ -150,13 +150,7 @@ impl Display {
         if self.mode == Mode::Quiet {
             return;
         }
-        let mut e = std::io::stderr().lock();
-        if st.shown {
-            let _ = write!(e, "\r\x1b[2K");
-            st.shown = false;
-        }
-        let _ = writeln!(e, "{text}");
-        drop(e);
+        st.line.println(text);
         if self.mode == Mode::Live {
             self.status(st);
         }
@@ -191,16 +185,7 @@ impl Display {
             text.push_str(&format!(", ETA {}", secs(left)));
         }
         text.push_str(&format!(" [{}]", secs(elapsed)));
-        let width = rustix::termios::tcgetwinsize(std::io::stderr())
-            .map(|w| usize::from(w.ws_col))
-            .ok()
-            .filter(|w| *w > 10)
-            .unwrap_or(100);
-        let shown: String = text.chars().take(width - 1).collect();
-        let mut e = std::io::stderr().lock();
-        let _ = write!(e, "\r\x1b[2K{shown}");
-        let _ = e.flush();
-        st.shown = true;
+        st.line.show(&text);
     }
 
     fn tick(&self) {
@@ -211,11 +196,7 @@ impl Display {
     }
 
     fn clear(&self) {
-        let mut st = self.lock();
-        if st.shown {
-            let _ = write!(std::io::stderr(), "\r\x1b[2K");
-            st.shown = false;
-        }
+        self.lock().line.clear();
     }
 }
 
