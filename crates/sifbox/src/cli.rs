@@ -7,12 +7,27 @@ use clap::{Parser, Subcommand};
 use crate::cmd;
 use crate::EXIT_SIFBOX_ERROR;
 
+/// The exit-code contract, one table for every command (README's
+/// "Exit status" has the same).
+const EXIT_CODES: &str = "\
+Exit status:
+  run, exec, wait   the command's own; 124 after --timeout; 126 not executable;
+                    127 not found; 128+N killed by signal N (137 also after
+                    going over --memory, with a warning)
+  build             0 built; 1 the build failed (a RUN step, or the host
+                    under it); 125 bad input
+  eval              0 every rollout ran, whatever the rewards; 1 after infra
+                    errors; 130 interrupted (Ctrl-C)
+  every command     125 an error of sifbox itself (bad input, the host),
+                    with one line saying what, where and what to do; 0 done";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sifbox",
     version,
     about = "Rootless, daemonless sandboxes for running and evaluating AI agents",
     long_about = None,
+    after_help = EXIT_CODES,
 )]
 struct Cli {
     #[command(subcommand)]
@@ -61,6 +76,7 @@ enum Command {
 #[command(
     name = "sifbox exec",
     bin_name = "sifbox exec",
+    after_long_help = EXIT_CODES,
     about = "Run a command in a running sandbox",
     long_about = None,
 )]
@@ -74,6 +90,7 @@ struct ExecCli {
 #[command(
     name = "sifbox run",
     bin_name = "sifbox run",
+    after_long_help = EXIT_CODES,
     about = "Run one command in a fresh sandbox, then tear it down",
     long_about = None,
 )]
@@ -87,6 +104,7 @@ struct RunCli {
 #[command(
     name = "sifbox start",
     bin_name = "sifbox start",
+    after_long_help = EXIT_CODES,
     about = "Start a sandbox that runs until `sifbox stop`; prints its name once ready",
     long_about = None,
 )]

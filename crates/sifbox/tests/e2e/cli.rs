@@ -1365,3 +1365,67 @@ fn a_closed_stdout_is_a_quiet_exit() {
     sb.cmd(["stop", "--timeout", "0", &name]).output().success();
     sb.assert_clean();
 }
+
+/// One exit-code table: `sifbox --help` prints it, and README has the same
+/// rows (checked here, so the two cannot drift apart).
+#[test]
+fn the_exit_code_table_is_in_help_and_readme() {
+    let sb = Sifbox::new();
+    let help = sb.cmd(["--help"]).output();
+    help.success();
+    // As the unprivileged user the checkout may be out of reach (under
+    // /root): the root run checks README.
+    let readme = match std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"),
+    ) {
+        Ok(text) => text,
+        Err(e) if !harness::is_root() => {
+            eprintln!("README.md not readable here ({e}): checking --help only");
+            String::new()
+        }
+        Err(e) => panic!("README.md: {e}"),
+    };
+    assert!(help.stdout.contains("Exit status:"), "{}", help.stdout);
+    for (cmd_help, cmd_readme, codes) in [
+        (
+            "run, exec, wait",
+            "| `run`, `exec`, `wait` |",
+            &["124", "126", "127", "128+N", "137"][..],
+        ),
+        (
+            "build",
+            "| `build` |",
+            &["0 built", "1 the build failed", "125"][..],
+        ),
+        ("eval", "| `eval` |", &["1 after infra", "130"][..]),
+        ("every command", "| every command |", &["125"][..]),
+    ] {
+        let h = help
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("Exit status:"))
+            .skip_while(|l| !l.trim_start().starts_with(cmd_help))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let r = if readme.is_empty() {
+            None
+        } else {
+            Some(
+                readme
+                    .lines()
+                    .find(|l| l.starts_with(cmd_readme))
+                    .unwrap_or_else(|| panic!("README has no exit-status row {cmd_readme}")),
+            )
+        };
+        for c in codes {
+            assert!(h.contains(c), "help's {cmd_help}: no {c}: {h}");
+            if let Some(r) = r {
+                assert!(r.contains(c), "README's {cmd_readme}: no {c}: {r}");
+            }
+        }
+    }
+    // `run --help` has it too.
+    let run = sb.cmd(["run", "--help"]).output();
+    assert!(run.stdout.contains("Exit status:"), "{}", run.stdout);
+}
