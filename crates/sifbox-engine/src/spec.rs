@@ -255,9 +255,9 @@ impl Bind {
     /// SRC must exist; it is made absolute.
     pub fn parse(spec: &str) -> Result<Bind> {
         let bad = |why: &str| Error::BadInput {
-            what: format!("--bind {spec:?}"),
+            what: format!("bind {spec:?}"),
             why: why.to_string(),
-            fix: "use --bind SRC:DST or --bind SRC:DST:ro with absolute DST".into(),
+            fix: "write a bind as SRC:DST or SRC:DST:ro, DST absolute".into(),
         };
         let parts: Vec<&str> = spec.split(':').collect();
         let (src, dst, readonly) = match parts.as_slice() {
@@ -286,7 +286,7 @@ impl Bind {
         let src = std::path::absolute(src).map_err(|e| bad(&e.to_string()))?;
         if std::fs::symlink_metadata(&src).is_err() {
             return Err(Error::BadInput {
-                what: format!("--bind {spec:?}"),
+                what: format!("bind {spec:?}"),
                 why: format!("the source {} does not exist on the host", src.display()),
                 fix: "create it first or fix the path".into(),
             });
@@ -541,9 +541,9 @@ pub fn parse_env_arg(arg: &str) -> Result<(String, String)> {
     match arg.split_once('=') {
         Some((k, v)) if valid_env_key(k) => Ok((k.to_string(), v.to_string())),
         _ => Err(Error::BadInput {
-            what: format!("--env {arg:?}"),
+            what: format!("environment variable {arg:?}"),
             why: "expected KEY=VALUE with KEY made of letters, digits and '_'".into(),
-            fix: "write it as --env NAME=value".into(),
+            fix: "write it as NAME=value".into(),
         }),
     }
 }
@@ -553,12 +553,12 @@ pub fn parse_env_arg(arg: &str) -> Result<(String, String)> {
 /// in one pair of matching quotes loses them; nothing else is interpreted.
 pub fn parse_env_file(path: &Path) -> Result<Vec<(String, String)>> {
     let text = std::fs::read(path).map_err(|e| Error::BadInput {
-        what: format!("--env-file {}", path.display()),
+        what: format!("env file {}", path.display()),
         why: format!("cannot read it: {e}"),
         fix: "check the path and its permissions".into(),
     })?;
     let text = String::from_utf8(text).map_err(|_| Error::BadInput {
-        what: format!("--env-file {}", path.display()),
+        what: format!("env file {}", path.display()),
         why: "it is not valid UTF-8".into(),
         fix: "save the file as UTF-8 text".into(),
     })?;
