@@ -315,6 +315,42 @@ impl Client {
         }
     }
 
+    /// A try that failed on the way (a connection, a body cut short): to
+    /// be tried again when that may pass.
+    fn transport_try<T>(&self, what: &str, e: &reqwest::Error, attempt: u32) -> Try<T> {
+        let error = PullError::Transport {
+            reference: self.reference.to_string(),
+            what: what.to_string(),
+            message: error_chain(e),
+            attempts: attempt,
+        };
+        if transient_error(e) {
+            Try::Again { error, after: None }
+        } else {
+            Try::Fail(error)
+        }
+    }
+
+    /// A try the registry answered with an error status: to be tried again
+    /// (after its Retry-After) when that may pass.
+    fn status_try<T>(
+        &self,
+        what: &str,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Try<T> {
+        let error = self.err_status(what, status, body);
+        if transient_status(status) {
+            Try::Again {
+                error,
+                after: retry_after(headers),
+            }
+        } else {
+            Try::Fail(error)
+        }
+    }
+
     fn invalid(&self, message: String) -> PullError {
         PullError::Invalid {
             reference: self.reference.to_string(),
@@ -406,29 +442,9 @@ impl Client {
                             }
                         }
                         Ok((status, headers, body)) => {
-                            let error = self.err_status(&what, status, &body);
-                            if transient_status(status) {
-                                Try::Again {
-                                    error,
-                                    after: retry_after(&headers),
-                                }
-                            } else {
-                                Try::Fail(error)
-                            }
+                            self.status_try(&what, status, &headers, &body)
                         }
-                        Err(e) => {
-                            let error = PullError::Transport {
-                                reference: self.reference.to_string(),
-                                what: what.clone(),
-                                message: error_chain(&e),
-                                attempts: attempt,
-                            };
-                            if transient_error(&e) {
-                                Try::Again { error, after: None }
-                            } else {
-                                Try::Fail(error)
-                            }
-                        }
+                        Err(e) => self.transport_try(&what, &e, attempt),
                     }
                 }
                 .await;
@@ -516,29 +532,9 @@ impl Client {
                             } else {
                                 read_capped(resp, 64 << 10).await.unwrap_or_default()
                             };
-                            let error = self.err_status(what, status, &body);
-                            if transient_status(status) {
-                                Try::Again {
-                                    error,
-                                    after: retry_after(&headers),
-                                }
-                            } else {
-                                Try::Fail(error)
-                            }
+                            self.status_try(what, status, &headers, &body)
                         }
-                        Err(e) => {
-                            let error = PullError::Transport {
-                                reference: self.reference.to_string(),
-                                what: what.to_string(),
-                                message: error_chain(&e),
-                                attempts: attempt,
-                            };
-                            if transient_error(&e) {
-                                Try::Again { error, after: None }
-                            } else {
-                                Try::Fail(error)
-                            }
-                        }
+                        Err(e) => self.transport_try(what, &e, attempt),
                     }
                 }
                 .await;
@@ -566,19 +562,7 @@ impl Client {
                     let headers = resp.headers().clone();
                     match read_capped(resp, layer::MAX_MANIFEST_BYTES).await {
                         Ok(b) => Try::Done((headers, b)),
-                        Err(e) => {
-                            let error = PullError::Transport {
-                                reference: self.reference.to_string(),
-                                what: what.clone(),
-                                message: error_chain(&e),
-                                attempts: attempt,
-                            };
-                            if transient_error(&e) {
-                                Try::Again { error, after: None }
-                            } else {
-                                Try::Fail(error)
-                            }
-                        }
+                        Err(e) => self.transport_try(&what, &e, attempt),
                     }
                 }
                 .await;
