@@ -1339,12 +1339,17 @@ fn a_closed_stdout_is_a_quiet_exit() {
         .no_clean_check()
         .output()
         .success();
-    let cases: [&[&str]; 5] = [
+    // A build whose only output on stdout is the digest.
+    let ctx = harness::tempdir("sifbox-e2e-ctx.");
+    std::fs::write(ctx.path().join("Dockerfile"), "FROM scratch\nLABEL a=b\n").expect("write");
+    let ctx_arg = ctx.path().display().to_string();
+    let cases: [&[&str]; 6] = [
         &["ps", "--json"],
         &["ps"],
         &["image", "ls", "--json"],
         &["doctor", "--json"],
         &["exec", "--json", &name, "--", "echo", "hi"],
+        &["build", "--progress", "plain", &ctx_arg],
     ];
     for args in cases {
         let (r, w) = rustix::pipe::pipe().expect("pipe");
