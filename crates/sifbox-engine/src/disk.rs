@@ -52,6 +52,15 @@ pub fn unavailable() -> Option<String> {
             "a disk-backed layer needs host root (a loop device and an ext4 mount); as this user the writable layer is a tmpfs, counted in the memory limit".into(),
         );
     }
+    // Root of a user namespace (a rootless container) cannot set up loop
+    // devices; only the host's own namespace maps every id to itself.
+    let initial = std::fs::read_to_string("/proc/self/uid_map")
+        .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]);
+    if !initial {
+        return Some(
+            "a disk-backed layer needs root of the host's user namespace, and this is one of a container's".into(),
+        );
+    }
     if !Path::new("/dev/loop-control").exists() {
         return Some("/dev/loop-control is missing (load the loop module: modprobe loop)".into());
     }

@@ -343,6 +343,23 @@ fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
     // looks (gc here).
     sb.cmd(["gc"]).output().success();
     sb.assert_clean();
+
+    // Root of a user namespace (a rootless container) is no host root: it
+    // is refused with exit 125, saying why, before anything is made.
+    let rootfs = harness::rootfs().display().to_string();
+    let bin = harness::sifbox_bin().display().to_string();
+    let out = sb
+        .program(
+            "unshare",
+            [
+                "-U", "-r", &bin, "run", "--disk", "64m", "--rootfs", &rootfs, "true",
+            ],
+        )
+        .env("SIFBOX_SCRATCH", scratch.path())
+        .output();
+    out.sifbox_error()
+        .stderr_has("root of the host's user namespace");
+    assert!(loops_backed_in(scratch.path()).is_empty());
 }
 
 /// CPU time two busy loops got in `secs` seconds of wall time, as the
