@@ -10,7 +10,7 @@
 //!   a root file system directory used in place, or a file or directory
 //!   to import (a SIF, a tarball, an OCI layout or archive, a docker
 //!   archive), imported once;
-//! - anything else ([`ImageArg::Name`]): a name in the store (NAME[:TAG],
+//! - anything else ([`ImageArg::Name`]): a name in the store (`NAME[:TAG]`,
 //!   a digest or a digest prefix); where the caller allows it (`FROM`,
 //!   `docker_image`), else a registry reference, pulled on first use.
 

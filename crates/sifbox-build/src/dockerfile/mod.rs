@@ -5,7 +5,7 @@
 //! heredocs for RUN/COPY/ADD.
 //!
 //! Values that Docker substitutes variables in are kept raw here (quotes
-//! included); [`crate::plan::StageEnv::expand_instruction`] expands them
+//! included); [`crate::plan::StageEnv::apply`] expands them
 //! with the right environment at the right time.
 
 mod instructions;

@@ -1,6 +1,6 @@
 //! One module per command.
 //!
-//! Commands print with [`outln!`] and [`out!`], never `println!`: a closed
+//! Commands print with `outln!` and `out!`, never `println!`: a closed
 //! stdout (`sifbox image ls | head -1`) ends sifbox quietly, where
 //! `println!` would panic.
 
