@@ -26,6 +26,10 @@ pub enum CliError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// Whoever read stdout went away (`sifbox ... | head`): the command
+    /// stops, quietly, with status 0.
+    #[error("stdout was closed")]
+    StdoutClosed,
 }
 
 /// A command's result.
@@ -36,7 +40,7 @@ impl CliError {
     pub fn fix(&self) -> Option<String> {
         match self {
             // Their messages carry the fix (`what: why; fix`).
-            CliError::Engine(_) | CliError::Eval(_) => None,
+            CliError::Engine(_) | CliError::Eval(_) | CliError::StdoutClosed => None,
             CliError::Store(e) => e.fix(),
             CliError::Import(e) => e.fix(),
             CliError::Resolve(e) => Some(e.fix()),
@@ -52,7 +56,10 @@ impl CliError {
     /// The exit status: 125, an error of sifbox itself (see README's exit
     /// codes).
     pub fn exit_code(&self) -> u8 {
-        crate::EXIT_SIFBOX_ERROR
+        match self {
+            CliError::StdoutClosed => 0,
+            _ => crate::EXIT_SIFBOX_ERROR,
+        }
     }
 
     /// The line sifbox prints: the error, then what to do.

@@ -1,50 +1,47 @@
 //! One module per command.
 //!
 //! Commands print with `outln!` and `out!`, never `println!`: a closed
-//! stdout (`sifbox image ls | head -1`) ends sifbox quietly, where
-//! `println!` would panic.
+//! stdout (`sifbox image ls | head -1`) ends the command quietly with
+//! status 0 (as [`CliError::StdoutClosed`], so that what it holds is
+//! cleaned up on the way out), where `println!` would panic.
+//!
+//! [`CliError::StdoutClosed`]: crate::error::CliError::StdoutClosed
 
 use std::process::ExitCode;
 
-/// `println!` to stdout, ending sifbox quietly when stdout is closed.
+/// `println!` to stdout; a closed stdout returns from the command (`?`).
 macro_rules! outln {
     () => {
-        $crate::cmd::write_out(format_args!("\n"))
+        $crate::cmd::write_out(format_args!("\n"))?
     };
     ($($arg:tt)*) => {
-        $crate::cmd::write_out(format_args!("{}\n", format_args!($($arg)*)))
+        $crate::cmd::write_out(format_args!("{}\n", format_args!($($arg)*)))?
     };
 }
 
-/// `print!` to stdout, ending sifbox quietly when stdout is closed.
+/// `print!` to stdout; a closed stdout returns from the command (`?`).
 macro_rules! out {
     ($($arg:tt)*) => {
-        $crate::cmd::write_out(format_args!($($arg)*))
+        $crate::cmd::write_out(format_args!($($arg)*))?
     };
 }
 
-/// Writes to stdout and flushes. A reader that went away (EPIPE) ends
-/// sifbox at once with status 0, as `ripgrep | head` ends; any other
-/// failure (a full disk) is an error of sifbox (125).
-pub fn write_out(args: std::fmt::Arguments<'_>) {
+/// Writes to stdout and flushes. A reader that went away (EPIPE) is
+/// [`CliError::StdoutClosed`]: the command ends quietly with status 0, as
+/// `ripgrep | head` ends; any other failure (a full disk) is an error of
+/// sifbox (125).
+///
+/// [`CliError::StdoutClosed`]: crate::error::CliError::StdoutClosed
+pub fn write_out(args: std::fmt::Arguments<'_>) -> crate::error::Result<()> {
     use std::io::Write;
     let mut o = std::io::stdout().lock();
-    if let Err(e) = o.write_fmt(args).and_then(|()| o.flush()) {
-        stdout_failed(&e);
+    match o.write_fmt(args).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            Err(crate::error::CliError::StdoutClosed)
+        }
+        Err(e) => Err(sifbox_engine::Error::io("writing to stdout", e).into()),
     }
-}
-
-/// Ends sifbox after a failed write to stdout (see [`write_out`]).
-#[allow(clippy::exit, reason = "nothing is left to do once stdout is gone")]
-pub fn stdout_failed(e: &std::io::Error) -> ! {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        std::process::exit(0);
-    }
-    let _ = std::io::Write::write_fmt(
-        &mut std::io::stderr(),
-        format_args!("sifbox: error: writing to stdout: {e}\n"),
-    );
-    std::process::exit(i32::from(crate::EXIT_SIFBOX_ERROR));
 }
 
 use sifbox_engine::ExecStatus;

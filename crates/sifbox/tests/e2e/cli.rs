@@ -1343,6 +1343,9 @@ fn a_closed_stdout_is_a_quiet_exit() {
     let ctx = harness::tempdir("sifbox-e2e-ctx.");
     std::fs::write(ctx.path().join("Dockerfile"), "FROM scratch\nLABEL a=b\n").expect("write");
     let ctx_arg = ctx.path().display().to_string();
+    // What the commands make in TMPDIR (a build's scratch dir) is gone
+    // when they end, a closed stdout notwithstanding.
+    let tmp = harness::tempdir("sifbox-e2e-tmp.");
     let cases: [&[&str]; 6] = [
         &["ps", "--json"],
         &["ps"],
@@ -1358,6 +1361,7 @@ fn a_closed_stdout_is_a_quiet_exit() {
             .args(args)
             .env("SIFBOX_RUNTIME", sb.runtime())
             .env("SIFBOX_CACHE", store.path())
+            .env("TMPDIR", tmp.path())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::from(w))
             .stderr(std::process::Stdio::piped())
@@ -1366,6 +1370,12 @@ fn a_closed_stdout_is_a_quiet_exit() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .expect("tmp")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} left {left:?} in TMPDIR");
     }
     sb.cmd(["stop", "--timeout", "0", &name]).output().success();
     sb.assert_clean();
