@@ -114,6 +114,11 @@ pub enum ResolveErrorKind {
     BadReference(String),
     #[error("not in the image store ({store}), and not a registry reference: {reason}")]
     NotFound { store: StoreError, reason: String },
+    #[error("not in the image store ({store}), and pulling it failed: {pull}")]
+    NotLocal {
+        store: StoreError,
+        pull: Box<PullError>,
+    },
     #[error(transparent)]
     Store(StoreError),
     #[error(transparent)]
@@ -150,6 +155,10 @@ impl ResolveError {
                 "check the file: a .sif, a rootfs tarball, an OCI layout or archive, or a docker archive; an image of the store that fails here is re-imported after `sifbox image rm`".into()
             }
             ResolveErrorKind::Pull(e) => e.fix(),
+            ResolveErrorKind::NotLocal { pull, .. } => format!(
+                "import it (`sifbox image import`) or name an image from `sifbox image ls`; to pull it: {}",
+                pull.fix()
+            ),
         }
     }
 
@@ -160,6 +169,7 @@ impl ResolveError {
             self.kind,
             ResolveErrorKind::BadReference(_)
                 | ResolveErrorKind::NotFound { .. }
+                | ResolveErrorKind::NotLocal { .. }
                 | ResolveErrorKind::Store(StoreError::NotFound(_) | StoreError::Ambiguous { .. })
         )
     }
@@ -227,7 +237,18 @@ pub fn locate(
             Ok(d) => Ok(Located::Stored(d)),
             Err(e @ (StoreError::NotFound(_) | StoreError::Ambiguous { .. })) if *or_pull => {
                 match Reference::parse(name) {
-                    Ok(r) => pulled(&r),
+                    // Not here, and the registry did not give it either: say
+                    // first that it is not a local image.
+                    Ok(r) => pulled(&r).map_err(|err| match err.kind {
+                        ResolveErrorKind::Pull(pull) => ResolveError::new(
+                            name.clone(),
+                            ResolveErrorKind::NotLocal {
+                                store: e,
+                                pull: Box::new(pull),
+                            },
+                        ),
+                        _ => err,
+                    }),
                     Err(bad) => Err(ResolveError::new(
                         name.clone(),
                         ResolveErrorKind::NotFound {
@@ -385,6 +406,27 @@ mod tests {
         assert!(matches!(e.kind, ResolveErrorKind::NotFound { .. }), "{e}");
         assert!(e.to_string().contains("not in the image store"), "{e}");
         assert!(e.is_bad_input());
+    }
+
+    #[test]
+    fn a_missing_local_image_says_so_before_the_registry_does() {
+        let (_d, store) = store();
+        // Port 1 on the loopback: the pull fails at once.
+        let mut opts = ResolveOptions::default();
+        opts.pull.retry.attempts = 1;
+        let e = locate(
+            &store,
+            &ImageArg::from_reference("127.0.0.1:1/nothing-local:1"),
+            &opts,
+        )
+        .expect_err("nowhere");
+        assert!(matches!(e.kind, ResolveErrorKind::NotLocal { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("image 127.0.0.1:1/nothing-local:1: not in the image store"),
+            "{text}"
+        );
+        assert!(e.fix().starts_with("import it"), "{}", e.fix());
     }
 
     #[test]

@@ -41,8 +41,9 @@ pub struct BuildArgs {
     /// Make the host's CA bundle (default /etc/ssl/certs/ca-certificates.crt)
     /// visible to RUN steps, for sites whose HTTPS goes through an
     /// intercepting proxy (also: `build.host_ca = true` in
-    /// ~/.config/sifbox/config.toml, or SIFBOX_HOST_CA=1).
-    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    /// ~/.config/sifbox/config.toml, or SIFBOX_HOST_CA=1). Another file
+    /// goes as `--host-ca=FILE`: `--host-ca CONTEXT` builds CONTEXT.
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
     pub host_ca: Option<PathBuf>,
     /// Id mapping of build steps: auto (full when the caller has a
     /// subordinate range), full, or single (one id; chown and set*id

@@ -718,6 +718,24 @@ ADD --checksum=sha256:8b1a4b2b4a2d9e2a7cb4b1cbbbd5c8ba5e83b4a05e0c0c4b8a8d6b1b0b
     assert_eq!(out, "/dl/file.txt 600 0\n/named.txt 644 0\nremote\n");
 }
 
+/// `--host-ca CONTEXT` builds CONTEXT with the host's default bundle: the
+/// flag's own value is only ever `--host-ca=FILE`, so it cannot swallow
+/// the context.
+#[test]
+fn host_ca_before_the_context_does_not_swallow_it() {
+    let env = Env::new();
+    let host = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt")
+        .expect("the host's CA bundle (ca-certificates)");
+    let first = host.lines().next().unwrap_or_default().to_string();
+    env.file(
+        "Dockerfile",
+        "FROM busybox\nRUN head -n1 \"$SSL_CERT_FILE\" > /ca-seen\n",
+    );
+    let out = env.build(&["-t", "hostca", "--host-ca"]);
+    out.success();
+    assert_eq!(env.sh("hostca", "cat /ca-seen"), format!("{first}\n"));
+}
+
 #[test]
 fn platform_args_user_names_link_and_host_ca() {
     let env = Env::new();
@@ -733,7 +751,7 @@ USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
     let arch = host_arch();
     env.build_ok(
         df,
-        &["-t", "plat", "--host-ca", &bundle.display().to_string()],
+        &["-t", "plat", &format!("--host-ca={}", bundle.display())],
     );
     let out = env.sh(
         "plat",
