@@ -315,7 +315,13 @@ impl Builder<'_> {
         };
         self.progress.done(false, started.elapsed());
         let mut cur = base.clone();
-        let mut env = plan.stage_env(base.meta.env_pairs());
+        // A base whose config has no PATH (scratch, a rootfs tarball) gets
+        // Docker's default, for `$PATH` in the Dockerfile and in the image.
+        let mut base_env = base.meta.env_pairs();
+        if !base_env.iter().any(|(k, _)| k == "PATH") {
+            base_env.push(("PATH".into(), sifbox_engine::spec::DEFAULT_PATH.into()));
+        }
+        let mut env = plan.stage_env(base_env);
         let mut insts: Vec<Instruction> = Vec::new();
         if let Base::Image(r) = &stage.base {
             let triggers = self.image_base(r)?.meta.onbuild;

@@ -718,6 +718,19 @@ ADD --checksum=sha256:8b1a4b2b4a2d9e2a7cb4b1cbbbd5c8ba5e83b4a05e0c0c4b8a8d6b1b0b
     assert_eq!(out, "/dl/file.txt 600 0\n/named.txt 644 0\nremote\n");
 }
 
+/// A base whose config has no PATH (here one imported from a root file
+/// system) gets Docker's default: `ENV PATH=/opt/bin:$PATH` extends it, and
+/// the image runs `sh` from it.
+#[test]
+fn a_base_without_path_gets_dockers_default() {
+    let env = Env::new();
+    env.build_ok("FROM busybox\nENV PATH=/opt/bin:$PATH\n", &["-t", "pathy"]);
+    assert_eq!(
+        env.sh("pathy", "echo $PATH"),
+        "/opt/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+    );
+}
+
 /// `--host-ca CONTEXT` builds CONTEXT with the host's default bundle: the
 /// flag's own value is only ever `--host-ca=FILE`, so it cannot swallow
 /// the context.
