@@ -36,16 +36,30 @@ use crate::harness::{
 
 /// skopeo with an auth file of its own: without one it reads
 /// /run/containers/UID/auth.json, which another user's podman or buildah
-/// may have made unreadable.
+/// may have made unreadable. The file (no credentials) is one per user,
+/// made once and reused by every test process, so nothing piles up in
+/// /tmp (a static temp dir is never dropped).
 fn skopeo() -> Command {
-    static AUTH: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dir = AUTH.get_or_init(|| {
-        let d = tempdir("sifbox-e2e-skopeo.");
-        std::fs::write(d.path().join("auth.json"), b"{\"auths\":{}}").expect("auth file");
-        d
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    static AUTH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let file = AUTH.get_or_init(|| {
+        let uid = rustix::process::geteuid().as_raw();
+        let dir = std::env::temp_dir().join(format!("sifbox-e2e-skopeo-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        let meta = std::fs::symlink_metadata(&dir).expect("skopeo's auth dir");
+        assert!(
+            meta.is_dir() && meta.uid() == uid,
+            "{} is not ours",
+            dir.display()
+        );
+        let file = dir.join("auth.json");
+        let tmp = dir.join(format!("auth.json.{}", std::process::id()));
+        std::fs::write(&tmp, b"{\"auths\":{}}").expect("auth file");
+        std::fs::rename(&tmp, &file).expect("auth file");
+        file
     });
     let mut c = Command::new(require("skopeo", "skopeo"));
-    c.env("REGISTRY_AUTH_FILE", dir.path().join("auth.json"));
+    c.env("REGISTRY_AUTH_FILE", file);
     c
 }
 
