@@ -119,9 +119,10 @@ impl Command {
 
     /// The exec request this command makes.
     pub async fn request(&self) -> Result<ExecRequest> {
+        let (defaults, base_env) = self.sandbox.exec_start().await?;
         Ok(ExecRequest::command(self.argv.clone())
-            .defaults(&self.sandbox.exec_defaults().await?)
-            .base_env(self.sandbox.base_env().await?)
+            .defaults(&defaults)
+            .base_env(base_env)
             .envs(self.env.clone())
             .cwd(self.cwd.clone())
             .user(self.user.clone())

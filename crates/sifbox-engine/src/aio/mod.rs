@@ -400,6 +400,20 @@ impl AsyncSandbox {
         .await
     }
 
+    /// What a command starts from: the exec defaults and the base
+    /// environment, read in one trip to the blocking pool.
+    pub(super) async fn exec_start(&self) -> Result<(crate::ExecDefaults, Vec<(String, String)>)> {
+        let this = self.clone();
+        blocking(
+            "reading the exec defaults and base environment",
+            move || match this.handle().as_ref() {
+                Some(sb) => Ok((sb.exec_defaults()?, sb.base_env()?)),
+                None => Err(this.gone()),
+            },
+        )
+        .await
+    }
+
     /// What execs default to (the image's WORKDIR, USER and env scripts, as
     /// `sifbox start IMAGE` recorded them; nothing special otherwise).
     pub async fn exec_defaults(&self) -> Result<crate::ExecDefaults> {
