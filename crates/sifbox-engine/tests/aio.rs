@@ -575,3 +575,47 @@ async fn attach_and_gc() {
     assert!(err.to_string().contains("not running"), "{err}");
     sb.stop(Duration::ZERO).await.expect("stop a dead sandbox");
 }
+
+/// A hostile command started through the async API (the path the Python
+/// harnesses take) reaches nothing of sifbox's: the probe's supervisor
+/// attacks (init's and the worker's fds, memory, environment, pidfd_getfd,
+/// ptrace) are all contained, as root of the sandbox and as a user of the
+/// image, in a sandbox whose exec defaults the API now reads. (The server
+/// side is the one `sifbox exec` uses; `e2e hostile::*` runs the same
+/// attacks through the CLI as root and as the unprivileged user.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_commands_through_the_api_reach_nothing_of_sifbox() {
+    let sb = start("hostile").await;
+    sifbox_engine::Sandbox::attach(sb.name())
+        .expect("attach")
+        .set_exec_defaults(&sifbox_engine::ExecDefaults {
+            cwd: Some("/tmp".into()),
+            ..sifbox_engine::ExecDefaults::default()
+        })
+        .expect("defaults");
+    let secret = format!("api-key-{}", std::process::id());
+    for user in [None, Some("1000")] {
+        let mut cmd = sb.command("/usr/bin/sifbox-probe");
+        cmd.args([
+            "attack",
+            "supervisor-fds",
+            "supervisor-mem",
+            "supervisor-environ",
+            "supervisor-pidfd-getfd",
+            "supervisor-ptrace",
+        ])
+        .env("API_KEY", &secret);
+        if let Some(u) = user {
+            cmd.user(u);
+        }
+        let out = cmd.output().await.expect("probe");
+        assert_eq!(out.exit_code, 0, "{out:?}");
+        let report: serde_json::Value = serde_json::from_str(&out.stdout).expect("a JSON report");
+        let attacks = report["attacks"].as_object().expect("attacks");
+        assert_eq!(attacks.len(), 5, "{report}");
+        for (name, a) in attacks {
+            assert_eq!(a["contained"], true, "{name} got through as {user:?}: {a}");
+        }
+    }
+    sb.stop(Duration::ZERO).await.expect("stop");
+}
