@@ -315,6 +315,12 @@ pub fn build_sif_at_level(
 
 /// The metadata of a stored image (defaults for a foreign SIF without it).
 pub fn image_meta(store: &Store, digest: &Digest) -> Result<ImageMeta> {
+    Ok(sifbox_meta(store, digest)?.unwrap_or_default())
+}
+
+/// The sifbox metadata of a stored image; `None` for a foreign SIF, which
+/// has none.
+pub fn sifbox_meta(store: &Store, digest: &Digest) -> Result<Option<ImageMeta>> {
     let path = store.sif_path(digest);
     let sif = Sif::open(&path).map_err(|e| src_err(&path, e))?;
     let Some(d) = sif
@@ -322,12 +328,14 @@ pub fn image_meta(store: &Store, digest: &Digest) -> Result<ImageMeta> {
         .iter()
         .find(|d| d.data_type == DataType::GenericJson && d.name == meta::SIF_OBJECT_NAME)
     else {
-        return Ok(ImageMeta::default());
+        return Ok(None);
     };
     let bytes = sif
         .read_object(d.id, 1 << 20)
         .map_err(|e| src_err(&path, e))?;
-    serde_json::from_slice(&bytes).map_err(|e| src_err(&path, e))
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| src_err(&path, e))
 }
 
 /// The unpacked root file system of a stored image, made once (in a

@@ -187,11 +187,22 @@ pub fn write_layout(root: &Path, meta: &ImageMeta) -> std::io::Result<()> {
     )?;
     write(".singularity.d/env/90-environment.sh", "#!/bin/sh\n", 0o755)?;
     write(".singularity.d/env/99-base.sh", "#!/bin/sh\n", 0o755)?;
-    write(".singularity.d/runscript", &runscript(meta), 0o755)?;
+    write(RUNSCRIPT, &runscript(meta), 0o755)?;
     write(".singularity.d/startscript", "#!/bin/sh\n", 0o755)?;
     let labels = serde_json::to_string_pretty(&meta.labels).map_err(std::io::Error::other)?;
     write(".singularity.d/labels.json", &labels, 0o644)?;
     Ok(())
+}
+
+/// Where Apptainer's runscript lives in an image.
+pub const RUNSCRIPT: &str = ".singularity.d/runscript";
+
+/// Whether the tree at `root` has an Apptainer runscript (a file, or a
+/// symlink, which the sandbox resolves inside its own root: the host never
+/// follows it).
+pub fn has_runscript(root: &Path) -> bool {
+    std::fs::symlink_metadata(root.join(RUNSCRIPT))
+        .is_ok_and(|m| m.is_file() || m.file_type().is_symlink())
 }
 
 /// Whether `root` carries Apptainer env scripts that a command must source.

@@ -291,6 +291,10 @@ pub struct Resolved {
     /// The image carries Apptainer env scripts (and no sifbox metadata):
     /// commands must source them.
     pub env_scripts: bool,
+    /// A foreign SIF (no sifbox metadata, so no entrypoint or cmd) with an
+    /// Apptainer runscript: `run` without `--entrypoint` runs it, as
+    /// `apptainer run` does.
+    pub runscript: bool,
 }
 
 /// [`locate`]s `arg` and opens it: the root file system (unpacked once) and
@@ -312,6 +316,7 @@ impl Resolved {
     pub fn in_place(rootfs: PathBuf, shown: &str) -> Resolved {
         Resolved {
             env_scripts: meta::has_env_scripts(&rootfs),
+            runscript: false,
             rootfs,
             meta: ImageMeta::default(),
             reference: shown.to_string(),
@@ -323,11 +328,13 @@ impl Resolved {
 /// The root file system and metadata of the stored image `d`.
 pub fn open(store: &Store, d: Digest, shown: &str) -> Result<Resolved, ResolveError> {
     let err = |e| ResolveError::new(shown, ResolveErrorKind::Import(e));
-    let meta = import::image_meta(store, &d).map_err(err)?;
+    let meta = import::sifbox_meta(store, &d).map_err(err)?;
     let rootfs = import::rootfs(store, &d).map_err(err)?;
-    let foreign = meta == ImageMeta::default();
+    let foreign = meta.is_none();
+    let meta = meta.unwrap_or_default();
     Ok(Resolved {
         env_scripts: foreign && meta::has_env_scripts(&rootfs),
+        runscript: foreign && meta::has_runscript(&rootfs),
         rootfs,
         meta,
         reference: shown.to_string(),

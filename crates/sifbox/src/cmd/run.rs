@@ -23,12 +23,38 @@ pub struct RunArgs {
     /// Give the command a pty (when sifbox's stdin is a terminal).
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
-    /// IMAGE (unless --rootfs is given), then the command and its arguments.
-    #[arg(value_name = "[IMAGE] CMD", num_args = 0..)]
+    /// Run CMD instead of the image's entrypoint; ARGS follow it and the
+    /// image's cmd is dropped, as with `docker run --entrypoint`. An empty
+    /// CMD (`--entrypoint ''`) runs ARGS alone.
+    #[arg(long, value_name = "CMD")]
+    pub entrypoint: Option<String>,
+    /// IMAGE (unless --rootfs is given), then the arguments: they follow
+    /// the image's entrypoint, or are the command when it has none.
+    #[arg(value_name = "[IMAGE] ARGS", num_args = 0..)]
     pub args: Vec<String>,
 }
 
-const USAGE: &str = "usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] CMD [ARGS...]";
+const USAGE: &str = "usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] [ARGS...]";
+
+/// What `run` runs, by Docker's rules: `--entrypoint` and ARGS; else the
+/// image's entrypoint followed by ARGS (or by its cmd when no ARGS are
+/// given); else ARGS, or the cmd. A foreign SIF, which has neither
+/// entrypoint nor cmd, runs its Apptainer runscript with ARGS, as
+/// `apptainer run` does.
+fn command_line(
+    entrypoint: Option<&str>,
+    image: &crate::cmd::image::Resolved,
+    args: Vec<String>,
+) -> Vec<String> {
+    match entrypoint {
+        Some("") => args,
+        Some(ep) => std::iter::once(ep.to_string()).chain(args).collect(),
+        None if image.runscript => std::iter::once(format!("/{}", sifbox_image::meta::RUNSCRIPT))
+            .chain(args)
+            .collect(),
+        None => image.meta.command(&args),
+    }
+}
 
 pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
     let mut args = a.args.clone();
@@ -41,10 +67,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         args.remove(0);
     }
     let image = resolve_image(&a.sandbox, image_arg.as_deref())?;
-    // No command: the image's entrypoint and cmd, as `docker run` does.
-    if args.is_empty() {
-        args = image.meta.command(&[]);
-    }
+    let args = command_line(a.entrypoint.as_deref(), &image, args);
     if args.is_empty() {
         return Err(bad(
             "sifbox run",

@@ -76,7 +76,7 @@ impl Env {
 
     /// Runs `sh -c script` in `image`; returns stdout.
     fn sh(&self, image: &str, script: &str) -> String {
-        let out = self.sifbox(&["run", image, "sh", "-c", script]);
+        let out = self.sifbox(&["run", "--entrypoint", "", image, "sh", "-c", script]);
         out.success();
         out.stdout
     }
@@ -213,6 +213,38 @@ CMD ["cat /srv/run.txt"]
     );
     assert_eq!(env.sh(&d2, "cat /seen.txt"), "triggered\n");
     assert_eq!(env.config("child")["onbuild"], Value::Null);
+}
+
+#[test]
+fn run_passes_its_arguments_to_the_entrypoint() {
+    let env = Env::new();
+    env.build_ok(
+        "FROM busybox\nENTRYPOINT [\"/bin/echo\", \"ep\"]\nCMD [\"default\"]\n",
+        &["-t", "ep"],
+    );
+    env.build_ok("FROM busybox\nCMD [\"echo\", \"cmd\"]\n", &["-t", "cmd"]);
+    let run = |args: &[&str]| {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let out = env.sifbox(&all);
+        out.success();
+        out.stdout
+    };
+    // The entrypoint, then the cmd or the arguments that replace it.
+    assert_eq!(run(&["ep"]), "ep default\n");
+    assert_eq!(run(&["ep", "a", "b"]), "ep a b\n");
+    assert_eq!(run(&["ep", "--", "-n", "x"]), "ep -n x\n");
+    // --entrypoint replaces it and drops the cmd, as docker run's does.
+    assert_eq!(run(&["--entrypoint", "/bin/echo", "ep", "x"]), "x\n");
+    assert_eq!(run(&["--entrypoint", "/bin/echo", "ep"]), "\n");
+    assert_eq!(run(&["--entrypoint", "", "ep", "echo", "own"]), "own\n");
+    // Without an entrypoint, the arguments are the command.
+    assert_eq!(run(&["cmd"]), "cmd\n");
+    assert_eq!(run(&["cmd", "echo", "other"]), "other\n");
+    // Nothing to run: bad input.
+    env.sifbox(&["run", "--entrypoint", "", "ep"])
+        .code_is(harness::SIFBOX_ERROR)
+        .stderr_has("no command given");
 }
 
 #[test]

@@ -213,6 +213,41 @@ fn a_sif_made_by_mksquashfs_and_siftool_runs() {
 }
 
 #[test]
+fn a_foreign_sif_runs_its_runscript_with_the_arguments() {
+    require("siftool", "siftool");
+    require("mksquashfs", "squashfs-tools");
+    let env = Env::new();
+    let tree = env.path("tree");
+    copy_rootfs(&tree);
+    std::fs::create_dir_all(tree.join(".singularity.d/env")).expect("mkdir");
+    std::fs::write(
+        tree.join(".singularity.d/env/90-environment.sh"),
+        "export FROM_ENV_SCRIPT=sourced\n",
+    )
+    .expect("write");
+    std::fs::write(
+        tree.join(".singularity.d/runscript"),
+        "#!/bin/sh\necho \"runscript($FROM_ENV_SCRIPT): $*\"\n",
+    )
+    .expect("write");
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(tree.join(".singularity.d/runscript"), mode).expect("chmod");
+    let sif = harness::foreign_sif(&tree, &env.path(""));
+    let sif = sif.to_str().unwrap_or_default();
+    // As `apptainer run`: the runscript, given the arguments.
+    let out = env.sifbox(&["run", sif]);
+    out.success();
+    assert_eq!(out.stdout, "runscript(sourced): \n");
+    let out = env.sifbox(&["run", sif, "echo", "a b"]);
+    out.success();
+    assert_eq!(out.stdout, "runscript(sourced): echo a b\n");
+    // --entrypoint '' runs the command itself.
+    let out = env.sifbox(&["run", "--entrypoint", "", sif, "echo", "itself"]);
+    out.success();
+    assert_eq!(out.stdout, "itself\n");
+}
+
+#[test]
 fn concurrent_imports_store_one_copy() {
     let env = Env::new();
     let tarball = env.rootfs_tarball();

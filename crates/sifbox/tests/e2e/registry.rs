@@ -624,11 +624,10 @@ fn multi_layer_docker_v2_image_with_whiteouts_and_opaque_dirs() {
     let run = env.sifbox(&["run", &format!("docker://{reference}")]);
     run.success();
     assert_eq!(run.stdout, "hello from the registry\n/data\nkept\n");
+    // Arguments follow the entrypoint (`/bin/sh -c`), as with `docker run`.
     let ls = env.sifbox(&[
         "run",
         &format!("docker://{reference}"),
-        "sh",
-        "-c",
         "ls -a /data /opq; test -d /empty && echo empty-dir",
     ]);
     ls.success();
@@ -672,9 +671,12 @@ fn run_pulls_a_docker_reference_on_first_use() {
     layout.push("m", &reg, "test/run:latest", &[]);
     let env = Env::new();
     // No tag: latest.
-    // A command given runs as it is (the entrypoint only runs without one).
+    // `--entrypoint ''` drops the image's entrypoint: the command runs as
+    // it is.
     let out = env.sifbox(&[
         "run",
+        "--entrypoint",
+        "",
         &format!("docker://{}/test/run", reg.host()),
         "cat",
         "/opq/new",
@@ -847,7 +849,7 @@ fn zstd_layers() {
         })
         .count();
     assert_eq!(zstd_blobs, 3, "the three layers arrived zstd-compressed");
-    let out = env.sifbox(&["run", &digest, "cat", "/data/keep", "/opq/new"]);
+    let out = env.sifbox(&["run", &digest, "cat /data/keep /opq/new"]);
     out.success();
     assert_eq!(out.stdout, "kept\nnew\n");
 }
@@ -1232,7 +1234,7 @@ fn build_from_a_registry_image() {
     let out = env.sifbox(&["build", "--progress", "plain", &ctx_arg]);
     out.success();
     let d = digest_of(&out);
-    let run = env.sifbox(&["run", &d, "cat", "/copied"]);
+    let run = env.sifbox(&["run", &d, "cat /copied"]);
     run.success();
     assert_eq!(run.stdout, "new\n");
     // The next build takes the pulled image from the store.
