@@ -69,6 +69,12 @@ impl BuildError {
 
     /// Whether the caller's input is at fault (exit 125) rather than a step
     /// that ran and failed (exit 1).
+    /// Whether a build step's own command failed (exit status 1 of
+    /// `sifbox build`); every other error is sifbox's (125).
+    pub fn is_step_failure(&self) -> bool {
+        matches!(self, BuildError::RunFailed { .. })
+    }
+
     pub fn is_bad_input(&self) -> bool {
         match self {
             BuildError::BadInput { .. } | BuildError::Instruction { .. } => true,

@@ -14,10 +14,13 @@ Exit status:
   run, exec, wait   the command's own; 124 after --timeout; 126 not executable;
                     127 not found; 128+N killed by signal N (137 also after
                     going over --memory, with a warning)
-  build             0 built; 1 the build failed (a RUN step, or the host
-                    under it); 125 bad input
-  eval              0 every rollout ran, whatever the rewards; 1 after infra
-                    errors; 130 interrupted (Ctrl-C)
+  build             0 built; 1 a build step (RUN) failed;
+                    125 every other error (bad input, a full disk, an
+                    unknown USER)
+  eval              0 every rollout ran, whatever the rewards and failure
+                    classes; 1 a rollout hit an infra error;
+                    125 bad input, before anything ran; 130 interrupted
+  doctor            1 an essential check failed (the report says which)
   every command     125 an error of sifbox itself (bad input, the host),
                     with one line saying what, where and what to do; 0 done";
 

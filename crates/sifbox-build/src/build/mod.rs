@@ -238,7 +238,9 @@ impl Builder<'_> {
     /// `e` citing `line` and its `text`, unless it already cites one.
     fn cite_at(&self, line: usize, text: &str, e: BuildError) -> BuildError {
         match e {
-            e @ (BuildError::Instruction { .. } | BuildError::RunFailed { .. }) => e,
+            e @ (BuildError::Instruction { .. }
+            | BuildError::RunFailed { .. }
+            | BuildError::StepFailed(_)) => e,
             BuildError::BadInput { what, why, fix } => {
                 self.err_at(line, text, format!("{what}: {why}; {fix}"))
             }

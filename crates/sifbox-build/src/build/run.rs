@@ -176,6 +176,15 @@ impl Builder<'_> {
                     },
                     Vec::new(),
                 ));
+                // sifbox could not start the command (an unknown USER, the
+                // host): an error of sifbox, not a failed step.
+                if let ExecStatus::Failed { code: 125, message } = &status {
+                    return Err(BuildError::StepFailed(Box::new(self.err_at(
+                        inst.line,
+                        &inst.original,
+                        message.clone(),
+                    ))));
+                }
                 let mut t = String::new();
                 if let ExecStatus::Failed { message, .. } = &status {
                     let _ = write!(t, ": {message}");

@@ -3,6 +3,26 @@
 
 use super::*;
 
+/// The outcome of a transfer: the sandbox's `reply` and what the host's
+/// side of the pipe (`local`) got. When the sandbox failed only because the
+/// host stopped reading (a broken pipe), the host's own error is the cause
+/// (a full disk, say); otherwise the sandbox's error comes first.
+fn first_failure<R, T>(
+    reply: Result<R>,
+    local: std::io::Result<T>,
+    what: impl FnOnce() -> String,
+) -> Result<T> {
+    match (reply, local) {
+        (Err(r), Err(l))
+            if r.errno() == Some(libc::EPIPE) || r.to_string().contains("(os error 32)") =>
+        {
+            Err(l).ctx(what)
+        }
+        (Err(r), _) => Err(r),
+        (Ok(_), l) => l.ctx(what),
+    }
+}
+
 fn base_name(p: &Path) -> Result<String> {
     let canon = std::fs::canonicalize(p).ctx(|| format!("{}", p.display()))?;
     Ok(canon
@@ -36,8 +56,7 @@ impl Sandbox {
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
-        reply?;
-        written.ctx(|| format!("reading {}", src.display()))
+        first_failure(reply, written, || format!("reading {}", src.display()))
     }
 
     /// Copies `src` in the sandbox to `dst` on the host (`docker cp` rules),
@@ -73,8 +92,7 @@ impl Sandbox {
         let unpacked = reader
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
-        reply?;
-        unpacked.ctx(|| format!("writing {}", dst.display()))
+        first_failure(reply, unpacked, || format!("writing {}", dst.display()))
     }
 
     /// Unpacks a tar stream of relative names into the directory `dst` in
@@ -102,8 +120,7 @@ impl Sandbox {
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
-        reply?;
-        written.ctx(|| format!("writing the archive for {dst}"))
+        first_failure(reply, written, || format!("writing the archive for {dst}"))
     }
 
     /// Streams a tar of the sandbox's whole root file system (owners as seen
@@ -123,8 +140,9 @@ impl Sandbox {
         let got = reader
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
-        reply?;
-        got.ctx(|| "reading the sandbox's root file system".to_string())
+        first_failure(reply, got, || {
+            "reading the sandbox's root file system".to_string()
+        })
     }
 
     /// Gives the copy of the root at `dst` the owners of the original (see

@@ -150,8 +150,13 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     let built: Built = match sifbox_build::build::build(&store, &opts, &resolver, progress) {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("sifbox: error: {e}");
-            return Ok(ExitCode::from(if e.is_bad_input() { 125 } else { 1 }));
+            let step_failed = e.is_step_failure();
+            eprintln!("sifbox: error: {}", crate::error::CliError::from(e).line());
+            return Ok(ExitCode::from(if step_failed {
+                1
+            } else {
+                crate::EXIT_SIFBOX_ERROR
+            }));
         }
     };
     for t in &a.tags {

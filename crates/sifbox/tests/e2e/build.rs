@@ -573,6 +573,15 @@ fn bad_input_is_one_clear_error() {
     env.sifbox(&["build", "--progress", "fancy", &ctx])
         .sifbox_error();
     env.build(&["--secret", "id=x"]).sifbox_error();
+    // A RUN step that cannot start for sifbox's reasons (an unknown USER)
+    // is sifbox's error, 125; one whose command is not found failed, 1.
+    env.file("Dockerfile", "FROM busybox\nUSER nosuchuser\nRUN true\n");
+    input_error(&env.build(&[])).stderr_has("Dockerfile:3: RUN true: user \"nosuchuser\"");
+    env.file("Dockerfile", "FROM busybox\nRUN no-such-command\n");
+    env.build(&[])
+        .code_is(1)
+        .stderr_has("Dockerfile:2")
+        .stderr_has("code 127");
     assert!(
         env.store.tmp_entries().is_empty(),
         "{:?}",

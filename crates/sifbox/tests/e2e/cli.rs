@@ -1324,6 +1324,18 @@ fn doctor_reports_what_sifbox_run_needs() {
     text.success();
     assert!(text.stdout.contains("user namespaces"), "{}", text.stdout);
     assert!(text.stdout.contains("limit: pids"), "{}", text.stdout);
+    // An essential check that fails makes the exit status 1 (the report
+    // is still printed).
+    let file = harness::tempdir("sifbox-e2e-doctor.");
+    let not_dir = file.path().join("f");
+    std::fs::write(&not_dir, "").expect("write");
+    let out = std::process::Command::new(harness::sifbox_bin())
+        .arg("doctor")
+        .env("SIFBOX_RUNTIME", not_dir.join("rt"))
+        .output()
+        .expect("doctor");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL runtime dir"));
 }
 
 /// A closed stdout (`sifbox ps --json | head -c 1` once head has gone) ends
@@ -1410,9 +1422,23 @@ fn the_exit_code_table_is_in_help_and_readme() {
         (
             "build",
             "| `build` |",
-            &["0 built", "1 the build failed", "125"][..],
+            &["0 built", "1 a build step", "125 every other error"][..],
         ),
-        ("eval", "| `eval` |", &["1 after infra", "130"][..]),
+        (
+            "eval",
+            "| `eval` |",
+            &[
+                "0 every rollout ran",
+                "1 a rollout hit",
+                "125 bad input",
+                "130",
+            ][..],
+        ),
+        (
+            "doctor",
+            "| `doctor` |",
+            &["1 an essential check failed"][..],
+        ),
         ("every command", "| every command |", &["125"][..]),
     ] {
         let h = help

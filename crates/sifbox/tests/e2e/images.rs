@@ -819,3 +819,69 @@ fn overlay_dirs_are_private() {
     }
     harness::make_removable(top.path());
 }
+
+/// Unmounts a test's tmpfs when dropped.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_image_store_says_so_and_what_to_do() {
+    if !is_root() {
+        eprintln!("skipped: a small file system for the store needs root to mount");
+        return;
+    }
+    let store = Store::new("sifbox-full-store.");
+    run_tool(
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=24m", "tmpfs"])
+            .arg(store.path()),
+    );
+    let _mounted = Mounted(store.path().to_path_buf());
+    let full = |out: &Output| {
+        out.code_is(harness::SIFBOX_ERROR);
+        let last = out.stderr.lines().last().unwrap_or_default().to_string();
+        assert!(
+            last.starts_with(&format!(
+                "sifbox: error: no space left on the image store ({}, ",
+                store.path().display()
+            )),
+            "{}",
+            out.stderr
+        );
+        assert!(last.contains(" MB free): "), "{last}");
+        assert!(last.contains("sifbox gc"), "{last}");
+        for wrong in ["Broken pipe", "check the file", "--insecure"] {
+            assert!(!out.stderr.contains(wrong), "{wrong}: {}", out.stderr);
+        }
+    };
+    // An import bigger than the disk.
+    let big = tempdir("sifbox-full-src.");
+    let tree = big.path().join("tree");
+    copy_rootfs(&tree);
+    let mut noise = vec![0u8; 32_000_000];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
+        &mut noise,
+    )
+    .expect("read");
+    std::fs::write(tree.join("noise.bin"), &noise).expect("write");
+    full(&store.import(&tree, "big").output());
+    assert!(store.tmp_entries().is_empty(), "{:?}", store.tmp_entries());
+    // A build whose step fits but whose image does not.
+    store.import(rootfs(), "busybox").output().success();
+    let ctx = Tree::temp("sifbox-full-ctx.");
+    ctx.file(
+        "Dockerfile",
+        "FROM busybox\nRUN head -c 9000000 /dev/urandom > /big\n",
+    );
+    let out = store
+        .cmd(["build", "-q", &ctx.path().display().to_string()])
+        .output();
+    full(&out);
+    assert!(store.tmp_entries().is_empty(), "{:?}", store.tmp_entries());
+}
