@@ -11,8 +11,8 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -177,7 +177,8 @@ pub fn run(
     // addchdir), so the PATH search and the chdir happen here: this process
     // serves this one exec.
     let spawnable = !req.tty && user.is_none();
-    let mut cmd = if spawnable {
+    let mut master = None;
+    let pid = if spawnable {
         if let Err(e) = rustix::process::chdir(req.cwd.as_str()) {
             return fail(
                 125,
@@ -192,93 +193,92 @@ pub fn run(
             .map(|(_, v)| v.as_str());
         let found = match find_program(&program, path_var) {
             Ok(p) => p,
-            Err(code) => {
-                let why = if code == 126 {
-                    "permission denied"
-                } else {
-                    "command not found"
-                };
-                return fail(code, format!("{program}: {why}"));
-            }
+            Err(code) => return fail(code, not_startable(&program, code)),
         };
-        let mut c = Command::new(found);
-        c.arg0(&program);
-        c
-    } else {
-        let mut c = Command::new(&program);
-        c.current_dir(&req.cwd);
-        c
-    };
-    cmd.args(&req.argv[1..])
-        .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)));
-    if let Some(u) = &user {
-        if req.default_home {
-            cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
-        }
-    }
-    let mut hooks = sifbox_sys::ExecHooks {
-        setsid: true,
-        ids: user.as_ref().map(|u| (u.uid, u.gid)),
-        ..Default::default()
-    };
-    let mut master = None;
-    if req.tty {
-        match open_pty(req.winsize) {
-            Ok((m, slave)) => {
-                let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
-                    return fail(125, "duplicating the pty".into());
-                };
-                cmd.stdin(Stdio::from(slave))
-                    .stdout(Stdio::from(a))
-                    .stderr(Stdio::from(b));
-                hooks.controlling_tty = true;
-                master = Some(m);
-            }
-            Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
-        }
-    } else {
         if fds.len() != 3 {
             return fail(
                 125,
                 format!("expected 3 stdio descriptors, got {}", fds.len()),
             );
         }
-        let err = fds.pop();
-        let out = fds.pop();
-        let inp = fds.pop();
-        if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
-            cmd.stdin(Stdio::from(i))
-                .stdout(Stdio::from(o))
-                .stderr(Stdio::from(e));
+        let c = |s: &str| std::ffi::CString::new(s);
+        let argv: Result<Vec<_>, _> = req.argv.iter().map(|a| c(a)).collect();
+        let env: Result<Vec<_>, _> = req
+            .env
+            .iter()
+            .map(|(k, v)| c(&format!("{k}={v}")))
+            .collect();
+        let path = std::ffi::CString::new(found.into_os_string().into_vec());
+        let (Ok(argv), Ok(env), Ok(path)) = (argv, env, path) else {
+            return fail(125, "an argument or variable holds a NUL byte".into());
+        };
+        let stdio = [fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd()];
+        match sifbox_sys::spawn(&path, &argv, &env, stdio) {
+            Ok(pid) => pid,
+            Err(e) => return fail_spawn(&mut fail, &program, &e),
         }
-    }
-    if hooks.controlling_tty || hooks.ids.is_some() {
-        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
     } else {
-        // Without hooks std can use posix_spawn (vfork), much cheaper than
-        // fork + exec; a process group of its own is all the command needs
-        // (the sandbox has no controlling terminal).
-        cmd.process_group(0);
-    }
-    let child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let (code, why) = match (e.kind(), e.raw_os_error()) {
-                (std::io::ErrorKind::NotFound, _) => (127, "command not found"),
-                (std::io::ErrorKind::PermissionDenied, _) => (126, "permission denied"),
-                (_, Some(8)) => (126, "not an executable format"),
-                _ => (126, "cannot execute"),
-            };
-            return fail(code, format!("{program}: {why} ({e})"));
+        let mut cmd = Command::new(&program);
+        cmd.current_dir(&req.cwd);
+        cmd.args(&req.argv[1..])
+            .env_clear()
+            .envs(req.env.iter().map(|(k, v)| (k, v)));
+        if let Some(u) = &user {
+            if req.default_home {
+                cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
+            }
         }
+        let mut hooks = sifbox_sys::ExecHooks {
+            setsid: true,
+            ids: user.as_ref().map(|u| (u.uid, u.gid)),
+            ..Default::default()
+        };
+        if req.tty {
+            match open_pty(req.winsize) {
+                Ok((m, slave)) => {
+                    let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
+                        return fail(125, "duplicating the pty".into());
+                    };
+                    cmd.stdin(Stdio::from(slave))
+                        .stdout(Stdio::from(a))
+                        .stderr(Stdio::from(b));
+                    hooks.controlling_tty = true;
+                    master = Some(m);
+                }
+                Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
+            }
+        } else {
+            if fds.len() != 3 {
+                return fail(
+                    125,
+                    format!("expected 3 stdio descriptors, got {}", fds.len()),
+                );
+            }
+            let err = fds.pop();
+            let out = fds.pop();
+            let inp = fds.pop();
+            if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
+                cmd.stdin(Stdio::from(i))
+                    .stdout(Stdio::from(o))
+                    .stderr(Stdio::from(e));
+            }
+        }
+        // With a user to switch to or a terminal to take, std forks: the
+        // child then runs the hooks, and its signals are at their defaults.
+        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return fail_spawn(&mut fail, &program, &e),
+        };
+        drop(cmd);
+        let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+            return fail(125, "pid out of range".into());
+        };
+        pid
     };
-    // Our copies of the stdio fds go with `cmd`; only the command holds them
-    // now, so the client sees EOF when the command's tree closes them.
-    drop(cmd);
-    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
-        return fail(125, "pid out of range".into());
-    };
+    // Only the command holds the stdio fds now, so the client sees EOF when
+    // the command's tree closes them.
+    drop(fds);
     let started = Event::Started {
         pid: pid.as_raw_nonzero().get(),
     };
@@ -320,6 +320,28 @@ pub fn run(
         rustix::process::wait(WaitOptions::empty())
     {}
     code
+}
+
+/// Why `program` could not start, for the exit `code` of a failed PATH
+/// search (127 not found, 126 not executable). The same words whether the
+/// search or the exec found it out, for `run` and `exec` alike.
+fn not_startable(program: &str, code: i32) -> String {
+    if code == 126 {
+        format!("{program}: permission denied")
+    } else {
+        format!("{program}: command not found")
+    }
+}
+
+/// Reports a failed spawn of `program` through `fail`: 127 when it is not
+/// there, 126 when it cannot be executed, with the reason once.
+fn fail_spawn(fail: &mut impl FnMut(i32, String) -> i32, program: &str, e: &std::io::Error) -> i32 {
+    match (e.kind(), e.raw_os_error()) {
+        (std::io::ErrorKind::NotFound, _) => fail(127, not_startable(program, 127)),
+        (std::io::ErrorKind::PermissionDenied, _) => fail(126, not_startable(program, 126)),
+        (_, Some(libc::ENOEXEC)) => fail(126, format!("{program}: not an executable format")),
+        _ => fail(126, format!("{program}: cannot execute: {e}")),
+    }
 }
 
 /// Finds `program` as execvp would: as given when it names a path (has a

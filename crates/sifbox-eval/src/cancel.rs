@@ -113,13 +113,8 @@ pub(crate) fn kill_sandboxes_of_thread(tid: i32) -> usize {
     n
 }
 
-/// Whether process `pid` is a sandbox supervisor (`sifbox __supervisor`).
+/// Whether process `pid` is a sandbox supervisor (`sifbox sandbox NAME`).
 fn is_supervisor(pid: i32) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    cmdline
-        .split(|b| *b == 0)
-        .nth(1)
-        .is_some_and(|a| a == sifbox_engine::supervisor::SUPERVISOR_ARG.as_bytes())
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| sifbox_engine::supervisor::is_supervisor_cmdline(&c))
 }

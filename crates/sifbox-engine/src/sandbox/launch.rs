@@ -84,6 +84,9 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
     let mut child = Command::new(&opts.supervisor_exe)
         .arg0("sifbox")
         .arg(SUPERVISOR_ARG)
+        // Room in the argument block for the title `sifbox sandbox NAME`
+        // (see supervisor::TITLE); the supervisor reads nothing from it.
+        .arg(&launch.spec.name)
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -60,6 +60,21 @@ use watchdog::Watchdog;
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
 
+/// The second word of a running supervisor's title in the host's `ps`:
+/// `sifbox sandbox NAME` (outer and init alike; commands are their own).
+pub const TITLE: &str = "sandbox";
+
+/// Whether the command line `cmdline` (NUL-separated, from
+/// /proc/PID/cmdline) is a sandbox supervisor's: still `sifbox
+/// __supervisor` while it starts, `sifbox sandbox NAME` once it runs.
+pub fn is_supervisor_cmdline(cmdline: &[u8]) -> bool {
+    let mut words = cmdline.split(|b| *b == 0);
+    words.next() == Some(b"sifbox".as_slice())
+        && words
+            .next()
+            .is_some_and(|w| w == SUPERVISOR_ARG.as_bytes() || w == TITLE.as_bytes())
+}
+
 /// Where a sandbox that outlives its client writes its diagnostics.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 
@@ -125,10 +140,15 @@ pub fn main() -> i32 {
         return 125;
     }
     let mut input = BufReader::new(std::io::stdin().lock());
-    let launch = read_line(&mut input).and_then(|l| {
-        serde_json::from_str::<Launch>(&l)
-            .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
-    });
+    let launch = read_line(&mut input)
+        .and_then(|l| {
+            serde_json::from_str::<Launch>(&l)
+                .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
+        })
+        .and_then(|l| {
+            sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
+            Ok(l)
+        });
     finish(
         launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
         &mut status,
@@ -154,7 +174,7 @@ pub fn main_forked(
         listener.as_fd(),
         status.0.as_ref().map_or(control.as_fd(), AsFd::as_fd),
     ];
-    let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", SUPERVISOR_ARG])
+    let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &launch.spec.name])
         .and_then(|()| sifbox_sys::close_inherited_fds(&keep))
         .map_err(Error::from)
         .and_then(|()| {

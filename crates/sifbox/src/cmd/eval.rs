@@ -442,7 +442,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     }
     if outcome.summary.infra_errors > 0 {
         eprintln!(
-            "sifbox: {} rollouts failed for reasons of sifbox or the host (see their result.json); `--job {} --resume` runs them again",
+            "sifbox: error: {} rollouts failed for reasons of sifbox or the host (see their result.json); `--job {} --resume` runs them again",
             outcome.summary.infra_errors, outcome.summary.job
         );
         return Ok(ExitCode::from(1));

@@ -99,12 +99,12 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
             let _ = std::io::stderr().write_all(out.stderr.as_bytes());
             if out.truncated {
                 eprintln!(
-                    "sifbox: output truncated to the last {} bytes per stream",
+                    "sifbox: warning: output truncated to the last {} bytes per stream",
                     a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)
                 );
             }
             if let Some(e) = &out.error {
-                eprintln!("sifbox: {e}");
+                eprintln!("sifbox: error: {e}");
             }
         }
         Ok(crate::exit_code(out.exit_code))

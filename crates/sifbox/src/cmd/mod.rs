@@ -66,7 +66,7 @@ pub mod tty;
 /// The exit code for how an exec ended, printing why it could not start.
 pub fn status_exit(status: &ExecStatus) -> ExitCode {
     if let ExecStatus::Failed { message, .. } = status {
-        eprintln!("sifbox: {message}");
+        eprintln!("sifbox: error: {message}");
     }
     crate::exit_code(status.code())
 }

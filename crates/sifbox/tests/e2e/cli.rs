@@ -30,7 +30,7 @@ use serde_json::Value;
 use crate::harness::{
     self, descendants, eventually, host_namespace, map_count, mount_at, mounts, my_ids,
     path_exists, path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff, still_running,
-    tempdir, unique, unique_number, writable, Sifbox, DEFAULT_PATH,
+    tempdir, unique, unique_number, writable, Sifbox, Started, DEFAULT_PATH,
 };
 
 // ===========================================================================
@@ -224,7 +224,7 @@ fn namespaces_pid_hides_host_processes() {
     );
     for p in procs {
         let argv0 = p["cmdline"][0].as_str().unwrap_or_default();
-        let is_supervisor = argv0 == "sifbox" && p["cmdline"][1] == "__supervisor";
+        let is_supervisor = argv0 == "sifbox" && p["cmdline"][1] == "sandbox";
         assert!(
             is_supervisor || argv0 == "sifbox-probe",
             "a foreign process is visible inside: {p}"
@@ -949,6 +949,85 @@ fn exit_codes_of_commands() {
         .output()
         .code_is(126)
         .stderr_has("not-executable-test");
+}
+
+/// A command starts as a program expects: no signal ignored or blocked
+/// (posix_spawn in glibc used to leave its internal signals 32 and 33
+/// ignored, and ignored signals survive exec), by `run`, by `exec`, with a
+/// user and with a pty; and a command that cannot start reads the same in
+/// `run` and `exec`, on one `sifbox: error:` line.
+#[test]
+fn commands_start_with_default_signals_and_one_error_line() {
+    let sb = Sifbox::new();
+    // grep itself (a shell would set up signals of its own).
+    let sigs = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"];
+    let clean = "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n";
+    let missing = unique("no-such-command");
+    let out = sb.run(sigs).output();
+    out.success();
+    assert_eq!(out.stdout, clean);
+    let run_missing = sb.run([missing.as_str()]).output();
+    let run_noexec = sb.run(["/etc/passwd"]).output();
+    let sandbox = Started::plain(&sb, "signals");
+    for opts in [&[][..], &["-u", "1000"][..]] {
+        let out = sandbox.exec(opts, &sigs);
+        out.success();
+        assert_eq!(out.stdout, clean, "exec {opts:?}");
+    }
+    let exec_missing = sandbox.exec(&[], &[missing.as_str()]);
+    for out in [&run_missing, &exec_missing] {
+        out.code_is(127);
+        assert_eq!(
+            out.stderr,
+            format!("sifbox: error: {missing}: command not found\n")
+        );
+    }
+    let exec_noexec = sandbox.exec(&[], &["/etc/passwd"]);
+    for out in [&run_noexec, &exec_noexec] {
+        out.code_is(126);
+        assert_eq!(
+            out.stderr,
+            "sifbox: error: /etc/passwd: permission denied\n"
+        );
+    }
+}
+
+/// The host's `ps` shows a sandbox's supervisor processes (outer and
+/// init) as `sifbox sandbox NAME`, for `start` and for a one-shot `run`.
+#[test]
+fn host_ps_shows_the_sandboxes_name() {
+    let sb = Sifbox::new();
+    let titled = |name: &str| -> Vec<i32> {
+        processes_with_arg(name)
+            .into_iter()
+            .filter(|(_, argv)| argv == &["sifbox", "sandbox", name])
+            .map(|(pid, _)| pid)
+            .collect()
+    };
+    let sandbox = Started::plain(&sb, "titled");
+    assert!(
+        titled(&sandbox.name).len() >= 2,
+        "{:?}",
+        processes_with_arg(&sandbox.name)
+    );
+    assert!(titled(&sandbox.name).contains(&sandbox.pid));
+    drop(sandbox);
+    let name = unique("titled-run");
+    let mut child = std::process::Command::new(harness::sifbox_bin())
+        .args(["run", "--name", &name, "--rootfs"])
+        .arg(rootfs())
+        .args(["sleep", "30"])
+        .env("SIFBOX_RUNTIME", sb.runtime())
+        .spawn()
+        .expect("run");
+    assert!(
+        eventually(Duration::from_secs(10), || titled(&name).len() >= 2),
+        "{:?}",
+        processes_with_arg(&name)
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(eventually(Duration::from_secs(10), || titled(&name).is_empty()));
 }
 
 #[test]
