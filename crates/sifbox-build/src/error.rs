@@ -14,7 +14,7 @@ pub enum BuildError {
     },
     /// An instruction of the Dockerfile is wrong or cannot be done; cites
     /// FILE:LINE and the instruction.
-    #[error("{file}:{line}: {instruction}: {message}")]
+    #[error("{}{message}", cite(file, *line, instruction))]
     Instruction {
         file: String,
         line: usize,
@@ -22,7 +22,7 @@ pub enum BuildError {
         message: String,
     },
     /// A `RUN` step failed: its exit code and the last lines of its output.
-    #[error("{file}:{line}: {instruction}: the command exited with code {code}{tail}")]
+    #[error("{}the command exited with code {code}{tail}", cite(file, *line, instruction))]
     RunFailed {
         file: String,
         line: usize,
@@ -46,6 +46,21 @@ pub enum BuildError {
     Store(#[from] sifbox_image::store::StoreError),
     #[error(transparent)]
     Import(#[from] sifbox_image::import::ImportError),
+}
+
+/// `FILE:LINE: INSTRUCTION: `, leaving out a line of 0 (an error of the
+/// whole file) and an empty instruction.
+fn cite(file: &str, line: usize, instruction: &str) -> String {
+    let mut s = String::from(file);
+    if line > 0 {
+        s.push_str(&format!(":{line}"));
+    }
+    s.push_str(": ");
+    if !instruction.is_empty() {
+        s.push_str(instruction);
+        s.push_str(": ");
+    }
+    s
 }
 
 /// Build result.
@@ -81,5 +96,23 @@ impl BuildError {
             BuildError::Engine(e) => matches!(e, sifbox_engine::Error::BadInput { .. }),
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn citations_leave_out_what_is_missing() {
+        let e = |line, instruction: &str| BuildError::Instruction {
+            file: "Dockerfile".into(),
+            line,
+            instruction: instruction.into(),
+            message: "bad".into(),
+        };
+        assert_eq!(e(3, "RUN x").to_string(), "Dockerfile:3: RUN x: bad");
+        assert_eq!(e(0, "").to_string(), "Dockerfile: bad");
+        assert_eq!(e(2, "").to_string(), "Dockerfile:2: bad");
     }
 }

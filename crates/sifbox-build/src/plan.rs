@@ -628,7 +628,7 @@ pub fn plan(df: &Dockerfile, opts: &PlanOptions) -> Result<Plan> {
                 } else {
                     format!("stages: {}", names.join(", "))
                 };
-                DockerfileError::new(0, "", format!("target stage {t:?} could not be found"))
+                DockerfileError::new(0, "", format!("--target {t}: no stage has that name"))
                     .hint(hint)
             })?,
     };
@@ -869,7 +869,7 @@ mod tests {
         let e = plan_err(src, &[], Some("five"));
         assert_eq!(
             e.to_string(),
-            "Dockerfile: target stage \"five\" could not be found; stages: one, two, three, four"
+            "Dockerfile: --target five: no stage has that name; stages: one, two, three, four"
         );
         // --from with an ARG.
         let p = plan_of(

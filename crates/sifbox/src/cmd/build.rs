@@ -168,13 +168,7 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         }
     }
     if let Some(out) = &a.output {
-        sifbox_image::import::export(&store, &built.digest, out).map_err(|e| {
-            bad(
-                format!("--output {}", out.display()),
-                e.to_string(),
-                "pass a writable path",
-            )
-        })?;
+        crate::cmd::image::export_to(&store, &built.digest, out, "--output")?;
         if mode != Mode::Quiet {
             eprintln!("wrote {}", out.display());
         }

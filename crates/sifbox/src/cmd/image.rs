@@ -1,10 +1,12 @@
 //! `sifbox image ...`: the image store, and how IMAGE arguments resolve.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use sifbox_engine::Error;
 use sifbox_image::import;
+
+use crate::cmd::options::bad;
 use sifbox_image::store::{Access, Digest, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
@@ -135,7 +137,7 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
         }
         ImageCommand::Export { reference, file } => {
             let d = store.resolve(&reference)?;
-            import::export(&store, &d, &file)?;
+            export_to(&store, &d, &file, "image export")?;
             outln!("{}", file.display());
         }
     }
@@ -143,6 +145,44 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
 }
 
 pub use sifbox_registry::Resolved;
+
+/// Writes the stored image `d` as the SIF file `out`, for `what` (the
+/// command or flag, in messages): a directory, a missing parent or a path
+/// that cannot be written is bad input that says so.
+pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::error::Result<()> {
+    let shown = out.display().to_string();
+    let what = format!("{what} {shown}");
+    if shown.ends_with('/') || out.is_dir() {
+        return Err(bad(
+            &what,
+            "is a directory",
+            &format!(
+                "give the file to write, e.g. {}/IMAGE.sif",
+                shown.trim_end_matches('/')
+            ),
+        )
+        .into());
+    }
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(bad(
+            &what,
+            &format!("{} is not a directory", parent.display()),
+            "create it first, or give a path in an existing directory",
+        )
+        .into());
+    }
+    import::export(store, d, out).map_err(|e| {
+        let why = match &e {
+            import::ImportError::Source { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        crate::error::CliError::from(bad(&what, &why, "give a path you can write"))
+    })
+}
 
 /// Resolves an IMAGE argument of a command by the one rule
 /// (`sifbox_registry::resolve`): `docker://REF` pulled the first time, a

@@ -409,9 +409,14 @@ COPY --from=busybox /etc/sifbox-test-rootfs /from-image\n";
         "built\nno-final\n"
     );
     // Unknown target: a clear error.
-    env.build(&["--target", "nope"])
-        .sifbox_error()
-        .stderr_has("nope");
+    let out = env.build(&["--target", "nope"]);
+    out.sifbox_error()
+        .stderr_has("Dockerfile: --target nope: no stage has that name; stages: ");
+    assert!(
+        !out.stderr.contains(":0:") && !out.stderr.contains(": : "),
+        "{}",
+        out.stderr
+    );
 }
 
 #[test]

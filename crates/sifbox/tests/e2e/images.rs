@@ -105,6 +105,16 @@ fn import_run_tag_export_remove() {
     let out = env.sifbox(&["run", sif.to_str().unwrap_or_default(), "true"]);
     out.success();
     assert_eq!(env.stored().len(), 1, "one stored copy: {:?}", env.stored());
+    // A directory or a missing one is named as the problem.
+    let dir = env.path("");
+    let shown = format!("{}/", dir.display().to_string().trim_end_matches('/'));
+    env.sifbox(&["image", "export", "bb:1", &shown])
+        .sifbox_error()
+        .stderr_has("is a directory; give the file to write, e.g. ");
+    let lost = dir.join("no-such-dir/x.sif");
+    env.sifbox(&["image", "export", "bb:1", lost.to_str().unwrap_or_default()])
+        .sifbox_error()
+        .stderr_has("no-such-dir is not a directory");
 
     // Removing one name keeps the image; the last one removes it.
     env.sifbox(&["image", "rm", "bb:1"]).success();
