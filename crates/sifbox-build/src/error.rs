@@ -40,6 +40,9 @@ pub enum BuildError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The build was stopped (see `BuildOptions::interrupted`).
+    #[error("the build was interrupted")]
+    Interrupted,
     #[error(transparent)]
     Engine(#[from] sifbox_engine::Error),
     #[error(transparent)]

@@ -226,8 +226,10 @@ impl<'s> Layers<'s> {
         spec.binds = opts.binds.clone();
         spec.confinement = self.confinement;
         let mut so = StartOptions::new(self.exe.clone());
-        // A build sandbox dies with the build.
+        // A build sandbox dies with the build, and is the build's own:
+        // not one of the user's in `sifbox ps`.
         so.oneshot = true;
+        so.hidden = true;
         let sb = Sandbox::start(spec, &so)?;
         Ok(sb)
     }

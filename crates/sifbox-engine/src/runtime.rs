@@ -88,6 +88,10 @@ pub struct State {
     /// How its limits are enforced.
     #[serde(default)]
     pub limits: crate::limits::Enforcement,
+    /// Made by a sifbox command for its own work (see
+    /// [`crate::StartOptions::hidden`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hidden: bool,
 }
 
 /// Start time of `pid` in clock ticks since boot, if it exists and has not
@@ -221,6 +225,7 @@ mod tests {
             evidence: None,
             image: String::new(),
             limits: crate::limits::Enforcement::default(),
+            hidden: false,
         };
         let dead = State {
             name: "dead".into(),

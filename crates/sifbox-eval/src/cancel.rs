@@ -85,36 +85,10 @@ impl Cancel {
 
 /// The id of the calling thread.
 pub(crate) fn current_tid() -> i32 {
-    rustix::thread::gettid().as_raw_nonzero().get()
+    sifbox_engine::supervisor::current_tid()
 }
 
-/// Asks every sandbox supervisor that thread `tid` of this process started
-/// to kill its sandbox (SIGTERM to a supervisor does that); returns how
-/// many there were. Other children are left alone.
+/// See [`sifbox_engine::supervisor::kill_sandboxes_of_thread`].
 pub(crate) fn kill_sandboxes_of_thread(tid: i32) -> usize {
-    let path = format!("/proc/self/task/{tid}/children");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return 0;
-    };
-    let mut n = 0;
-    for pid in text
-        .split_whitespace()
-        .filter_map(|p| p.parse::<i32>().ok())
-    {
-        if !is_supervisor(pid) {
-            continue;
-        }
-        if let Some(p) = rustix::process::Pid::from_raw(pid) {
-            if rustix::process::kill_process(p, rustix::process::Signal::TERM).is_ok() {
-                n += 1;
-            }
-        }
-    }
-    n
-}
-
-/// Whether process `pid` is a sandbox supervisor (`sifbox sandbox NAME`).
-fn is_supervisor(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| sifbox_engine::supervisor::is_supervisor_cmdline(&c))
+    sifbox_engine::supervisor::kill_sandboxes_of_thread(tid)
 }

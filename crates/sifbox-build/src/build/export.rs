@@ -14,6 +14,7 @@ impl Builder<'_> {
     /// Turns the target stage into a store image (cached by its state and
     /// config).
     pub(super) fn export(&mut self, target: &StageResult) -> Result<(Digest, bool)> {
+        self.check_interrupted()?;
         let meta = target.meta.clone();
         let key = chain_key(&target.state.key, &format!("IMAGE\n{}", hash_json(&meta)));
         let reuse = if self.opts.no_cache {

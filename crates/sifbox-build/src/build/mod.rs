@@ -55,6 +55,11 @@ pub struct BuildOptions {
     /// What RUN steps may ask of the kernel (seccomp policy, nested user
     /// namespaces).
     pub confinement: sifbox_engine::spec::Confinement,
+    /// Set by whoever stops the build (Ctrl-C): no step starts after it is
+    /// set, and the build ends with [`BuildError::Interrupted`]. (The step
+    /// running when it is set must be stopped by its caller:
+    /// `sifbox_engine::supervisor::kill_sandboxes_of_thread`.)
+    pub interrupted: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// What a build made.
@@ -217,6 +222,16 @@ fn hash_json(v: &impl serde::Serialize) -> String {
 }
 
 impl Builder<'_> {
+    /// [`BuildError::Interrupted`] once the build was asked to stop.
+    fn check_interrupted(&self) -> Result<()> {
+        match &self.opts.interrupted {
+            Some(flag) if flag.load(std::sync::atomic::Ordering::SeqCst) => {
+                Err(BuildError::Interrupted)
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn err(&self, inst: &Instruction, message: impl Into<String>) -> BuildError {
         self.err_at(inst.line, &inst.original, message)
     }
@@ -240,7 +255,8 @@ impl Builder<'_> {
         match e {
             e @ (BuildError::Instruction { .. }
             | BuildError::RunFailed { .. }
-            | BuildError::StepFailed(_)) => e,
+            | BuildError::StepFailed(_)
+            | BuildError::Interrupted) => e,
             BuildError::BadInput { what, why, fix } => {
                 self.err_at(line, text, format!("{what}: {why}; {fix}"))
             }
@@ -336,6 +352,7 @@ impl Builder<'_> {
         }
         insts.extend(stage.instructions.iter().cloned());
         for raw in &insts {
+            self.check_interrupted()?;
             let inst = env
                 .apply(raw)
                 .map_err(|e| instruction_error(e.in_file(&self.file)))?;

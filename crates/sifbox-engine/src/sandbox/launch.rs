@@ -325,6 +325,7 @@ impl Sandbox {
             evidence: evidence_path.clone(),
             image: image.reference.clone(),
             limits: launch.limits.clone(),
+            hidden: opts.hidden,
         };
         runtime::write_state(&dir, &state)?;
         if spec.ids.external {

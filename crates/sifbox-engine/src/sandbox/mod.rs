@@ -64,6 +64,9 @@ pub struct StartOptions {
     pub evidence_dir: Option<PathBuf>,
     /// The image as the caller named it (default: the rootfs path).
     pub image: Option<ImageRef>,
+    /// A sandbox a sifbox command makes for its own work (a build step):
+    /// `sifbox ps` leaves it out unless asked for `--all`.
+    pub hidden: bool,
 }
 
 impl StartOptions {
@@ -75,6 +78,7 @@ impl StartOptions {
             fork_when_possible: true,
             evidence_dir: None,
             image: None,
+            hidden: false,
         }
     }
 }

@@ -64,6 +64,41 @@ pub const SUPERVISOR_ARG: &str = "__supervisor";
 /// `sifbox sandbox NAME` (outer and init alike; commands are their own).
 pub const TITLE: &str = "sandbox";
 
+/// The id of the calling thread.
+pub fn current_tid() -> i32 {
+    rustix::thread::gettid().as_raw_nonzero().get()
+}
+
+/// Asks every sandbox supervisor that thread `tid` of this process started
+/// to kill its sandbox (SIGTERM to a supervisor does that); returns how
+/// many there were. Other children are left alone. A job or a build that
+/// is stopped (Ctrl-C, a timeout) does this from another thread: the
+/// thread's pending exec then fails, and its error path removes what it
+/// made.
+pub fn kill_sandboxes_of_thread(tid: i32) -> usize {
+    let path = format!("/proc/self/task/{tid}/children");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return 0;
+    };
+    let mut n = 0;
+    for pid in text
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let supervisor =
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| is_supervisor_cmdline(&c));
+        if !supervisor {
+            continue;
+        }
+        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+            if rustix::process::kill_process(p, rustix::process::Signal::TERM).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// Whether the command line `cmdline` (NUL-separated, from
 /// /proc/PID/cmdline) is a sandbox supervisor's: still `sifbox
 /// __supervisor` while it starts, `sifbox sandbox NAME` once it runs.

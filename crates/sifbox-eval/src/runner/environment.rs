@@ -143,6 +143,8 @@ impl Ctx<'_> {
             exe: self.opts.exe.clone(),
             userns: self.opts.userns,
             confinement: self.opts.confinement(task),
+            // The job's Cancel kills the step's sandbox; the build then fails.
+            interrupted: None,
         };
         self.observer.build_started(&task.name);
         let started = Instant::now();

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 
 use sifbox_build::build::{BuildOptions, Built};
@@ -87,6 +88,7 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         })?
     };
     let store = crate::cmd::image::open_store()?;
+    let interrupted = Interruption::watch()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
     let scratch = tempfile::Builder::new()
         .prefix("sifbox-build.")
@@ -144,10 +146,22 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         host_ca,
         exe,
         confinement: a.confine.confinement(),
+        interrupted: Some(Arc::clone(&interrupted.flag)),
     };
     let progress = Arc::new(Progress::new(mode));
     let resolver = |r: &str| resolve_image(&store, r);
-    let built: Built = match sifbox_build::build::build(&store, &opts, &resolver, progress) {
+    let result = sifbox_build::build::build(&store, &opts, &resolver, progress);
+    // What the build made is gone by now (its error path, or the drops
+    // above); the scratch dir goes with `scratch` below.
+    if let Some(sig) = interrupted.stop() {
+        drop(scratch);
+        eprintln!(
+            "sifbox: error: the build was interrupted by {}; nothing was stored, and what it made is removed",
+            signal_name(sig)
+        );
+        return Ok(crate::exit_code(128 + sig));
+    }
+    let built: Built = match result {
         Ok(b) => b,
         Err(e) => {
             let step_failed = e.is_step_failure();
@@ -175,4 +189,63 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     }
     outln!("{}", built.digest);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ctrl-C, SIGTERM and SIGHUP during a build: the signal is noted, the
+/// running step's sandbox is killed (from a thread of its own; the step's
+/// exec then fails and its error path removes what it made) and no step
+/// starts after it.
+struct Interruption {
+    flag: Arc<AtomicBool>,
+    signal: Arc<AtomicI32>,
+    handle: signal_hook::iterator::Handle,
+}
+
+impl Interruption {
+    fn watch() -> crate::error::Result<Interruption> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let flag = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicI32::new(0));
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+            .map_err(|e| Error::io("installing signal handlers", e))?;
+        let handle = signals.handle();
+        // The builder runs on this thread: its sandboxes are this thread's
+        // children.
+        let builder = sifbox_engine::supervisor::current_tid();
+        let (f, s) = (Arc::clone(&flag), Arc::clone(&signal));
+        std::thread::spawn(move || {
+            for sig in signals.forever() {
+                let _ = s.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+                f.store(true, Ordering::SeqCst);
+                // Again a little later: a step may have been starting.
+                for _ in 0..3 {
+                    sifbox_engine::supervisor::kill_sandboxes_of_thread(builder);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        });
+        Ok(Interruption {
+            flag,
+            signal,
+            handle,
+        })
+    }
+
+    /// Stops watching; the signal that interrupted the build, if one did.
+    fn stop(&self) -> Option<i32> {
+        self.handle.close();
+        match self.signal.load(Ordering::SeqCst) {
+            0 => None,
+            sig => Some(sig),
+        }
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        signal_hook::consts::SIGINT => "SIGINT (Ctrl-C)",
+        signal_hook::consts::SIGTERM => "SIGTERM",
+        signal_hook::consts::SIGHUP => "SIGHUP",
+        _ => "a signal",
+    }
 }

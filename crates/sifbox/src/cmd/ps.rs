@@ -9,12 +9,17 @@ pub struct PsArgs {
     /// Print the list as JSON.
     #[arg(long)]
     json: bool,
+    /// Also list the sandboxes sifbox commands make for their own work
+    /// (the steps of a running build).
+    #[arg(short, long)]
+    all: bool,
 }
 
 pub fn run(a: PsArgs) -> crate::error::Result<ExitCode> {
     let root = runtime::root()?;
     let entries: Vec<_> = runtime::scan(&root)?
         .into_iter()
+        .filter(|e| a.all || !e.state.as_ref().is_some_and(|s| s.hidden))
         .map(|e| {
             let s = e.state.as_ref();
             serde_json::json!({
@@ -26,6 +31,7 @@ pub fn run(a: PsArgs) -> crate::error::Result<ExitCode> {
                 "rootfs": s.map(|s| s.rootfs.clone()),
                 "evidence": s.and_then(|s| s.evidence.clone()),
                 "oneshot": s.map(|s| s.oneshot),
+                "hidden": s.is_some_and(|s| s.hidden),
             })
         })
         .collect();

@@ -862,6 +862,81 @@ fn interrupted_build_leaves_nothing_after_gc() {
     assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
 }
 
+/// Ctrl-C, SIGTERM or SIGHUP during a build: it says it was interrupted,
+/// exits 128+N and leaves nothing (no scratch dir, no store tmp, no
+/// sandbox, no step process) without a gc. While it runs, its step's
+/// sandbox is not one of the user's in `sifbox ps` (`ps --all` shows it).
+#[test]
+fn interrupted_build_removes_what_it_made() {
+    use rustix::process::Signal;
+    let env = Env::new();
+    let tmp = tempdir("sifbox-build-tmpdir.");
+    let ctx = env.ctx.path().display().to_string();
+    for (i, (sig, code, name)) in [
+        (Signal::INT, 130, "SIGINT"),
+        (Signal::TERM, 143, "SIGTERM"),
+        (Signal::HUP, 129, "SIGHUP"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let marker = harness::unique_number();
+        env.file(
+            "Dockerfile",
+            &format!("FROM busybox\nRUN echo {i} && sleep {marker}\n"),
+        );
+        let running = env
+            .store
+            .cmd(["build", "--progress", "plain", &ctx])
+            .env("TMPDIR", tmp.path())
+            .no_clean_check()
+            .spawn();
+        let started = harness::eventually(Duration::from_secs(20), || {
+            !harness::processes_with_arg(&marker.to_string()).is_empty()
+        });
+        assert!(started, "the RUN step never started");
+        if i == 0 {
+            let ps = env.store.cmd(["ps", "--json"]).no_clean_check().output();
+            assert_eq!(
+                ps.json()["sandboxes"],
+                serde_json::json!([]),
+                "{}",
+                ps.stdout
+            );
+            let all = env
+                .store
+                .cmd(["ps", "--all", "--json"])
+                .no_clean_check()
+                .output();
+            let listed = all.json()["sandboxes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(listed.len(), 1, "{}", all.stdout);
+            assert_eq!(listed[0]["hidden"], true, "{}", all.stdout);
+        }
+        running.signal(sig);
+        let out = running.wait();
+        out.code_is(code).stderr_has(&format!(
+            "sifbox: error: the build was interrupted by {name}"
+        ));
+        assert!(
+            harness::processes_with_arg(&marker.to_string()).is_empty(),
+            "the step outlived the build"
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmpdir").collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(
+            env.store.tmp_entries().is_empty(),
+            "{:?}",
+            env.store.tmp_entries()
+        );
+        env.store.sb.assert_clean();
+    }
+    let ls = env.sifbox(&["image", "ls", "--json"]).json();
+    assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
+}
+
 #[test]
 fn gc_build_cache_empties_layers_and_cache_mounts() {
     let env = Env::new();
