@@ -660,6 +660,8 @@ pub fn plan(df: &Dockerfile, opts: &PlanOptions) -> Result<Plan> {
             !declared.contains(*k)
                 && !PROXY_ARGS.contains(&k.as_str())
                 && !PLATFORM_ARGS.contains(&k.as_str())
+                // The build itself consumes it (the image's time clamp).
+                && k.as_str() != "SOURCE_DATE_EPOCH"
         })
         .cloned()
         .collect();

@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::thread::JoinHandle;
 
@@ -111,6 +111,11 @@ pub fn export(
     sb.stop(std::time::Duration::ZERO)?;
     tracing::debug!("export: snapshot unpacked in {:?}", t0.elapsed());
     meta::write_layout(&tree, m).map_err(|e| BuildError::io(&tree, e))?;
+    if let Some(c) = clamp {
+        // The tree sandboxes of this store run is the SIF's twin: the same
+        // times as anyone who pulls the SIF sees.
+        clamp_times(&tree, c).map_err(|e| BuildError::io(&tree, e))?;
+    }
     let sif = work.path().join("image.sif");
     // gzip level 6: about three times faster to pack than 9 (mksquashfs's
     // default), for images a few percent larger; builds happen often.
@@ -138,4 +143,54 @@ pub fn export(
     }
     store.publish_rootfs(&tree, &digest)?;
     Ok(digest)
+}
+
+/// Gives every entry of the tree at `root` newer than `clamp` the time
+/// `clamp` (modification and access), symlinks included and never
+/// followed: the tree's entries are reached by directory fd and name.
+pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
+    let t = Timespec {
+        tv_sec: i64::from(clamp),
+        tv_nsec: 0,
+    };
+    let times = Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
+        rustix::fs::openat(
+            at,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rustix::fs::fstat(&top)?.st_mtime > i64::from(clamp) {
+        rustix::fs::futimens(&top, &times)?;
+    }
+    let mut stack = vec![top];
+    while let Some(dir) = stack.pop() {
+        let mut entries = rustix::fs::Dir::read_from(&dir)?;
+        while let Some(entry) = entries.next() {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_mtime > i64::from(clamp) {
+                rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                stack.push(open_dir(&dir, name)?);
+            }
+        }
+    }
+    Ok(())
 }

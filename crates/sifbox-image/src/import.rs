@@ -338,6 +338,28 @@ pub fn sifbox_meta(store: &Store, digest: &Digest) -> Result<Option<ImageMeta>> 
         .map_err(|e| src_err(&path, e))
 }
 
+/// The time a stored image records for itself: its squashfs file
+/// system's modification time (for images sifbox made, the newest entry
+/// time or the clamp it was packed with). A build's default clamp for the
+/// files its steps write.
+pub fn image_time(store: &Store, digest: &Digest) -> Result<u32> {
+    use std::os::unix::fs::FileExt;
+    let path = store.sif_path(digest);
+    let sif = Sif::open(&path).map_err(|e| src_err(&path, e))?;
+    let part = sif
+        .primary_partition()
+        .ok_or_else(|| src_err(&path, "the SIF has no primary system partition"))?;
+    // The superblock: magic, inode count, then the modification time.
+    let mut head = [0u8; 12];
+    sif.file()
+        .read_exact_at(&mut head, part.offset)
+        .map_err(|e| src_err(&path, e))?;
+    if head[..4] != *b"hsqs" {
+        return Err(src_err(&path, "its root file system is not squashfs"));
+    }
+    Ok(u32::from_le_bytes([head[8], head[9], head[10], head[11]]))
+}
+
 /// The unpacked root file system of a stored image, made once (in a
 /// shared store without setuid and setgid bits: see [`Store::publish_rootfs`]).
 pub fn rootfs(store: &Store, digest: &Digest) -> Result<PathBuf> {

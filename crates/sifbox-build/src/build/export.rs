@@ -6,17 +6,51 @@ use std::time::Instant;
 use sifbox_image::store::{Digest, Reuse};
 
 use super::{hash_json, Builder, StageResult};
-use crate::error::Result;
+use crate::error::{BuildError, Result};
 use crate::layers::chain_key;
 use crate::steps;
 
 impl Builder<'_> {
     /// Turns the target stage into a store image (cached by its state and
     /// config).
+    /// The time no entry of the image may be newer than, so that the same
+    /// context on the same base gives the same image whenever it is built:
+    /// `SOURCE_DATE_EPOCH` (a `--build-arg`, else the environment, as
+    /// BuildKit reads it), else the time of the target stage's base image
+    /// (0 for scratch). Files that build steps wrote and context files
+    /// newer than it get it; older ones keep theirs.
+    fn clamp(&self, target: &StageResult) -> Result<u32> {
+        let given = self
+            .opts
+            .build_args
+            .get("SOURCE_DATE_EPOCH")
+            .map(|v| ("--build-arg SOURCE_DATE_EPOCH", v.clone()))
+            .or_else(|| {
+                std::env::var("SOURCE_DATE_EPOCH")
+                    .ok()
+                    .filter(|v| !v.is_empty())
+                    .map(|v| ("SOURCE_DATE_EPOCH", v))
+            });
+        match given {
+            None => Ok(target.time),
+            Some((what, v)) => v.trim().parse::<u32>().map_err(|_| {
+                BuildError::bad(
+                    format!("{what}={v}"),
+                    "not a time",
+                    "give seconds since 1970 (e.g. $(git log -1 --format=%ct))",
+                )
+            }),
+        }
+    }
+
     pub(super) fn export(&mut self, target: &StageResult) -> Result<(Digest, bool)> {
         self.check_interrupted()?;
         let meta = target.meta.clone();
-        let key = chain_key(&target.state.key, &format!("IMAGE\n{}", hash_json(&meta)));
+        let clamp = self.clamp(target)?;
+        let key = chain_key(
+            &target.state.key,
+            &format!("IMAGE\n{}\nclamp {clamp}", hash_json(&meta)),
+        );
         let reuse = if self.opts.no_cache {
             Reuse::Refresh
         } else {
@@ -25,8 +59,7 @@ impl Builder<'_> {
         self.store.make_once(&format!("build:{key}"), reuse, || {
             let started = Instant::now();
             self.progress.note("exporting the image");
-            let clamp = sifbox_image::squash::PackOptions::from_env().clamp_mtime;
-            let d = steps::export(&self.layers, &target.state, &meta, clamp)?;
+            let d = steps::export(&self.layers, &target.state, &meta, Some(clamp))?;
             self.progress.done(false, started.elapsed());
             Ok(d)
         })

@@ -82,6 +82,10 @@ pub type ImageResolver<'a> = dyn Fn(&str) -> Result<Digest> + 'a;
 struct StageResult {
     state: FsState,
     meta: ImageMeta,
+    /// The time of the stage's base image (its squashfs time; 0 for
+    /// scratch): without SOURCE_DATE_EPOCH, the clamp for the times of
+    /// what the stage's steps wrote (see [`Builder::clamp`]).
+    time: u32,
 }
 
 struct Builder<'a> {
@@ -282,6 +286,7 @@ impl Builder<'_> {
         // from it keeps them.
         let rootfs = import::build_rootfs(self.store, &digest)?;
         let meta = import::image_meta(self.store, &digest)?;
+        let time = import::image_time(self.store, &digest)?;
         let r = StageResult {
             state: FsState {
                 base: rootfs,
@@ -289,6 +294,7 @@ impl Builder<'_> {
                 key: chain_key("image", digest.as_str()),
             },
             meta,
+            time,
         };
         self.images.insert(reference.to_string(), r.clone());
         Ok(r)
@@ -313,6 +319,7 @@ impl Builder<'_> {
                     key: chain_key("scratch", ""),
                 },
                 meta: ImageMeta::default(),
+                time: 0,
             },
             Base::Stage(i) => results.get(i).cloned().ok_or_else(|| {
                 BuildError::bad(

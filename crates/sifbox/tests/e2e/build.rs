@@ -660,6 +660,92 @@ fn single_id_mapping_fakes_chown_and_setuid() {
     assert_eq!(env.sh(&d, "cat /done"), "ok\n");
 }
 
+/// The same context on the same base, built into two empty stores (at
+/// different times, the context's files touched in between) gives the same
+/// image, byte for byte: files the steps wrote get the base's time, and
+/// SOURCE_DATE_EPOCH (environment or build arg) sets the clamp instead.
+#[test]
+fn builds_are_reproducible() {
+    let a = Env::new();
+    let b = Env::new();
+    let df =
+        "FROM busybox AS builder\nRUN mkdir /out && echo built > /out/a && date > /out/when.txt\n\
+COPY f.txt /out/\nFROM busybox\nCOPY --from=builder /out/a /out/f.txt /opt/out/\n\
+RUN echo x > /x && mkdir -p /var/d && touch /var/d/y\nLABEL a=b\n";
+    a.file("f.txt", "context\n");
+    let first = a.build_ok(df, &[]);
+    std::thread::sleep(Duration::from_millis(1100));
+    b.file("f.txt", "context\n");
+    let second = b.build_ok(df, &[]);
+    assert_eq!(first, second, "the same context gave two images");
+    // The tree sandboxes run shows the times the SIF has: the base's.
+    let times = a.sh(
+        &first,
+        "stat -c %Y /x /opt/out/a /var/d/y /bin/busybox | sort -u",
+    );
+    assert_eq!(times.lines().count(), 1, "{times}");
+    // Rebuilt without the cache, in the same store: the same image.
+    let again = a.build_ok(df, &["--no-cache"]);
+    assert_eq!(again, first);
+    // SOURCE_DATE_EPOCH, as a build arg or from the environment.
+    let epoch = "1700000000";
+    let by_arg = a.build_ok(df, &["--build-arg", &format!("SOURCE_DATE_EPOCH={epoch}")]);
+    assert_ne!(by_arg, first);
+    assert_eq!(a.sh(&by_arg, "stat -c %Y /x"), format!("{epoch}\n"));
+    let ctx = b.ctx.path().display().to_string();
+    let by_env = b
+        .store
+        .cmd(["build", "-q", &ctx])
+        .env("SOURCE_DATE_EPOCH", epoch)
+        .timeout(BUILD_TIMEOUT)
+        .output();
+    by_env.success();
+    assert_eq!(digest_of(&by_env), by_arg);
+    input_error(&a.build(&["--build-arg", "SOURCE_DATE_EPOCH=yesterday"]))
+        .stderr_has("SOURCE_DATE_EPOCH=yesterday: not a time");
+}
+
+/// The example tasks whose steps write no dates into files, each built
+/// twice into two stores: the same images.
+#[test]
+fn example_task_images_are_reproducible() {
+    let tar = debian_tar();
+    let tasks = match std::env::var_os("SIFBOX_TEST_TASKS").filter(|v| !v.is_empty()) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks"),
+    };
+    let stores = [Store::new("sifbox-repro-a."), Store::new("sifbox-repro-b.")];
+    for s in &stores {
+        s.import(&tar, "debian:bookworm")
+            .timeout(BUILD_TIMEOUT)
+            .output()
+            .success();
+    }
+    // compile-c runs apt-get, whose logs and caches carry dates.
+    let names = [
+        "background-service",
+        "edit-files",
+        "failing-solution",
+        "no-network",
+        "verifier-timeout",
+    ];
+    for name in names {
+        let ctx = tasks.join(name).join("environment");
+        let digests: Vec<String> = stores
+            .iter()
+            .map(|s| {
+                let out = s
+                    .cmd(["build", "-q", &ctx.display().to_string()])
+                    .timeout(BUILD_TIMEOUT)
+                    .output();
+                out.success();
+                digest_of(&out)
+            })
+            .collect();
+        assert_eq!(digests[0], digests[1], "{name}");
+    }
+}
+
 #[test]
 fn apt_get_install_in_debian_bookworm() {
     let tar = debian_tar();
