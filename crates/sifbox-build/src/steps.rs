@@ -176,8 +176,8 @@ pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
     }
     let mut stack = vec![top];
     while let Some(dir) = stack.pop() {
-        let mut entries = rustix::fs::Dir::read_from(&dir)?;
-        while let Some(entry) = entries.next() {
+        let entries = rustix::fs::Dir::read_from(&dir)?;
+        for entry in entries {
             let entry = entry?;
             let name = entry.file_name();
             if name == c"." || name == c".." {
