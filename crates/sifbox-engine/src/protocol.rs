@@ -56,7 +56,8 @@ pub enum Request {
     },
     /// Write a tar stream of the whole root file system as the sandbox sees
     /// it (owners as seen inside; other mounts left out, their mount points
-    /// kept as empty directories) to the fd that comes with the frame.
+    /// kept as empty directories; a file's further names as hard links) to
+    /// the fd that comes with the frame.
     Snapshot,
     /// Remove the tree at `path` (a directory bound in from the host whose
     /// files belong to ids of the sandbox's mapping, which the caller

@@ -650,12 +650,18 @@ fn times(mtime: u64) -> Timestamps {
 /// Writes a tar stream of `/` as this process sees it: owners numeric,
 /// symlinks as links, the contents of every other mount left out (a mount
 /// point that is a directory stays as an empty one; one that is a file is
-/// left out), sockets skipped.
+/// left out), sockets skipped. A regular file with several names in the
+/// stream (a hard link a build step made) is written once, under the first
+/// name the walk meets, and its other names are hard-link entries to that
+/// one, so the image keeps one inode with all its names.
 pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
     let mounts = mount_points()?;
     let mut b = tar::Builder::new(out);
     b.follow_symlinks(false);
     b.mode(tar::HeaderMode::Complete);
+    // (device, inode) of each regular file with more than one link: the
+    // name it was archived under.
+    let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
     let mut stack = vec![PathBuf::from("/")];
     while let Some(dir) = stack.pop() {
         let mut names: Vec<_> = std::fs::read_dir(&dir)?
@@ -671,6 +677,18 @@ pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
                 continue;
             }
             let name = path.strip_prefix("/").unwrap_or(&path);
+            if ft.is_file() && meta.nlink() > 1 {
+                let id = (meta.dev(), meta.ino());
+                if let Some(first) = linked.get(&id) {
+                    let mut h = tar::Header::new_gnu();
+                    h.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+                    h.set_entry_type(tar::EntryType::Link);
+                    h.set_size(0);
+                    b.append_link(&mut h, name, first)?;
+                    continue;
+                }
+                linked.insert(id, name.to_path_buf());
+            }
             b.append_path_with_name(&path, name)?;
             if ft.is_dir() && !mounted {
                 stack.push(path);

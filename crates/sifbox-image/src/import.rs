@@ -29,6 +29,13 @@ pub enum ImportError {
         source_path: PathBuf,
         message: String,
     },
+    /// A SIF whose own bytes are wrong (a block that does not decompress,
+    /// a table that does not fit, a file cut short): refused at import.
+    #[error("{}: the SIF itself is damaged: {message}", source_path.display())]
+    Damaged {
+        source_path: PathBuf,
+        message: String,
+    },
 }
 
 impl ImportError {
@@ -38,6 +45,9 @@ impl ImportError {
             ImportError::Store(e) => e.fix(),
             ImportError::Source { .. } => Some(
                 "check the file: a .sif, a rootfs directory or tarball, an OCI layout or archive, or a docker archive".into(),
+            ),
+            ImportError::Damaged { .. } => Some(
+                "nothing was stored; get the file again (download or copy it anew, or build it again) and import that copy".into(),
             ),
         }
     }
@@ -126,10 +136,12 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
         let work = store.work_dir("import")?;
         Ok::<_, ImportError>(match kind {
             SourceKind::Sif => {
-                // Checked first, then kept byte for byte: its digest is its own.
-                Sif::open(&canon).map_err(|e| src_err(source, e))?;
+                // Kept byte for byte (its digest is its own), and checked
+                // through, the copy rather than the source, which could
+                // change in between, before the store shows it.
                 let copy = work.path().join("image.sif");
                 std::fs::copy(&canon, &copy).map_err(|e| src_err(source, e))?;
+                verify_sif(&copy, source)?;
                 store.publish_sif(&copy)?
             }
             SourceKind::RootfsDir => {
@@ -160,6 +172,63 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
         name,
         cached,
     })
+}
+
+/// Checks the SIF at `path` through before it is stored (`source` names it
+/// in errors): its header and descriptors, sifbox's metadata object when it
+/// has one, and its root file system, a squashfs partition read through
+/// (see [`squash::verify_at`]). A damaged file is
+/// [`ImportError::Damaged`]; one that is sound but that sifbox cannot run
+/// (another file system, xz compression) is [`ImportError::Source`].
+pub fn verify_sif(path: &Path, source: &Path) -> Result<()> {
+    let damaged = |e: &dyn std::fmt::Display| ImportError::Damaged {
+        source_path: source.to_path_buf(),
+        message: e.to_string(),
+    };
+    let sif = Sif::open(path).map_err(|e| match e {
+        sif::SifError::Io { .. } | sif::SifError::BadVersion { .. } => src_err(source, e),
+        other => damaged(&other),
+    })?;
+    if let Some(d) = sif
+        .descriptors()
+        .iter()
+        .find(|d| d.data_type == DataType::GenericJson && d.name == meta::SIF_OBJECT_NAME)
+    {
+        let bytes = sif.read_object(d.id, 1 << 20).map_err(|e| damaged(&e))?;
+        serde_json::from_slice::<ImageMeta>(&bytes).map_err(|e| {
+            damaged(&format!(
+                "its metadata object {}: {e}",
+                meta::SIF_OBJECT_NAME
+            ))
+        })?;
+    }
+    let part = sif.primary_partition().ok_or_else(|| {
+        src_err(
+            source,
+            "the SIF has no primary system partition (no root file system to run)",
+        )
+    })?;
+    if part.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
+        return Err(src_err(
+            source,
+            "its root file system is not squashfs, the only kind sifbox runs",
+        ));
+    }
+    let started = std::time::Instant::now();
+    let stats = squash::verify_at(sif.file(), part.offset, part.size, 0).map_err(|e| match e {
+        squash::SquashError::Io { .. } | squash::SquashError::Unsupported { .. } => {
+            src_err(source, e)
+        }
+        other => damaged(&format!("its root file system: {other}")),
+    })?;
+    tracing::debug!(
+        "{}: squashfs checked ({} inodes, {} bytes of data) in {:?}",
+        source.display(),
+        stats.inodes,
+        stats.bytes,
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// How [`import_layers`] checks and packs.

@@ -1,5 +1,5 @@
 //! Squashfs (version 4.0, gzip) images: [`pack`] a directory tree into one,
-//! [`unpack`] one into a directory.
+//! [`unpack`] one into a directory, [`verify_at`] one without unpacking it.
 //!
 //! The format is implemented here rather than through a squashfs crate so
 //! that sifbox controls what matters to it: hard links stay links, output
@@ -22,6 +22,7 @@ mod codec;
 mod format;
 mod pack;
 mod unpack;
+mod verify;
 
 use std::fs::File;
 use std::io;
@@ -198,6 +199,20 @@ pub struct UnpackStats {
     pub bytes: u64,
 }
 
+/// What [`verify_at`] checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyStats {
+    /// Inodes reached from the root (the root included; hard links once).
+    pub inodes: u64,
+    pub files: u64,
+    /// Directories below the root.
+    pub dirs: u64,
+    /// Extra names of an inode already reached.
+    pub hard_links: u64,
+    /// Bytes of regular file data decompressed and checked.
+    pub bytes: u64,
+}
+
 /// Packs the tree under `dir` into a new squashfs image at `out`
 /// (gzip, 128 KiB blocks, no extended attributes). Symlinks are recorded,
 /// never followed. The same tree and options give the same bytes.
@@ -234,4 +249,26 @@ pub fn unpack_at(
     opts: &UnpackOptions,
 ) -> Result<UnpackStats, SquashError> {
     unpack::unpack(file, offset, len, dest, opts)
+}
+
+/// Checks the squashfs image stored at `offset..offset+len` of `file`
+/// through without writing anything: every table, directory and inode it
+/// reaches, and every data block and fragment decompressed to the size its
+/// inode says, with the rules of [`unpack`]. An image that passes unpacks
+/// (but for what the destination refuses: a full disk, devices). `threads`:
+/// 0 for one per CPU.
+///
+/// # Errors
+///
+/// [`SquashError::Corrupt`], [`SquashError::NotSquashfs`] or
+/// [`SquashError::UnsafeEntry`] for a damaged or crafted image,
+/// [`SquashError::Unsupported`] for one sifbox does not read,
+/// [`SquashError::Io`] when `file` cannot be read.
+pub fn verify_at(
+    file: &File,
+    offset: u64,
+    len: u64,
+    threads: usize,
+) -> Result<VerifyStats, SquashError> {
+    verify::verify(file, offset, len, threads)
 }

@@ -272,3 +272,51 @@ fn kernel_mounts_the_sif_partition() {
     assert_same(&snapshot(&tree), &snapshot(&mnt), true);
     drop(mounted);
 }
+
+#[test]
+fn hard_links_pack_as_one_inode_that_unsquashfs_and_unpack_keep() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let tree = tmp.path().join("tree");
+    fs::create_dir_all(tree.join("d")).expect("mkdir");
+    fs::write(tree.join("h1"), b"x\n").expect("write");
+    fs::hard_link(tree.join("h1"), tree.join("h2")).expect("link");
+    fs::hard_link(tree.join("h1"), tree.join("d/h3")).expect("link");
+    let sqfs = tmp.path().join("links.sqfs");
+    squash::pack(&tree, &sqfs, &PackOptions::default()).expect("pack");
+    // One inode, three directory entries naming it.
+    let f = File::open(&sqfs).expect("open");
+    let len = f.metadata().expect("stat").len();
+    let stats = squash::verify_at(&f, 0, len, 1).expect("verify");
+    assert_eq!((stats.inodes, stats.files, stats.hard_links), (3, 1, 2));
+    let one_inode = |root: &Path| {
+        let names = ["h1", "h2", "d/h3"].map(|n| fs::metadata(root.join(n)).expect("stat"));
+        assert!(
+            names
+                .iter()
+                .all(|m| m.ino() == names[0].ino() && m.nlink() == 3),
+            "{}: {:?}",
+            root.display(),
+            names
+                .iter()
+                .map(|m| (m.ino(), m.nlink()))
+                .collect::<Vec<_>>()
+        );
+    };
+    let out = tmp.path().join("out");
+    squash::unpack(&sqfs, &out, &unpack_opts()).expect("unpack");
+    one_inode(&out);
+    if !have("unsquashfs") {
+        return;
+    }
+    let list = run(Command::new("unsquashfs").arg("-lls").arg(&sqfs));
+    for name in ["squashfs-root/h1", "squashfs-root/h2", "squashfs-root/d/h3"] {
+        assert!(list.lines().any(|l| l.ends_with(name)), "{name}: {list}");
+    }
+    let theirs = tmp.path().join("theirs");
+    run(Command::new("unsquashfs")
+        .args(["-no-progress", "-d"])
+        .arg(&theirs)
+        .arg(&sqfs));
+    one_inode(&theirs);
+}

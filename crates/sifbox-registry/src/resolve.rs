@@ -151,6 +151,7 @@ impl ResolveError {
             ResolveErrorKind::Store(_) => {
                 "check the image store (SIFBOX_CACHE) and its disk; `sifbox gc` removes what is broken".into()
             }
+            ResolveErrorKind::Import(e @ ImportError::Damaged { .. }) => e.fix().unwrap_or_default(),
             ResolveErrorKind::Import(_) => {
                 "check the file: a .sif, a rootfs tarball, an OCI layout or archive, or a docker archive; an image of the store that fails here is re-imported after `sifbox image rm`".into()
             }

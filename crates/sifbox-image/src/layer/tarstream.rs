@@ -3,6 +3,13 @@
 //! Understands ustar, GNU (`L`/`K` long names, base-256 numbers) and PAX
 //! (`x` local records; `g` global records are read and ignored). Rejects
 //! sparse files, multi-volume members and unknown entry types.
+//!
+//! Where a stream may end, Go's `archive/tar` (so containerd's and Docker's
+//! reading of layers) is the rule: at an entry-header boundary, with or
+//! without the two zero blocks of the end-of-archive marker; or inside the
+//! padding that rounds the last entry's body up to 512 bytes (umoci 0.4.7
+//! writes layers that stop right after the last body). A body shorter than
+//! its header's size, or a header cut short, is still an error.
 
 use std::io::{self, Read};
 
@@ -175,12 +182,43 @@ impl<R: Read> TarReader<R> {
         Ok(data)
     }
 
-    /// Skips what is left of the current entry's body.
+    /// Skips what is left of the current entry's body, then its padding.
+    /// The stream may end inside the padding (not inside the body): that is
+    /// the end of the archive, as Go's reader takes it.
     pub fn finish_entry(&mut self) -> Result<()> {
-        let n = self.remaining.saturating_add(self.padding);
+        let (body, padding) = (self.remaining, self.padding);
         self.remaining = 0;
         self.padding = 0;
-        self.skip(n)
+        let start = self.pos;
+        self.skip(body).map_err(|e| match e {
+            Error::Malformed { .. } => malformed(
+                start,
+                format!(
+                    "truncated entry body: the stream ends {} bytes short of the size its \
+                     header gives",
+                    body - (self.pos - start)
+                ),
+            ),
+            other => other,
+        })?;
+        if self.skip_padding(padding)? {
+            self.done = true;
+        }
+        Ok(())
+    }
+
+    /// Skips up to `n` bytes of padding; `true` when the stream ended first.
+    fn skip_padding(&mut self, mut n: u64) -> Result<bool> {
+        let mut buf = [0u8; BLOCK];
+        while n > 0 {
+            let want = usize::try_from(n.min(BLOCK as u64)).unwrap_or(BLOCK);
+            let got = self.read_raw(&mut buf[..want])?;
+            if got == 0 {
+                return Ok(true);
+            }
+            n -= got as u64;
+        }
+        Ok(false)
     }
 
     /// The next member, or `None` at the end of the archive.
@@ -189,6 +227,10 @@ impl<R: Read> TarReader<R> {
             return Ok(None);
         }
         self.finish_entry()?;
+        if self.done {
+            // The stream ended in the last entry's padding.
+            return Ok(None);
+        }
         let first = self.pos;
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
@@ -651,6 +693,52 @@ mod tests {
         assert!(matches!(t.next_entry(), Err(Error::Malformed { .. })));
         let mut t = TarReader::new(&[0u8; 1024][..]);
         assert!(t.next_entry().expect("end marker").is_none());
+    }
+
+    /// One file of `n` bytes, as the tar crate writes it (padded, two end
+    /// blocks).
+    fn one_file(n: usize) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_ustar();
+        h.set_size(n as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "f", &vec![b'x'; n][..])
+            .expect("append");
+        b.into_inner().expect("finish")
+    }
+
+    #[test]
+    fn the_stream_may_end_in_the_padding_of_the_last_body() {
+        let tar = one_file(700);
+        for cut in [512 + 700, 512 + 701, 1535, 1536] {
+            let mut t = TarReader::new(&tar[..cut]);
+            let e = t.next_entry().expect("header").expect("an entry");
+            assert_eq!(e.size, 700);
+            let mut body = Vec::new();
+            t.read_to_end(&mut body).expect("body");
+            assert_eq!(body.len(), 700);
+            assert!(t.next_entry().expect("a clean end").is_none(), "{cut}");
+            assert!(t.next_entry().expect("still the end").is_none());
+        }
+        // Skipped rather than read: the same.
+        let mut t = TarReader::new(&tar[..512 + 700]);
+        t.next_entry().expect("header").expect("an entry");
+        assert!(t.next_entry().expect("a clean end").is_none());
+    }
+
+    #[test]
+    fn a_body_cut_short_is_an_error_read_or_skipped() {
+        let tar = one_file(700);
+        let mut t = TarReader::new(&tar[..512 + 699]);
+        t.next_entry().expect("header").expect("an entry");
+        let mut body = Vec::new();
+        let err = t.read_to_end(&mut body).expect_err("short body");
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+        let mut t = TarReader::new(&tar[..512 + 600]);
+        t.next_entry().expect("header").expect("an entry");
+        let err = t.next_entry().expect_err("short body");
+        assert!(err.to_string().contains("100 bytes short"), "{err}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ const MAX_SYMLINK: u32 = 4096;
 /// Decompressed metadata blocks kept in memory at once.
 const META_CACHE_BLOCKS: usize = 512;
 
-fn corrupt(what: impl Into<String>) -> SquashError {
+pub(super) fn corrupt(what: impl Into<String>) -> SquashError {
     SquashError::Corrupt { what: what.into() }
 }
 
@@ -40,7 +40,7 @@ fn corrupt(what: impl Into<String>) -> SquashError {
 pub(super) struct Image<'f> {
     file: &'f File,
     base: u64,
-    sb: SuperBlock,
+    pub(super) sb: SuperBlock,
     ids: Vec<u32>,
     frag_index: Vec<u64>,
 }
@@ -213,7 +213,7 @@ struct Block {
 }
 
 /// Decompressed metadata blocks, cached by position.
-struct Meta<'a, 'f> {
+pub(super) struct Meta<'a, 'f> {
     img: &'a Image<'f>,
     cache: HashMap<u64, Rc<Block>>,
     inflater: Inflater,
@@ -221,7 +221,7 @@ struct Meta<'a, 'f> {
 }
 
 impl<'a, 'f> Meta<'a, 'f> {
-    fn new(img: &'a Image<'f>) -> Self {
+    pub(super) fn new(img: &'a Image<'f>) -> Self {
         let inflater = Inflater::new(img.sb.compression)
             .unwrap_or(Inflater::Gzip(flate2::Decompress::new(true)));
         Self {
@@ -328,10 +328,10 @@ impl Cursor {
 }
 
 /// A directory entry as read: (name, inode reference, entry type).
-type RawEntry<'n> = (&'n [u8], u64, u16);
+pub(super) type RawEntry<'n> = (&'n [u8], u64, u16);
 
 /// The position in a directory listing (see [`Image::listing`]).
-struct Listing {
+pub(super) struct Listing {
     cursor: Cursor,
     /// Bytes of the listing not read yet.
     left: u64,
@@ -343,7 +343,10 @@ struct Listing {
 
 impl Listing {
     /// The next entry: (name, inode reference, entry type), or `None` at the end.
-    fn next(&mut self, meta: &mut Meta<'_, '_>) -> Result<Option<RawEntry<'_>>, SquashError> {
+    pub(super) fn next(
+        &mut self,
+        meta: &mut Meta<'_, '_>,
+    ) -> Result<Option<RawEntry<'_>>, SquashError> {
         let c = &mut self.cursor;
         if self.in_header == 0 {
             if self.left == 0 {
@@ -384,9 +387,9 @@ impl Listing {
 }
 
 #[derive(Debug, Clone)]
-struct FileInfo {
+pub(super) struct FileInfo {
     start: u64,
-    size: u64,
+    pub(super) size: u64,
     /// Block size words (size | uncompressed bit; 0 is a hole).
     blocks: Vec<u32>,
     /// (fragment block start, its size word, offset of the tail in it).
@@ -394,7 +397,7 @@ struct FileInfo {
 }
 
 #[derive(Debug)]
-enum InodeKind {
+pub(super) enum InodeKind {
     Dir { block: u32, offset: u16, size: u32 },
     File(FileInfo),
     Symlink(Vec<u8>),
@@ -404,9 +407,9 @@ enum InodeKind {
 }
 
 #[derive(Debug)]
-struct InodeInfo {
-    kind: InodeKind,
-    basic_type: u16,
+pub(super) struct InodeInfo {
+    pub(super) kind: InodeKind,
+    pub(super) basic_type: u16,
     mode: u16,
     uid: u32,
     gid: u32,
@@ -443,7 +446,7 @@ impl Image<'_> {
     }
 
     /// Reads the inode at reference `r` ((block << 16) | offset).
-    fn inode(&self, meta: &mut Meta<'_, '_>, r: u64) -> Result<InodeInfo, SquashError> {
+    pub(super) fn inode(&self, meta: &mut Meta<'_, '_>, r: u64) -> Result<InodeInfo, SquashError> {
         let block = self
             .sb
             .inode_table
@@ -577,7 +580,12 @@ impl Image<'_> {
 
     /// A reader of the entries of a directory, one at a time (memory does
     /// not grow with the size a listing claims).
-    fn listing(&self, block: u32, offset: u16, size: u32) -> Result<Listing, SquashError> {
+    pub(super) fn listing(
+        &self,
+        block: u32,
+        offset: u16,
+        size: u32,
+    ) -> Result<Listing, SquashError> {
         if size < 3 {
             return Err(corrupt(format!("directory size {size}")));
         }
@@ -625,7 +633,7 @@ impl Image<'_> {
 }
 
 /// Rejects names that are not a single, plain path component.
-fn check_name<'n>(dir: &Path, name: &'n [u8]) -> Result<&'n OsStr, SquashError> {
+pub(super) fn check_name<'n>(dir: &Path, name: &'n [u8]) -> Result<&'n OsStr, SquashError> {
     let why = if name.is_empty() {
         Some("empty name")
     } else if name == b"." || name == b".." {
@@ -1047,8 +1055,9 @@ impl Walk<'_, '_> {
     }
 }
 
-/// Per-thread state for writing files: buffers and the last fragment block.
-struct FileWriter<'a, 'f> {
+/// Per-thread state for reading files' data: buffers and the last fragment
+/// block. `unpack` writes what it reads; `super::verify` only checks it.
+pub(super) struct FileWriter<'a, 'f> {
     img: &'a Image<'f>,
     inflater: Inflater,
     raw: Vec<u8>,
@@ -1057,7 +1066,7 @@ struct FileWriter<'a, 'f> {
 }
 
 impl<'a, 'f> FileWriter<'a, 'f> {
-    fn new(img: &'a Image<'f>) -> Self {
+    pub(super) fn new(img: &'a Image<'f>) -> Self {
         let inflater = Inflater::new(img.sb.compression)
             .unwrap_or(Inflater::Gzip(flate2::Decompress::new(true)));
         Self {
@@ -1124,6 +1133,26 @@ impl<'a, 'f> FileWriter<'a, 'f> {
             .map_err(io_at("create", &full))?
             .into_std();
         let info = &job.info;
+        let written = self.read_file(info, &full, |piece, at| {
+            file.write_all_at(piece, at).map_err(io_at("write", &full))
+        })?;
+        if written != info.size {
+            file.set_len(info.size).map_err(io_at("extend", &full))?;
+        }
+        apply_fd(&file, &job.attrs, opts, &full)
+    }
+
+    /// Decompresses every stored block of the file `info` (`what` names it
+    /// in errors) and its tail in a fragment, checking each against the
+    /// sizes the inode gives, and hands each piece to `put` with its offset
+    /// in the file. Holes are not handed out. Returns where the last piece
+    /// ended.
+    pub(super) fn read_file(
+        &mut self,
+        info: &FileInfo,
+        what: &Path,
+        mut put: impl FnMut(&[u8], u64) -> Result<(), SquashError>,
+    ) -> Result<u64, SquashError> {
         let bs = u64::from(self.img.sb.block_size);
         let mut pos = info.start;
         let mut written = 0u64;
@@ -1134,9 +1163,8 @@ impl<'a, 'f> FileWriter<'a, 'f> {
             if size == 0 {
                 continue; // a hole
             }
-            self.load(pos, word, expect, true, &full)?;
-            file.write_all_at(&self.out, at)
-                .map_err(io_at("write", &full))?;
+            self.load(pos, word, expect, true, what)?;
+            put(&self.out, at)?;
             pos = pos
                 .checked_add(size)
                 .ok_or_else(|| corrupt("block positions overflow"))?;
@@ -1147,7 +1175,7 @@ impl<'a, 'f> FileWriter<'a, 'f> {
             let tail = usize::try_from(info.size.saturating_sub(tail_at)).unwrap_or(0);
             if self.fragment.as_ref().is_none_or(|(at, _)| *at != fstart) {
                 let block = usize::try_from(bs).unwrap_or(0);
-                self.load(fstart, fword, block, false, &full)?;
+                self.load(fstart, fword, block, false, what)?;
                 self.fragment = Some((fstart, std::mem::take(&mut self.out)));
             }
             let data = self
@@ -1159,14 +1187,10 @@ impl<'a, 'f> FileWriter<'a, 'f> {
             let piece = from
                 .checked_add(tail)
                 .and_then(|end| data.get(from..end))
-                .ok_or_else(|| corrupt(format!("{}: tail outside its fragment", full.display())))?;
-            file.write_all_at(piece, tail_at)
-                .map_err(io_at("write", &full))?;
+                .ok_or_else(|| corrupt(format!("{}: tail outside its fragment", what.display())))?;
+            put(piece, tail_at)?;
             written = info.size;
         }
-        if written != info.size {
-            file.set_len(info.size).map_err(io_at("extend", &full))?;
-        }
-        apply_fd(&file, &job.attrs, opts, &full)
+        Ok(written)
     }
 }

@@ -500,6 +500,58 @@ fn cache_hits_edits_and_no_cache() {
     assert_eq!(digest_of(env.build(&[]).success()), d);
 }
 
+/// `stat -c '%i %h'` of each of `names` in `image`: (inode, link count).
+fn inodes(env: &Env, image: &str, names: &[&str]) -> Vec<(String, String)> {
+    let mut args = vec!["run", image, "stat", "-c", "%i %h"];
+    args.extend_from_slice(names);
+    let out = env.sifbox(&args);
+    out.success();
+    out.stdout
+        .lines()
+        .map(|l| {
+            let (i, h) = l.split_once(' ').expect("inode and link count");
+            (i.to_string(), h.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn hard_links_made_by_a_run_step_stay_one_inode() {
+    let env = Env::new();
+    // Two names in one step, a third in another directory of the same
+    // step; a later step that leaves them alone.
+    let digest = env.build_ok(
+        "FROM busybox\nRUN echo x > /h1 && ln /h1 /h2 && mkdir /d && ln /h1 /d/h3\nRUN echo later > /later\n",
+        &[],
+    );
+    let got = inodes(&env, &digest, &["/h1", "/h2", "/d/h3"]);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(
+        got.iter().all(|(i, h)| *i == got[0].0 && h == "3"),
+        "one inode with three names: {got:?}"
+    );
+    assert_eq!(env.sh(&digest, "cat /h2 /d/h3"), "x\nx\n");
+    // The SIF holds the link too: exported, imported into another store
+    // (unpacked from the squashfs there), it is still one inode.
+    let scratch = tempdir("sifbox-build-sif.");
+    let sif = scratch.path().join("hard-links.sif");
+    env.sifbox(&["image", "export", &digest, sif.to_str().unwrap_or_default()])
+        .success();
+    let other = Store::new("sifbox-build-cache.");
+    let imported = other.import(&sif, "links").output();
+    imported.success();
+    let out = other
+        .cmd(["run", "links", "stat", "-c", "%i %h", "/h1", "/h2", "/d/h3"])
+        .output();
+    out.success();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", out.stdout);
+    assert!(
+        lines.iter().all(|l| *l == lines[0] && l.ends_with(" 3")),
+        "after export and import: {lines:?}"
+    );
+}
+
 #[test]
 fn concurrent_builds_run_each_step_once() {
     let env = Env::new();

@@ -409,6 +409,139 @@ fn bad_images_are_clear_errors() {
 }
 
 // ---------------------------------------------------------------------------
+// A damaged SIF is refused at import (issue 15)
+// ---------------------------------------------------------------------------
+
+/// Where the squashfs partition of a SIF starts (SIF data objects are
+/// 4 KiB aligned; squashfs starts with `hsqs`).
+fn squashfs_at(sif: &[u8]) -> usize {
+    (0..sif.len())
+        .step_by(4096)
+        .find(|at| sif[*at..].starts_with(b"hsqs"))
+        .expect("a squashfs partition in the SIF")
+}
+
+fn u64_at(b: &[u8], at: usize) -> usize {
+    let v = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    usize::try_from(v).expect("offset")
+}
+
+/// `sifbox image import FILE` of a damaged file: refused with the one
+/// message, 125, and the store shows and keeps nothing of it.
+#[track_caller]
+fn refused_as_damaged(env: &Env, file: &Path) {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let out = env
+        .store
+        .cmd([OsStr::new("image"), OsStr::new("import"), file.as_os_str()])
+        .output();
+    out.sifbox_error()
+        .stderr_has("the SIF itself is damaged")
+        .stderr_has("get the file again")
+        .stderr_has(&name);
+    assert_eq!(
+        out.stderr.lines().count(),
+        1,
+        "{name}: one line: {}",
+        out.stderr
+    );
+    let ls = env.sifbox(&["image", "ls", "--json"]);
+    ls.success();
+    assert_eq!(ls.json()["images"], serde_json::json!([]), "{name}");
+    for sub in ["images", "rootfs", "tmp", "refs"] {
+        assert!(
+            env.store.entries(sub).is_empty(),
+            "{name}: {sub}/ holds {:?}",
+            env.store.entries(sub)
+        );
+    }
+    // Running it is refused the same way, before anything starts.
+    let out = env
+        .store
+        .cmd([OsStr::new("run"), file.as_os_str(), OsStr::new("true")])
+        .output();
+    out.sifbox_error().stderr_has("the SIF itself is damaged");
+    assert!(env.store.entries("images").is_empty(), "{name}");
+}
+
+#[test]
+fn a_damaged_sif_is_refused_at_import_and_leaves_nothing() {
+    let env = Env::new();
+    // A good SIF, made by sifbox in another store.
+    let maker = Store::new("sifbox-e2e-cache.");
+    maker.import(rootfs(), "good").output().success();
+    let good = env.path("good.sif");
+    maker
+        .cmd(["image", "export", "good", good.to_str().unwrap_or_default()])
+        .output()
+        .success();
+    let bytes = std::fs::read(&good).expect("read");
+    let part = squashfs_at(&bytes);
+    let sb = &bytes[part..part + 96];
+
+    // A flipped byte inside a compressed data block: the first data block
+    // follows the superblock, a zlib stream.
+    let mut data = bytes.clone();
+    assert_eq!(data[part + 96], 0x78, "a zlib header after the superblock");
+    data[part + 96 + 100] ^= 0x40;
+    let flipped = env.path("flipped-data.sif");
+    std::fs::write(&flipped, &data).expect("write");
+    refused_as_damaged(&env, &flipped);
+
+    // A corrupted inode table: a byte of its first (compressed) block.
+    let mut inodes = bytes.clone();
+    let at = part + u64_at(sb, 64);
+    assert_eq!(inodes[at + 1] & 0x80, 0, "a compressed metadata block");
+    inodes[at + 2 + 16] ^= 0x21;
+    let bad_inodes = env.path("bad-inode-table.sif");
+    std::fs::write(&bad_inodes, &inodes).expect("write");
+    refused_as_damaged(&env, &bad_inodes);
+
+    // The file cut short.
+    let cut = env.path("truncated.sif");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).expect("write");
+    refused_as_damaged(&env, &cut);
+
+    // A squashfs cut short inside a SIF that is sound itself (as siftool
+    // wraps whatever it is given): bytes_used is past the partition.
+    require("siftool", "siftool");
+    let used = u64_at(sb, 40);
+    let sqfs = env.path("cut.sqfs");
+    std::fs::write(&sqfs, &bytes[part..part + used / 2]).expect("write");
+    let wrapped = env.path("cut-squashfs.sif");
+    run_tool(Command::new("siftool").arg("new").arg(&wrapped));
+    run_tool(
+        Command::new("siftool")
+            .args(["add", "--datatype", "4", "--parttype", "2", "--partfs", "1"])
+            .args(["--partarch", "2"])
+            .arg(&wrapped)
+            .arg(&sqfs),
+    );
+    refused_as_damaged(&env, &wrapped);
+
+    // The good one still imports and runs, and so does one made by
+    // mksquashfs and siftool.
+    let out = env.store.import(&good, "good").output();
+    out.success();
+    let out = env.sifbox(&["run", "good", "cat", "/etc/sifbox-test-rootfs"]);
+    out.success();
+    assert_eq!(out.stdout, "sifbox-test-rootfs v1\n");
+    let tree = env.path("tree");
+    copy_rootfs(&tree);
+    let foreign_dir = env.path("foreign");
+    std::fs::create_dir(&foreign_dir).expect("mkdir");
+    let foreign = harness::foreign_sif(&tree, &foreign_dir);
+    env.store.import(&foreign, "foreign").output().success();
+    let out = env.sifbox(&["run", "foreign", "cat", "/etc/sifbox-test-rootfs"]);
+    out.success();
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Who can reach the store and --overlay dirs (issue 12, item 5)
 // ---------------------------------------------------------------------------
 

@@ -410,6 +410,22 @@ impl Layout {
         );
     }
 
+    /// Adds `tar` (uncompressed) as a layer, byte for byte.
+    fn add_raw_tar(&mut self, tag: &str, tar: &[u8]) {
+        self.layers += 1;
+        let file = self
+            .scratch
+            .path()
+            .join(format!("layer{}.tar", self.layers));
+        std::fs::write(&file, tar).expect("layer tar");
+        run_tool(
+            Command::new("umoci")
+                .args(["raw", "add-layer", "--image"])
+                .arg(self.image(tag))
+                .arg(&file),
+        );
+    }
+
     /// The test rootfs (busybox, the probe) as a layer.
     fn add_base(&mut self, tag: &str) {
         self.add_tar_of(tag, rootfs());
@@ -1015,6 +1031,117 @@ fn base64_encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// A ustar of `names` below `dir`, in that order (GNU tar, no recursion,
+/// owned by root), and where each entry ends: (end of its body, end of
+/// its padding).
+fn ustar(dir: &Path, names: &[&str]) -> (Vec<u8>, Vec<(usize, usize)>) {
+    let file = dir.with_extension("tar");
+    run_tool(
+        Command::new("tar")
+            .args(["--format=ustar", "--no-recursion", "--numeric-owner"])
+            .args(["--owner=0", "--group=0", "-C"])
+            .arg(dir)
+            .arg("-cf")
+            .arg(&file)
+            .args(names),
+    );
+    let tar = std::fs::read(&file).expect("the tar");
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while at + 512 <= tar.len() && tar[at..at + 512].iter().any(|b| *b != 0) {
+        let field = String::from_utf8_lossy(&tar[at + 124..at + 135]).into_owned();
+        let size = usize::from_str_radix(field.trim_matches(|c| c == '\0' || c == ' '), 8)
+            .expect("octal size");
+        let body = at + 512 + size;
+        let padded = body.div_ceil(512) * 512;
+        ends.push((body, padded));
+        at = padded;
+    }
+    assert_eq!(ends.len(), names.len(), "one header per name");
+    (tar, ends)
+}
+
+/// The uncompressed bytes of a gzip blob of the layout.
+fn gunzip(layout: &Layout, digest: &str) -> Vec<u8> {
+    let blob = layout
+        .path
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"));
+    let out = Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::fs::File::open(blob).expect("blob"))
+        .output()
+        .expect("gzip -dc");
+    assert!(out.status.success(), "gzip -dc {digest}");
+    out.stdout
+}
+
+#[test]
+fn layers_ending_right_after_an_entry_pull_and_run() {
+    // As Go's archive/tar reads them (containerd, Docker): one layer stops
+    // right after its last entry's body, without the padding to 512 bytes
+    // or the end-of-archive blocks (what umoci 0.4.7 writes for small
+    // trees); another stops at an entry boundary without the end blocks.
+    let reg = Registry::start();
+    let mut layout = Layout::new();
+    layout.new_image("t");
+    layout.add_base("t");
+    let stage = Tree::at(layout.scratch.path().join("stage-cut"));
+    stage.file("cut/big", [b'b'; 700]);
+    stage.file("cut/last", b"hello, umoci\n");
+    stage.file("edge/x", b"at a header boundary\n");
+    let (tar, ends) = ustar(stage.path(), &["cut", "cut/big", "cut/last"]);
+    let (body_end, padded) = ends[2];
+    assert!(body_end < padded, "the last body needs padding");
+    let no_padding = tar[..body_end].to_vec();
+    layout.add_raw_tar("t", &no_padding);
+    let (tar, ends) = ustar(stage.path(), &["edge", "edge/x"]);
+    let no_end_blocks = tar[..ends[1].1].to_vec();
+    layout.add_raw_tar("t", &no_end_blocks);
+    // umoci stored them as they are.
+    let digests = layout.layer_digests("t");
+    assert_eq!(gunzip(&layout, &digests[1]), no_padding);
+    assert_eq!(gunzip(&layout, &digests[2]), no_end_blocks);
+    layout.push("t", &reg, "test/cut:1", &[]);
+
+    let env = Env::new();
+    let digest = env.pull(&format!("{}/test/cut:1", reg.host()));
+    let out = env.sifbox(&[
+        "run",
+        &digest,
+        "sh",
+        "-c",
+        "cat /cut/last /edge/x; wc -c < /cut/big",
+    ]);
+    out.success();
+    assert_eq!(
+        out.stdout.split_whitespace().collect::<Vec<_>>().join(" "),
+        "hello, umoci at a header boundary 700"
+    );
+}
+
+/// A layer whose last body is really shorter than its header says is
+/// still refused, naming the layer and what is wrong; nothing is stored.
+#[test]
+fn a_layer_cut_inside_an_entry_body_is_refused() {
+    let reg = Registry::start();
+    let mut layout = Layout::new();
+    layout.new_image("t");
+    layout.add_base("t");
+    let stage = Tree::at(layout.scratch.path().join("stage-short"));
+    stage.file("short/big", [b'b'; 700]);
+    let (tar, ends) = ustar(stage.path(), &["short", "short/big"]);
+    layout.add_raw_tar("t", &tar[..ends[1].0 - 100]);
+    layout.push("t", &reg, "test/short:1", &[]);
+    let env = Env::new();
+    let out = env.sifbox(&["pull", &format!("{}/test/short:1", reg.host())]);
+    out.code_is(harness::SIFBOX_ERROR)
+        .stderr_has("layer 2 of 2")
+        .stderr_has("short/big");
+    assert!(env.store.entries("images").is_empty());
+    assert!(env.store.entries("refs").is_empty());
 }
 
 #[test]
