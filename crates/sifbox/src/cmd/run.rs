@@ -23,6 +23,16 @@ pub struct RunArgs {
     /// Give the command a pty (when sifbox's stdin is a terminal).
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
+    /// Keep stdin attached, as Docker's -i does: `run` always hands
+    /// sifbox's stdin to the command, so this is accepted for Docker's
+    /// spelling (`-i`, `-it`) and changes nothing.
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
+    /// Remove the sandbox when the command ends, as Docker's --rm does:
+    /// `run` always does, so this is accepted for Docker's spelling and
+    /// changes nothing.
+    #[arg(long = "rm")]
+    pub rm: bool,
     /// IMAGE (unless --rootfs is given), then the command and its arguments.
     #[arg(value_name = "[IMAGE] CMD", num_args = 0..)]
     pub args: Vec<String>,
