@@ -28,6 +28,7 @@ readonly PACKAGES=(
     docker-registry # a local OCI registry for the pull tests and benchmark
     apache2-utils  # htpasswd, for the registry behind basic auth
     e2fsprogs      # mkfs.ext4, for disk-backed writable layers (--disk, eval as root)
+    groff-base     # groff, to check that `sifbox man` renders
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

@@ -34,8 +34,13 @@ pub enum Request {
     /// exec started; other signals go to the command's process group.
     Signal { exec_id: String, signal: i32 },
     /// Write a tar stream of `path` (a file or a directory, symlinks kept as
-    /// links) to the fd that comes with the frame.
-    Download { path: String },
+    /// links) to the fd that comes with the frame. With `follow`, a symlink
+    /// at `path` itself is followed (`cp -L`); nothing below it is.
+    Download {
+        path: String,
+        #[serde(default)]
+        follow: bool,
+    },
     /// Read a tar stream from the fd that comes with the frame and unpack it
     /// at `dst` as `docker cp` does: into `dst` when it is a directory, else
     /// as `dst`. Entries are named `name/...`. `owner` (a user of the
@@ -54,6 +59,11 @@ pub enum Request {
         dst: String,
         owner: Option<(u32, u32)>,
     },
+    /// Read a tar stream of relative entry names from the fd that comes
+    /// with the frame (`sifbox cp - NAME:DIR`) and unpack it into `dst`, a
+    /// directory that must exist, confined to it. `owner` (a user of the
+    /// image) owns what is written; else root.
+    UploadTar { dst: String, owner: Option<String> },
     /// Write a tar stream of the whole root file system as the sandbox sees
     /// it (owners as seen inside; other mounts left out, their mount points
     /// kept as empty directories; a file's further names as hard links) to

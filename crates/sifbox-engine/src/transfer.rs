@@ -318,18 +318,179 @@ pub fn unpack_to_host(
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     let root = open_root(dst)?;
-    let relative = |raw: &Path| -> std::io::Result<PathBuf> {
-        let mut out = PathBuf::new();
-        for c in raw.components() {
-            match c {
-                Component::Normal(n) => out.push(n),
-                Component::CurDir => {}
-                _ => return Err(std::io::Error::other("refused: not a plain relative name")),
-            }
+    unpack_with(input, root, relative_name, owner, SetId::Keep)
+}
+
+/// Unpacks a tar stream of relative names (`sifbox cp - NAME:DIR`, as
+/// `docker cp -` takes it) into `dst`, which must be a directory that
+/// exists (the user's path, followed), confined to it as every unpacking
+/// is (see the module's note): a `..` or absolute name is refused, and no
+/// symlink, of the stream or already there, is followed. Setuid and setgid
+/// bits are kept, as uploads keep them; entries belong to `owner` when
+/// given, else to the caller (root inside a sandbox).
+pub fn extract_into(
+    input: impl Read,
+    dst: &Path,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let root = rustix::fs::openat(CWD, dst, flags, Mode::empty()).map_err(|e| match e {
+        Errno::NOENT => std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no such directory (a tar stream is unpacked into a directory that exists)",
+        ),
+        Errno::NOTDIR => std::io::Error::other(
+            "not a directory (a tar stream is unpacked into a directory that exists)",
+        ),
+        e => e.into(),
+    })?;
+    unpack_with(input, root, relative_name, owner, SetId::Keep)
+}
+
+/// An entry's name as a path below the destination: plain components only
+/// (`.` dropped); `..`, an absolute name or anything else is refused.
+fn relative_name(raw: &Path) -> std::io::Result<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in raw.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            _ => return Err(std::io::Error::other("refused: not a plain relative name")),
         }
-        Ok(out)
+    }
+    Ok(out)
+}
+
+/// Copies a tar stream that a sandbox wrote of a path called `name` (a
+/// download to stdout, `sifbox cp NAME:/path -`) to `out`, entry by entry,
+/// held to what unpacking it on the host allows ([`unpack_to_host`]), so
+/// that whoever extracts the copy (`tar -x`, as root perhaps) gets no more
+/// than a download would give: names are `name` or below it, plain
+/// components only (no `..`, no absolute name); no entry lies below a
+/// symlink or file that the stream sent, nor sends a path twice with
+/// different types; a hard link points only at a regular file sent earlier;
+/// fifos and devices are left out (a download leaves them out too); setuid
+/// and setgid bits are dropped unless `setid` keeps them. Owners stay the
+/// numeric ids seen inside the sandbox; modes, times, data and link targets
+/// are as they came. On an error, what was written stays (with no end
+/// marker, so `tar` reports the stream as cut short).
+pub fn retar(input: impl Read, name: &str, setid: SetId, out: impl Write) -> std::io::Result<()> {
+    let mut b = tar::Builder::new(out);
+    let mut sent: HashMap<PathBuf, Written> = HashMap::new();
+    let mut archive = tar::Archive::new(input);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let raw = entry.path()?.into_owned();
+        retar_entry(&mut b, &mut sent, name, setid, &raw, &mut entry).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("archive entry {}: {e}", raw.display()))
+        })?;
+    }
+    // As in unpacking: read the padding, so that the writer sees no closed
+    // pipe.
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink())?;
+    b.into_inner()?.flush()
+}
+
+/// One entry of [`retar`].
+fn retar_entry(
+    b: &mut tar::Builder<impl Write>,
+    sent: &mut HashMap<PathBuf, Written>,
+    name: &str,
+    setid: SetId,
+    raw: &Path,
+    entry: &mut tar::Entry<'_, impl Read>,
+) -> std::io::Result<()> {
+    let rel = entry_path(raw, name, name)?;
+    let header = entry.header();
+    let kind = header.entry_type();
+    let new = if kind.is_dir() {
+        Written::Dir
+    } else if kind.is_symlink() {
+        Written::Symlink
+    } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
+        Written::File { dev: 0, ino: 0 }
+    } else {
+        tracing::debug!("leaving out special file {}", raw.display());
+        return Ok(());
     };
-    unpack_with(input, root, relative, owner, SetId::Keep)
+    for above in rel.ancestors().skip(1) {
+        if let Some(w) = sent.get(above).filter(|w| !matches!(w, Written::Dir)) {
+            return Err(std::io::Error::other(format!(
+                "below {}, which this stream sent as {}: refused",
+                above.display(),
+                w.what()
+            )));
+        }
+    }
+    if let Some(old) = sent.get(&rel) {
+        if std::mem::discriminant(old) != std::mem::discriminant(&new) {
+            return Err(std::io::Error::other(format!(
+                "this stream sent {} there before and now sends {}: refused",
+                old.what(),
+                new.what()
+            )));
+        }
+    }
+    let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
+    if setid == SetId::Strip {
+        mode &= !0o6000;
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(mode);
+    h.set_mtime(header.mtime().unwrap_or(0));
+    h.set_uid(header.uid().unwrap_or(0));
+    h.set_gid(header.gid().unwrap_or(0));
+    h.set_size(0);
+    if kind.is_dir() {
+        h.set_entry_type(tar::EntryType::Directory);
+        b.append_data(&mut h, &rel, std::io::empty())?;
+    } else if kind.is_symlink() {
+        let target = entry.link_name()?.ok_or_else(|| {
+            std::io::Error::other(format!("symlink {} has no target", raw.display()))
+        })?;
+        h.set_entry_type(tar::EntryType::Symlink);
+        b.append_link(&mut h, &rel, target)?;
+    } else if kind.is_hard_link() {
+        let target = entry.link_name()?.ok_or_else(|| {
+            std::io::Error::other(format!("hard link {} has no target", raw.display()))
+        })?;
+        let trel = entry_path(&target, name, name).map_err(|e| {
+            let to = target.display();
+            std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
+        })?;
+        if !matches!(sent.get(&trel), Some(Written::File { .. })) {
+            return Err(std::io::Error::other(format!(
+                "a hard link to {}, which is not a regular file sent earlier in this stream: \
+                 refused",
+                target.display()
+            )));
+        }
+        h.set_entry_type(tar::EntryType::Link);
+        b.append_link(&mut h, &rel, &trel)?;
+    } else {
+        // Exactly the size in the header: a stream cut short is padded
+        // here and fails at its next header.
+        let size = entry.size();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(size);
+        let data = entry
+            .by_ref()
+            .take(size)
+            .chain(std::io::repeat(0))
+            .take(size);
+        b.append_data(&mut h, &rel, data)?;
+    }
+    sent.insert(rel, new);
+    Ok(())
+}
+
+/// [`write_tar`] of what `path` leads to when it is a symlink (`cp -L`),
+/// the entries still named `name` (the link's name); below it, nothing is
+/// followed. `path` is the user's own, resolved once; should its target
+/// change meanwhile, the walk sees what is there (a link stays a link).
+pub fn write_tar_following(path: &Path, name: &str, out: impl Write) -> std::io::Result<()> {
+    let target = std::fs::canonicalize(path)?;
+    write_tar(&target, name, out)
 }
 
 /// The destination directory (the user's path, followed).
@@ -1237,5 +1398,289 @@ mod tests {
         let flips = flips.load(Ordering::Relaxed);
         eprintln!("{archives} archives, {flips} flips; src/f a symlink {links}, a file {files}");
         assert!(links > 0 && files > 0, "the race never happened");
+    }
+
+    // -- retar: a sandbox's stream passed on to stdout (`cp NAME:/path -`). --
+
+    /// The names, types and modes of a tar stream's entries.
+    fn entries_of(data: &[u8]) -> Vec<(String, char, u32)> {
+        let mut ar = tar::Archive::new(data);
+        ar.entries()
+            .expect("entries")
+            .map(|e| {
+                let e = e.expect("entry");
+                let h = e.header();
+                let kind = match h.entry_type() {
+                    tar::EntryType::Directory => 'd',
+                    tar::EntryType::Symlink => 'l',
+                    tar::EntryType::Link => 'h',
+                    _ => 'f',
+                };
+                let name = e.path().expect("path").display().to_string();
+                (name, kind, h.mode().expect("mode") & 0o7777)
+            })
+            .collect()
+    }
+
+    fn retarred(data: &[u8], setid: SetId) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        retar(data, "x", setid, &mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn retar_passes_on_a_plain_tree_and_drops_setid_unless_kept() {
+        let data = stream(&[
+            E::Dir("x", 0o2755),
+            E::File("x/suid", 0o4755, b"#!/bin/sh\n"),
+            E::Dir("x/sub", 0o710),
+            E::File("x/sub/f", 0o604, b"data"),
+            E::Sym("x/l", Path::new("/etc/shadow")),
+            E::Hard("x/h", Path::new("x/sub/f")),
+        ]);
+        let plain = |m: u32| m & !0o6000;
+        let got = entries_of(&retarred(&data, SetId::Strip).expect("retar"));
+        assert_eq!(
+            got,
+            vec![
+                ("x".into(), 'd', plain(0o2755)),
+                ("x/suid".into(), 'f', plain(0o4755)),
+                ("x/sub".into(), 'd', 0o710),
+                ("x/sub/f".into(), 'f', 0o604),
+                ("x/l".into(), 'l', 0o777),
+                ("x/h".into(), 'h', 0o644),
+            ]
+        );
+        let kept = entries_of(&retarred(&data, SetId::Keep).expect("retar"));
+        assert_eq!(kept[0].2, 0o2755);
+        assert_eq!(kept[1].2, 0o4755);
+        // Data, link targets and times come through; it unpacks as sent.
+        let out = tempfile::tempdir().expect("tempdir");
+        let copy = retarred(&data, SetId::Keep).expect("retar");
+        unpack_to_host(&copy[..], out.path(), "x", SetId::Keep).expect("unpack");
+        let x = out.path().join("x");
+        assert_eq!(std::fs::read(x.join("sub/f")).expect("read"), b"data");
+        assert_eq!(std::fs::read(x.join("h")).expect("read"), b"data");
+        assert_eq!(
+            std::fs::read_link(x.join("l")).expect("readlink"),
+            Path::new("/etc/shadow")
+        );
+        let md = std::fs::metadata(x.join("suid")).expect("stat");
+        assert_eq!((md.mode() & 0o7777, md.mtime()), (0o4755, 1_600_000_000));
+    }
+
+    #[test]
+    fn retar_refuses_what_a_download_refuses() {
+        let cases: Vec<(&str, Vec<E<'_>>, &str)> = vec![
+            ("another top name", vec![E::File("y/f", 0o644, b"")], "y/f"),
+            (
+                "below a symlink it sent",
+                vec![
+                    E::Dir("x", 0o755),
+                    E::Sym("x/esc", Path::new("/")),
+                    E::File("x/esc/etc/passwd", 0o644, b"evil"),
+                ],
+                "x/esc/etc/passwd",
+            ),
+            (
+                "below a file it sent",
+                vec![E::File("x/f", 0o644, b""), E::File("x/f/g", 0o644, b"")],
+                "x/f/g",
+            ),
+            (
+                "a dir, then a symlink of its name",
+                vec![E::Dir("x/d", 0o755), E::Sym("x/d", Path::new("/etc"))],
+                "x/d",
+            ),
+            (
+                "a hard link out",
+                vec![E::Hard("x/h", Path::new("x/../../etc/passwd"))],
+                "x/h",
+            ),
+            (
+                "a hard link to a file not sent",
+                vec![E::Hard("x/h", Path::new("x/later"))],
+                "x/h",
+            ),
+            (
+                "a hard link to a symlink",
+                vec![
+                    E::Sym("x/s", Path::new("/etc/passwd")),
+                    E::Hard("x/h", Path::new("x/s")),
+                ],
+                "x/h",
+            ),
+        ];
+        for (what, entries, entry) in cases {
+            let r = retarred(&stream(&entries), SetId::Keep).map(drop);
+            assert!(r.is_err(), "{what}: passed on");
+            assert_refused(r, entry);
+        }
+        // Names the tar crate will not write: `..` and absolute ones.
+        for bad in ["x/../../etc/passwd", "/etc/passwd", "../x"] {
+            let mut raw = vec![0u8; 1024 + 512];
+            let mut h = tar::Header::new_old();
+            h.set_size(0);
+            h.set_mode(0o644);
+            h.as_old_mut().name[..bad.len()].copy_from_slice(bad.as_bytes());
+            h.set_cksum();
+            raw[..512].copy_from_slice(h.as_bytes());
+            assert_refused(retarred(&raw, SetId::Keep).map(drop), bad);
+        }
+    }
+
+    #[test]
+    fn retar_leaves_out_fifos_and_devices() {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, kind) in [
+            ("x", tar::EntryType::Directory),
+            ("x/null", tar::EntryType::Char),
+            ("x/disk", tar::EntryType::Block),
+            ("x/fifo", tar::EntryType::Fifo),
+        ] {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(0o666);
+            h.set_size(0);
+            b.append_data(&mut h, name, std::io::empty())
+                .expect("entry");
+        }
+        let data = b.into_inner().expect("tar");
+        let got = entries_of(&retarred(&data, SetId::Keep).expect("retar"));
+        assert_eq!(got, vec![("x".into(), 'd', 0o666)]);
+    }
+
+    #[test]
+    fn extract_into_needs_a_directory_and_stays_in_it() {
+        let s = Scene::new();
+        let data = stream(&[E::Dir("a", 0o750), E::File("a/f", 0o4755, b"kept")]);
+        extract_into(&data[..], &s.dest(), None).expect("extract");
+        let md = std::fs::metadata(s.dest().join("a/f")).expect("stat");
+        assert_eq!(md.mode() & 0o7777, 0o4755, "uploads keep setuid");
+        let missing = s.dest().join("missing");
+        let e = extract_into(&data[..], &missing, None).expect_err("no dir");
+        assert!(e.to_string().contains("no such directory"), "{e}");
+        assert!(!missing.exists());
+        let e = extract_into(&data[..], &s.dest().join("a/f"), None).expect_err("a file");
+        assert!(e.to_string().contains("not a directory"), "{e}");
+        let decoy_dir = s.decoy_dir();
+        for entries in [
+            vec![
+                E::Sym("esc", &decoy_dir),
+                E::File("esc/pwned", 0o644, b"evil"),
+            ],
+            vec![E::Hard("h", Path::new("../decoy/file"))],
+        ] {
+            assert!(extract_into(&stream(&entries)[..], &s.dest(), None).is_err());
+            s.assert_decoy_intact();
+        }
+    }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Names from a small alphabet, so that entries collide, nest
+        /// and climb: `x`, `x/a`, `x/a/..`, `x/b`, `y`, `/x`...
+        fn name() -> impl Strategy<Value = String> {
+            let part = prop_oneof![Just("a"), Just("b"), Just(".."), Just("."), Just("")];
+            (
+                prop_oneof![Just("x"), Just("y"), Just("/x"), Just("..")],
+                proptest::collection::vec(part, 0..4),
+            )
+                .prop_map(|(top, rest)| {
+                    let mut n = top.to_string();
+                    for p in rest {
+                        n.push('/');
+                        n.push_str(p);
+                    }
+                    n
+                })
+        }
+
+        /// One raw entry: (name, kind 0 file / 1 dir / 2 symlink / 3 hard
+        /// link, link target, mode).
+        fn entry() -> impl Strategy<Value = (String, u8, String, u32)> {
+            (
+                name(),
+                0u8..4,
+                prop_oneof![name(), Just("/".to_string()), Just("../decoy".to_string())],
+                0u32..0o10000,
+            )
+        }
+
+        /// A stream of `entries` with their names written raw (the tar
+        /// crate refuses to write `..`).
+        fn raw_stream(entries: &[(String, u8, String, u32)]) -> Vec<u8> {
+            let mut out = Vec::new();
+            for (name, kind, target, mode) in entries {
+                let mut h = tar::Header::new_old();
+                h.set_mode(*mode);
+                h.set_mtime(1_600_000_000);
+                let data: &[u8] = if *kind == 0 { b"data" } else { b"" };
+                h.set_size(data.len() as u64);
+                h.set_entry_type(match kind {
+                    0 => tar::EntryType::Regular,
+                    1 => tar::EntryType::Directory,
+                    2 => tar::EntryType::Symlink,
+                    _ => tar::EntryType::Link,
+                });
+                let n = name.as_bytes();
+                let t = target.as_bytes();
+                h.as_old_mut().name[..n.len().min(99)].copy_from_slice(&n[..n.len().min(99)]);
+                if *kind >= 2 {
+                    h.as_old_mut().linkname[..t.len().min(99)]
+                        .copy_from_slice(&t[..t.len().min(99)]);
+                }
+                h.set_cksum();
+                out.extend_from_slice(h.as_bytes());
+                out.extend_from_slice(data);
+                out.resize(out.len().div_ceil(512) * 512, 0);
+            }
+            out.resize(out.len() + 1024, 0);
+            out
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Whatever a sandbox sends, retar passes on only a stream that
+            /// a download unpacks, with nothing outside the destination
+            /// touched, no setuid bit, and no entry below a link.
+            #[test]
+            fn what_retar_passes_on_unpacks_inside(
+                entries in proptest::collection::vec(entry(), 0..8)
+            ) {
+                let data = raw_stream(&entries);
+                let mut out = Vec::new();
+                if retar(&data[..], "x", SetId::Strip, &mut out).is_ok() {
+                    let s = Scene::new();
+                    let mut names = Vec::new();
+                    for (name, _, mode) in entries_of(&out) {
+                        prop_assert!(mode & 0o6000 == 0, "{name}: setid bits");
+                        prop_assert!(
+                            name == "x" || name.starts_with("x/"),
+                            "{name}: not below x"
+                        );
+                        prop_assert!(
+                            !name.split('/').any(|c| c == ".."),
+                            "{name}: climbs"
+                        );
+                        names.push(name);
+                    }
+                    // A download of it may fail (a type clash with what
+                    // the destination has), but never reaches outside.
+                    let _ = unpack_to_host(&out[..], &s.dest(), "x", SetId::Strip);
+                    s.assert_decoy_intact();
+                }
+            }
+
+            /// Arbitrary bytes: an error or a stream, never a panic.
+            #[test]
+            fn retar_takes_any_bytes(data in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                let mut out = Vec::new();
+                let _ = retar(&data[..], "x", SetId::Strip, &mut out);
+            }
+        }
     }
 }

@@ -344,6 +344,12 @@ pub fn rfc3339(unix_ms: u64) -> String {
     )
 }
 
+/// UTC `YYYY-MM-DDTHH:MM:SSZ` (ISO 8601) for Unix seconds.
+pub fn rfc3339_secs(unix_secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = civil(unix_secs);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
 /// Now as [`rfc3339`].
 pub fn now_rfc3339() -> String {
     rfc3339(now_unix_ms())

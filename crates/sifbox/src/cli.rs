@@ -22,7 +22,8 @@ Exit status:
                     125 bad input, before anything ran; 130 interrupted
   doctor            1 an essential check failed (the report says which)
   every command     125 an error of sifbox itself (bad input, the host),
-                    with one line saying what, where and what to do; 0 done";
+                    with one line saying what, where and what to do, or a
+                    usage error (clap's message); 0 done";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,6 +73,10 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     /// Remove what dead sandboxes and interrupted imports left behind (after a crash or kill -9).
     Gc(cmd::gc::GcArgs),
+    /// Print a shell completion script: bash, zsh, fish, elvish or powershell.
+    Completions(cmd::reference::CompletionsArgs),
+    /// Print a man page (roff): sifbox(1), or a subcommand's (`sifbox man run`).
+    Man(cmd::reference::ManArgs),
 }
 
 /// `sifbox exec` alone, parsed exactly as the subcommand of [`Cli`].
@@ -114,6 +119,11 @@ struct RunCli {
 struct StartCli {
     #[command(flatten)]
     args: cmd::start::StartArgs,
+}
+
+/// The whole command tree, which completions and man pages are made from.
+pub(crate) fn full_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// Parses a command line; help and usage errors print here.
@@ -170,6 +180,8 @@ pub fn run() -> ExitCode {
         Command::Build(a) => cmd::build::run(*a),
         Command::Eval(a) => cmd::eval::run(*a),
         Command::Gc(a) => cmd::gc::run(a),
+        Command::Completions(a) => cmd::reference::completions(a, full_command()),
+        Command::Man(a) => cmd::reference::man(a, full_command()),
     };
     match result {
         Ok(code) => code,
@@ -249,5 +261,68 @@ impl tracing::field::Visit for EventLine {
         } else {
             let _ = write!(self.0, " {}={value:?}", field.name());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every argument, option and subcommand below `cmd`, named by its
+    /// path (`sifbox image ls --json`), that has no help or an empty one.
+    fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        let text = |s: Option<&clap::builder::StyledStr>| {
+            s.map(|s| s.to_string().trim().to_string())
+                .unwrap_or_default()
+        };
+        for arg in cmd.get_arguments() {
+            // clap's own --help and --version have theirs.
+            if matches!(arg.get_id().as_str(), "help" | "version") {
+                continue;
+            }
+            if text(arg.get_help()).is_empty() && text(arg.get_long_help()).is_empty() {
+                let name = match (arg.get_long(), arg.get_short()) {
+                    (Some(l), _) => format!("--{l}"),
+                    (None, Some(s)) => format!("-{s}"),
+                    (None, None) => arg.get_id().to_string().to_uppercase(),
+                };
+                out.push(format!("{path} {name}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let sub_path = format!("{path} {}", sub.get_name());
+            if sub.get_name() != "help"
+                && text(sub.get_about()).is_empty()
+                && text(sub.get_long_about()).is_empty()
+            {
+                out.push(format!("{sub_path} (the subcommand)"));
+            }
+            missing_help(sub, &sub_path, out);
+        }
+    }
+
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        let mut missing = Vec::new();
+        missing_help(&Cli::command(), "sifbox", &mut missing);
+        // The hot paths' own parsers take the same args; check them too.
+        missing_help(&ExecCli::command(), "sifbox exec", &mut missing);
+        missing_help(&RunCli::command(), "sifbox run", &mut missing);
+        missing_help(&StartCli::command(), "sifbox start", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "without help text (a /// doc comment on the field):\n  {}",
+            missing.join("\n  ")
+        );
+    }
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+        ExecCli::command().debug_assert();
+        RunCli::command().debug_assert();
+        StartCli::command().debug_assert();
     }
 }

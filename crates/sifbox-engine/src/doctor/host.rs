@@ -156,7 +156,9 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
 
 pub(super) fn check_apptainer() -> Check {
     const NAME: &str = "apptainer";
-    const FIX: &str = "only needed for --engine apptainer";
+    // sifbox runs its images itself; Apptainer is for the SIFs it exports.
+    const FIX: &str = "sifbox does not need it: only to run images exported with `sifbox image \
+                       export` under Apptainer";
     let Some((path, _)) =
         find_executable("apptainer", &[]).or_else(|| find_executable("singularity", &[]))
     else {

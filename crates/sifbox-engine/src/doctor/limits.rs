@@ -183,9 +183,9 @@ pub(super) fn check_storage(why_not: Option<String>) -> Check {
     match why_not {
         None => Check::ok(
             NAME,
-            "writable layers can be on disk (`--disk SIZE`; eval's default): an ext4 file \
-             system of the size asked on a loop device, full at its size (ENOSPC), holding no \
-             memory; else a tmpfs of --tmpfs-size, whose pages are memory",
+            "writable layers can be on disk (`sifbox run --disk SIZE`; eval's default): an ext4 \
+             file system of the size asked on a loop device, full at its size (ENOSPC), holding \
+             no memory; else a tmpfs of `sifbox run --tmpfs-size`, whose pages are memory",
         ),
         Some(why) => Check::fail(
             NAME,

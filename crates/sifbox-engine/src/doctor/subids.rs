@@ -96,8 +96,8 @@ pub(super) fn check_subordinate_ids() -> Check {
         return Check::ok(NAME, parts.join("; "));
     }
     let mut fix = String::from(
-        "only `--userns full` (all the image's ids mapped) needs this; `--userns single` \
-         works without it.",
+        "only `sifbox run --userns full` (all the image's ids mapped) needs this; \
+         `sifbox run --userns single` works without it.",
     );
     if !missing.is_empty() {
         let _ = write!(

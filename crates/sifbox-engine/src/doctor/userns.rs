@@ -68,7 +68,7 @@ impl UsernsKnobs {
                     kernel.unprivileged_userns_clone=1, \
                     kernel.apparmor_restrict_unprivileged_userns=0), so something else \
                     blocks unshare(CLONE_NEWUSER): a seccomp filter or LSM (inside Docker: \
-                    --security-opt seccomp=unconfined), a nesting limit, or a kernel \
+                    `docker run --security-opt seccomp=unconfined`), a nesting limit, or a kernel \
                     built without CONFIG_USER_NS"
                 .to_owned();
         }

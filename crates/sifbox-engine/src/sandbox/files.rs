@@ -1,33 +1,73 @@
 //! Files in and out of a running sandbox: uploads, downloads and the
 //! other transfer requests (see [`crate::transfer`]).
 
+use std::path::Component;
+
 use super::*;
 
 /// The outcome of a transfer: the sandbox's `reply` and what the host's
 /// side of the pipe (`local`) got. When the sandbox failed only because the
 /// host stopped reading (a broken pipe), the host's own error is the cause
 /// (a full disk, say); otherwise the sandbox's error comes first.
+/// Whether the sandbox's error is a broken pipe: the host stopped reading.
+fn broke_the_pipe(e: &Error) -> bool {
+    e.errno() == Some(libc::EPIPE) || e.to_string().contains("(os error 32)")
+}
+
 fn first_failure<R, T>(
     reply: Result<R>,
     local: std::io::Result<T>,
     what: impl FnOnce() -> String,
 ) -> Result<T> {
     match (reply, local) {
-        (Err(r), Err(l))
-            if r.errno() == Some(libc::EPIPE) || r.to_string().contains("(os error 32)") =>
-        {
-            Err(l).ctx(what)
-        }
+        (Err(r), Err(l)) if broke_the_pipe(&r) => Err(l).ctx(what),
         (Err(r), _) => Err(r),
         (Ok(_), l) => l.ctx(what),
     }
 }
 
+/// The name a copy of `p` gets: its last component as written (a symlink's
+/// own name, also when `cp -L` copies what it points to), or for `.`, `..`
+/// and `/` the name of the directory they stand for.
 fn base_name(p: &Path) -> Result<String> {
+    if let Some(Component::Normal(n)) = p.components().next_back() {
+        return Ok(n.to_string_lossy().into_owned());
+    }
     let canon = std::fs::canonicalize(p).ctx(|| format!("{}", p.display()))?;
     Ok(canon
         .file_name()
         .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned()))
+}
+
+/// What a download's entries are named after: `src`'s last component, or
+/// `root` for `/`.
+fn download_name(src: &str) -> String {
+    Path::new(src)
+        .file_name()
+        .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// How a download failed: the sandbox's side (or the request), or the
+/// reader of the stream on this side.
+enum DownloadError {
+    Sandbox(Error),
+    Read(std::io::Error),
+}
+
+impl From<Error> for DownloadError {
+    fn from(e: Error) -> Self {
+        DownloadError::Sandbox(e)
+    }
+}
+
+impl DownloadError {
+    /// The engine's error, a reader's with `what` as its context.
+    fn ctx_io(self, what: impl FnOnce() -> String) -> Error {
+        match self {
+            DownloadError::Sandbox(e) => e,
+            DownloadError::Read(e) => Error::io(what(), e),
+        }
+    }
 }
 
 impl Sandbox {
@@ -35,6 +75,18 @@ impl Sandbox {
     /// rules: into `dst` when it is a directory, else as `dst`). With
     /// `owner` (a user of the image) the copy belongs to that user.
     pub fn upload(&self, src: &Path, dst: &str, owner: Option<&str>) -> Result<()> {
+        self.upload_following(src, dst, owner, false)
+    }
+
+    /// [`Sandbox::upload`]; with `follow`, a symlink at `src` itself is
+    /// followed (`cp -L`: what it points to is copied, under its name).
+    pub fn upload_following(
+        &self,
+        src: &Path,
+        dst: &str,
+        owner: Option<&str>,
+        follow: bool,
+    ) -> Result<()> {
         let name = base_name(src)?;
         let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let conn = self.connect()?;
@@ -50,8 +102,13 @@ impl Sandbox {
         .map_err(|e| self.proto(e))?;
         drop(r);
         let src_owned = src.to_path_buf();
-        let writer =
-            std::thread::spawn(move || transfer::write_tar(&src_owned, &name, File::from(w)));
+        let writer = std::thread::spawn(move || {
+            if follow {
+                transfer::write_tar_following(&src_owned, &name, File::from(w))
+            } else {
+                transfer::write_tar(&src_owned, &name, File::from(w))
+            }
+        });
         let reply = self.reply(&conn);
         let written = writer
             .join()
@@ -70,29 +127,111 @@ impl Sandbox {
     /// `SetId::Keep`: only for a copy that no one else can reach, as a
     /// sandbox can plant a setuid file that runs as the caller.
     pub fn download_with(&self, src: &str, dst: &Path, setid: transfer::SetId) -> Result<()> {
-        let name = Path::new(src)
-            .file_name()
-            .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
+        self.download_following(src, dst, setid, false)
+    }
+
+    /// [`Sandbox::download_with`]; with `follow`, a symlink at `src` itself
+    /// is followed inside the sandbox (`cp -L`: what it points to is
+    /// copied, under its name).
+    pub fn download_following(
+        &self,
+        src: &str,
+        dst: &Path,
+        setid: transfer::SetId,
+        follow: bool,
+    ) -> Result<()> {
+        let name = download_name(src);
+        let dst_owned = dst.to_path_buf();
+        self.download_stream(src, follow, move |r| {
+            transfer::unpack_to_host(r, &dst_owned, &name, setid)
+        })
+        .map_err(|e| e.ctx_io(|| format!("writing {}", dst.display())))
+    }
+
+    /// Writes a tar stream of `src` in the sandbox to `out` (`cp NAME:/path
+    /// -`), its entries named after `src`'s last component and checked
+    /// as a download's are, setuid and setgid bits dropped unless kept (see
+    /// [`transfer::retar`]). With `follow`, a symlink at `src` itself is
+    /// followed inside the sandbox.
+    pub fn download_tar<W>(
+        &self,
+        src: &str,
+        follow: bool,
+        setid: transfer::SetId,
+        out: W,
+    ) -> Result<()>
+    where
+        W: Write + Send + 'static,
+    {
+        let name = download_name(src);
+        self.download_stream(src, follow, move |r| transfer::retar(r, &name, setid, out))
+            .map_err(|e| e.ctx_io(|| "writing the tar stream".to_string()))
+    }
+
+    /// Asks for a tar stream of `src` and hands the pipe it comes through
+    /// to `read`. The sandbox's error, when it has one, comes first (a
+    /// reader that failed because the stream stopped says less); else
+    /// `read`'s, as [`DownloadError::Read`].
+    fn download_stream<F>(
+        &self,
+        src: &str,
+        follow: bool,
+        read: F,
+    ) -> std::result::Result<(), DownloadError>
+    where
+        F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
+    {
         let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let conn = self.connect()?;
         protocol::send(
             &conn,
             &Request::Download {
                 path: src.to_string(),
+                follow,
             },
             &[w.as_fd()],
         )
         .map_err(|e| self.proto(e))?;
         drop(w);
-        let dst_owned = dst.to_path_buf();
-        let reader = std::thread::spawn(move || {
-            transfer::unpack_to_host(File::from(r), &dst_owned, &name, setid)
-        });
+        let reader = std::thread::spawn(move || read(File::from(r)));
         let reply = self.reply(&conn);
-        let unpacked = reader
+        let got = reader
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
-        first_failure(reply, unpacked, || format!("writing {}", dst.display()))
+        match (reply, got) {
+            (Err(r), Err(l)) if broke_the_pipe(&r) => Err(DownloadError::Read(l)),
+            (Err(r), _) => Err(r.into()),
+            (Ok(_), l) => l.map_err(DownloadError::Read),
+        }
+    }
+
+    /// Unpacks a tar stream of relative names into the directory `dst` in
+    /// the sandbox, which must exist (`cp - NAME:DIR`), confined to it (see
+    /// [`transfer::extract_into`]): `write` gets the pipe to write the
+    /// stream to. With `owner` (a user of the image) the files belong to
+    /// that user; else to root.
+    pub fn upload_tar<F>(&self, dst: &str, owner: Option<&str>, write: F) -> Result<()>
+    where
+        F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let conn = self.connect()?;
+        protocol::send(
+            &conn,
+            &Request::UploadTar {
+                dst: dst.to_string(),
+                owner: owner.map(str::to_string),
+            },
+            &[r.as_fd()],
+        )
+        .map_err(|e| self.proto(e))?;
+        drop(r);
+        let writer = std::thread::spawn(move || write(File::from(w)));
+        let reply = self.reply(&conn);
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        first_failure(reply, written, || format!("sending the tar stream for {dst}"))
     }
 
     /// Unpacks a tar stream of relative names into the directory `dst` in

@@ -262,12 +262,16 @@ fn serve_in_child(
     };
     match req {
         Request::Exec(exec) => worker::run(conn, exec, fds, confinement),
-        Request::Download { path } => {
+        Request::Download { path, follow } => {
             let Some(fd) = fds.pop() else { return 125 };
             let name = Path::new(&path)
                 .file_name()
                 .map_or_else(|| "root".to_string(), |n| n.to_string_lossy().into_owned());
-            let r = transfer::write_tar(Path::new(&path), &name, File::from(fd));
+            let r = if follow {
+                transfer::write_tar_following(Path::new(&path), &name, File::from(fd))
+            } else {
+                transfer::write_tar(Path::new(&path), &name, File::from(fd))
+            };
             let failed = r.is_err();
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
             i32::from(failed)
@@ -282,6 +286,20 @@ fn serve_in_child(
                 }
             };
             let r = transfer::unpack_tar(File::from(fd), Path::new(&dst), &name, owner);
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
+            i32::from(failed)
+        }
+        Request::UploadTar { dst, owner } => {
+            let Some(fd) = fds.pop() else { return 125 };
+            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
+                Ok(o) => o.map(|u| (u.uid, u.gid)),
+                Err(e) => {
+                    reply(Err(std::io::Error::other(e)));
+                    return 125;
+                }
+            };
+            let r = transfer::extract_into(File::from(fd), Path::new(&dst), owner);
             let failed = r.is_err();
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
             i32::from(failed)

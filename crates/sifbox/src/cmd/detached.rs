@@ -11,24 +11,35 @@ use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
 pub struct WaitArgs {
+    /// The sandbox the exec runs in.
+    #[arg(value_name = "NAME")]
     pub name: String,
     /// The id `sifbox exec --detach` printed.
+    #[arg(value_name = "ID")]
     pub id: String,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct KillArgs {
+    /// The sandbox the exec runs in.
+    #[arg(value_name = "NAME")]
     pub name: String,
+    /// The id `sifbox exec --detach` printed.
+    #[arg(value_name = "ID")]
     pub id: String,
     /// Signal name (KILL, TERM, INT, HUP, ...) or number; default KILL,
     /// which reaches every process the exec started.
-    #[arg(default_value = "KILL")]
+    #[arg(default_value = "KILL", value_name = "SIGNAL")]
     pub signal: String,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
+    /// The sandbox the exec runs in.
+    #[arg(value_name = "NAME")]
     pub name: String,
+    /// The id `sifbox exec --detach` printed.
+    #[arg(value_name = "ID")]
     pub id: String,
     /// Keep printing until the exec ends.
     #[arg(short = 'f', long)]

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use sifbox_engine::Error;
+use sifbox_eval::result::rfc3339_secs;
 use sifbox_image::import;
 
 use crate::cmd::options::bad;
@@ -11,33 +12,56 @@ use sifbox_image::store::{Access, Digest, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
-    /// List the images in the store.
+    /// List the images in the store: digest, size, creation time, names.
     Ls {
+        /// Print them as JSON: sizes in bytes, times in Unix seconds.
         #[arg(long)]
         json: bool,
     },
-    /// Show an image: digest, names, size, metadata.
+    /// Show an image: digest, names, size, creation time, metadata.
     Inspect {
+        /// The image: NAME[:TAG], a digest or a unique digest prefix.
+        #[arg(value_name = "IMAGE")]
         reference: String,
+        /// Print it as JSON: the size in bytes, the time in Unix seconds.
         #[arg(long)]
         json: bool,
     },
     /// Remove names (and the image once no name is left, or when given by digest).
     Rm {
-        #[arg(required = true)]
+        /// Names (NAME[:TAG]) or digests to remove.
+        #[arg(required = true, value_name = "IMAGE")]
         references: Vec<String>,
     },
     /// Give an image another NAME[:TAG].
-    Tag { reference: String, name: String },
+    Tag {
+        /// The image: NAME[:TAG], a digest or a unique digest prefix.
+        #[arg(value_name = "IMAGE")]
+        reference: String,
+        /// The new name (the tag defaults to latest).
+        #[arg(value_name = "NAME[:TAG]")]
+        name: String,
+    },
     /// Import a .sif, a rootfs directory or tarball, an OCI layout or
     /// archive, or a docker-archive; prints the digest.
     Import {
+        /// What to import: a .sif, a rootfs directory or tar(.gz|.zst), an
+        /// OCI layout or oci-archive, a docker-archive (`docker save`).
+        #[arg(value_name = "SOURCE")]
         source: PathBuf,
+        /// Name the image (the tag defaults to latest).
         #[arg(long, value_name = "NAME[:TAG]")]
         name: Option<String>,
     },
     /// Write an image as a SIF file that Apptainer runs.
-    Export { reference: String, file: PathBuf },
+    Export {
+        /// The image: NAME[:TAG], a digest or a unique digest prefix.
+        #[arg(value_name = "IMAGE")]
+        reference: String,
+        /// The SIF file to write.
+        #[arg(value_name = "FILE.sif")]
+        file: PathBuf,
+    },
 }
 
 /// Opens the store at its default place, private unless the caller's
@@ -94,12 +118,13 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
             if json {
                 outln!("{}", serde_json::json!({ "images": list }));
             } else {
-                outln!("{:<20} {:>10}  NAMES", "DIGEST", "SIZE");
+                outln!("{:<20} {:>8}  {:<20}  NAMES", "DIGEST", "SIZE", "CREATED");
                 for i in &list {
                     outln!(
-                        "{:<20} {:>10}  {}",
+                        "{:<20} {:>8}  {:<20}  {}",
                         &i.digest[..i.digest.len().min(19)],
-                        i.size,
+                        human_size(i.size),
+                        rfc3339_secs(i.created),
                         i.refs.join(", ")
                     );
                 }
@@ -113,10 +138,13 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
                 .find(|e| e.digest == d.as_str())
                 .ok_or_else(|| StoreError::NotFound(reference.clone()))?;
             let m = import::image_meta(&store, &d)?;
-            let v = serde_json::json!({ "image": entry, "config": m });
+            let mut v = serde_json::json!({ "image": entry, "config": m });
             if json {
                 outln!("{v}");
             } else {
+                // The same document, its size and time made readable.
+                v["image"]["size"] = human_size(entry.size).into();
+                v["image"]["created"] = rfc3339_secs(entry.created).into();
                 outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             }
         }
@@ -142,6 +170,52 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A size for people, as Docker prints it: three significant digits in
+/// decimal units (1 kB = 1000 bytes, 1 MB = 1000 kB, ...), trailing zeros
+/// dropped: `999 B`, `1.23 kB`, `148 MB`, `2 GB`.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["kB", "MB", "GB", "TB", "PB", "EB"];
+    if bytes < 1000 {
+        return format!("{bytes} B");
+    }
+    let n = u128::from(bytes);
+    let (mut k, mut unit) = (0, 1000u128);
+    while n >= unit * 1000 && k + 1 < UNITS.len() {
+        unit *= 1000;
+        k += 1;
+    }
+    // Rounded half up to three significant digits; a carry (999.5 kB)
+    // takes a digit from the fraction, or moves to the next unit.
+    let rounded = |dec: u32, unit: u128| (n * 10u128.pow(dec) + unit / 2) / unit;
+    let whole = n / unit;
+    let mut dec: u32 = match whole {
+        100.. => 0,
+        10..=99 => 1,
+        _ => 2,
+    };
+    let mut scaled = rounded(dec, unit);
+    if scaled >= 1000 {
+        if dec > 0 {
+            dec -= 1;
+        } else if k + 1 < UNITS.len() {
+            k += 1;
+            unit *= 1000;
+            dec = 2;
+        }
+        scaled = rounded(dec, unit);
+    }
+    let p = 10u128.pow(dec);
+    let mut number = format!("{}", scaled / p);
+    if dec > 0 {
+        let frac = format!("{:0width$}", scaled % p, width = dec as usize);
+        let frac = frac.trim_end_matches('0');
+        if !frac.is_empty() {
+            number = format!("{number}.{frac}");
+        }
+    }
+    format!("{number} {}", UNITS[k])
 }
 
 pub use sifbox_registry::Resolved;
@@ -214,4 +288,29 @@ pub fn resolve_reference(
         ..sifbox_registry::ResolveOptions::default()
     };
     sifbox_registry::resolve::reference(store, reference, &opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_size;
+
+    #[test]
+    fn sizes_read_as_docker_prints_them() {
+        for (bytes, want) in [
+            (0, "0 B"),
+            (999, "999 B"),
+            (1000, "1 kB"),
+            (1234, "1.23 kB"),
+            (9_995, "10 kB"),
+            (99_950, "100 kB"),
+            (999_499, "999 kB"),
+            (999_500, "1 MB"),
+            (5_600_000, "5.6 MB"),
+            (148_123_456, "148 MB"),
+            (2_000_000_000, "2 GB"),
+            (u64::MAX, "18.4 EB"),
+        ] {
+            assert_eq!(human_size(bytes), want, "{bytes}");
+        }
+    }
 }

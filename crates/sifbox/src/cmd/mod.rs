@@ -58,6 +58,7 @@ pub mod options;
 pub mod progress;
 pub mod ps;
 pub mod pull;
+pub mod reference;
 pub mod run;
 pub mod start;
 pub mod stop;

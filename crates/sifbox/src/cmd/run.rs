@@ -28,6 +28,16 @@ pub struct RunArgs {
     /// CMD (`--entrypoint ''`) runs ARGS alone.
     #[arg(long, value_name = "CMD")]
     pub entrypoint: Option<String>,
+    /// Keep stdin attached, as Docker's -i does: `run` always hands
+    /// sifbox's stdin to the command, so this is accepted for Docker's
+    /// spelling (`-i`, `-it`) and changes nothing.
+    #[arg(short = 'i', long = "interactive")]
+    pub interactive: bool,
+    /// Remove the sandbox when the command ends, as Docker's --rm does:
+    /// `run` always does, so this is accepted for Docker's spelling and
+    /// changes nothing.
+    #[arg(long = "rm")]
+    pub rm: bool,
     /// IMAGE (unless --rootfs is given), then the arguments: they follow
     /// the image's entrypoint, or are the command when it has none.
     #[arg(value_name = "[IMAGE] ARGS", num_args = 0..)]

@@ -8,6 +8,13 @@ use sifbox_engine::{Error, Sandbox, StartOptions};
 use crate::cmd::options::{bad, build_spec, own_logs, resolve_image, SandboxArgs};
 
 #[derive(Debug, clap::Args)]
+// `--name` is optional for `run` (which names its sandbox run-<random>) but
+// a long-lived sandbox is reached by its name: clap requires it here, so
+// help and usage say so.
+#[command(mut_arg("name", |a| a
+    .required(true)
+    .value_name("NAME")
+    .help("Sandbox name (required): what exec, cp, stop and rm name it by.")))]
 pub struct StartArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -23,14 +30,6 @@ pub struct StartArgs {
 }
 
 pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
-    if a.sandbox.name.is_none() {
-        return Err(bad(
-            "sifbox start",
-            "no --name given",
-            "name the sandbox: sifbox start --name NAME IMAGE",
-        )
-        .into());
-    }
     if a.ready_timeout.is_nan() || a.ready_timeout <= 0.0 {
         return Err(bad(
             "--ready-timeout",

@@ -1549,3 +1549,259 @@ fn the_exit_code_table_is_in_help_and_readme() {
     let run = sb.cmd(["run", "--help"]).output();
     assert!(run.stdout.contains("Exit status:"), "{}", run.stdout);
 }
+
+// ===========================================================================
+// 16. Flags as users expect them (issue 15)
+// ===========================================================================
+
+/// `run` takes Docker's spellings: `-i` (run hands stdin to the command
+/// anyway), `--rm` (run always removes its sandbox), and `-i` with `-t`
+/// as one word, either way round.
+#[test]
+fn run_takes_dockers_interactive_tty_and_rm() {
+    let sb = Sifbox::new();
+    for flags in [
+        &["-i"][..],
+        &["--interactive"],
+        &["-it"],
+        &["-ti"],
+        &["--rm", "-it"],
+        &["--rm", "-i", "-t"],
+    ] {
+        let mut args = flags.to_vec();
+        args.push("cat");
+        let out = sb.run(&args).stdin(b"hi\n").output();
+        out.success();
+        assert_eq!(out.stdout, "hi\n", "run {flags:?} cat");
+    }
+    sb.run(["--rm", "true"]).output().code_is(0);
+    sb.run(["--rm", "sh", "-c", "exit 3"]).output().code_is(3);
+    // With a terminal, -it gives the command a pty (util-linux's script
+    // provides the terminal).
+    let inner = format!(
+        "{} run --rm --rootfs {} -it -- sh -c 'tty; exit 7'",
+        harness::sifbox_bin().display(),
+        rootfs().display()
+    );
+    let out = sb
+        .program("script", ["-q", "-e", "-c", inner.as_str(), "/dev/null"])
+        .output();
+    out.code_is(7);
+    assert!(out.stdout.contains("/dev/pts/0"), "tty: {:?}", out.stdout);
+    // Help says what they do.
+    let help = sb.cmd(["run", "--help"]).output();
+    help.success();
+    for flag in ["-i, --interactive", "--rm", "-t, --tty"] {
+        assert!(help.stdout.contains(flag), "run --help: no {flag}");
+    }
+    assert!(
+        help.stdout.contains("changes nothing"),
+        "run --help does not say -i and --rm are no-ops: {}",
+        help.stdout
+    );
+}
+
+/// `start` cannot do without `--name`: its help and usage say so, and
+/// clap refuses a start without one.
+#[test]
+fn start_says_that_name_is_required() {
+    let sb = Sifbox::new();
+    for args in [&["start", "--help"][..], &["help", "start"]] {
+        let help = sb.cmd(args).output();
+        help.success();
+        let usage = help
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("Usage:"))
+            .unwrap_or_else(|| panic!("{args:?}: no usage line: {}", help.stdout));
+        assert!(
+            usage.contains(" --name <NAME>") && !usage.contains("[--name"),
+            "{args:?}: the usage does not require --name: {usage}"
+        );
+        assert!(
+            help.stdout.contains("Sandbox name (required)"),
+            "{args:?}: {}",
+            help.stdout
+        );
+    }
+    let root = rootfs().display().to_string();
+    sb.cmd(["start", "--rootfs", &root])
+        .output()
+        .usage_error()
+        .stderr_has("--name <NAME>");
+}
+
+/// `sifbox completions SHELL` prints a completion script made from the
+/// command definitions: bash loads it and completes subcommands and
+/// flags with it. `sifbox man [SUBCOMMAND]` prints a man page that groff
+/// renders without a warning. A shell or subcommand sifbox does not know
+/// is an error (125).
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let sb = Sifbox::new();
+    let bin = harness::sifbox_bin().display().to_string();
+    let script = format!(
+        "source <({bin} completions bash) && complete -p sifbox && \
+         COMP_WORDS=(sifbox ru); COMP_CWORD=1; _sifbox sifbox ru sifbox; echo \"[${{COMPREPLY[*]}}]\"; \
+         COMP_WORDS=(sifbox cp --fo); COMP_CWORD=2; _sifbox sifbox --fo cp; echo \"[${{COMPREPLY[*]}}]\""
+    );
+    let out = sb.program("/bin/bash", ["-c", script.as_str()]).output();
+    out.success();
+    assert!(
+        out.stdout.contains("-F _sifbox") && out.stdout.contains("sifbox\n"),
+        "complete -p: {}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("[run]"), "ru<TAB>: {}", out.stdout);
+    assert!(
+        out.stdout.contains("--follow-link"),
+        "cp --fo<TAB>: {}",
+        out.stdout
+    );
+    for (shell, has) in [
+        ("zsh", "#compdef sifbox"),
+        ("fish", "complete -c sifbox"),
+        ("elvish", "sifbox"),
+        ("powershell", "sifbox"),
+    ] {
+        let out = sb.cmd(["completions", shell]).output();
+        out.success();
+        assert!(
+            out.stdout.contains(has),
+            "completions {shell}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains("rootfs"),
+            "completions {shell}: no --rootfs"
+        );
+    }
+    sb.cmd(["completions", "tcsh"])
+        .output()
+        .usage_error()
+        .stderr_has("tcsh");
+    sb.cmd(["completions"]).output().usage_error();
+
+    let groff = harness::require("groff", "groff-base");
+    let groff = groff.display();
+    for (args, title, has) in [
+        ("", "sifbox", "Exit status"),
+        ("run", "sifbox-run", "--rootfs"),
+        ("image ls", "sifbox-image-ls", "--json"),
+    ] {
+        let out = sb.cmd(format!("man {args}").split_whitespace()).output();
+        out.success();
+        assert!(
+            out.stdout.contains(&format!(".TH {title} 1")),
+            "man {args}: {}",
+            out.stdout
+        );
+        let rendered = sb
+            .program(
+                "/bin/sh",
+                [
+                    "-c",
+                    format!("{bin} man {args} | {groff} -man -Tutf8 -ww -P-c -P-b -P-u").as_str(),
+                ],
+            )
+            .output();
+        rendered.success();
+        assert!(
+            rendered.stderr.is_empty(),
+            "groff warns about man {args}: {}",
+            rendered.stderr
+        );
+        assert!(
+            rendered.stdout.contains(has) && rendered.stdout.contains("SYNOPSIS"),
+            "man {args} rendered: {}",
+            rendered.stdout
+        );
+    }
+    sb.cmd(["man", "bogus"])
+        .output()
+        .sifbox_error()
+        .stderr_has("bogus");
+}
+
+/// Every `--flag` that `sifbox doctor` recommends, in what it prints on
+/// this host, is one the subcommand it names has (checked against that
+/// subcommand's --help); a flag with no command named before it is
+/// refused, as a reader could not tell where it goes. Flags of other
+/// programs (`systemd-run --user`, `usermod --add-subuids`, `docker run
+/// --security-opt`, a `{path} --version`) are not sifbox's.
+#[test]
+fn doctor_recommends_only_flags_that_exist() {
+    let sb = Sifbox::new();
+    let report = sb.cmd(["doctor", "--json"]).output();
+    report.success();
+    let report = report.json();
+    let mut texts = Vec::new();
+    for c in report["checks"].as_array().expect("checks") {
+        for k in ["detail", "fix"] {
+            if let Some(t) = c[k].as_str() {
+                texts.push(t.to_string());
+            }
+        }
+    }
+    let top = sb.cmd(["--help"]).output();
+    top.success();
+    let subcommands: Vec<String> = top
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(subcommands.contains(&"run".to_string()), "{subcommands:?}");
+    let foreign = [
+        "systemd-run",
+        "usermod",
+        "docker",
+        "apptainer",
+        "singularity",
+    ];
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for text in &texts {
+        let words: Vec<&str> = text
+            .split_whitespace()
+            .map(|w| w.trim_matches(|c: char| "`()[],;:.\"'".contains(c)))
+            .collect();
+        // None: no program yet; Some(None): another program's; Some(Some(SUB)).
+        let mut program: Option<Option<String>> = None;
+        for (i, w) in words.iter().enumerate() {
+            if *w == "sifbox" {
+                let sub = words
+                    .get(i + 1)
+                    .filter(|s| subcommands.iter().any(|c| c == *s))
+                    .map(|s| s.to_string());
+                program = Some(sub);
+            } else if foreign.contains(w) || w.starts_with('/') || w.starts_with('{') {
+                program = Some(None);
+            } else if let Some(flag) = w.strip_prefix("--") {
+                let flag: String = flag
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                if flag.is_empty() {
+                    continue;
+                }
+                match &program {
+                    None => bad.push(format!("--{flag} names no command, in {text:?}")),
+                    Some(None) => {}
+                    Some(Some(sub)) => {
+                        checked += 1;
+                        let help = sb.cmd([sub.as_str(), "--help"]).output();
+                        help.success();
+                        if !help.stdout.contains(&format!("--{flag}")) {
+                            bad.push(format!("sifbox {sub} has no --{flag}, in {text:?}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "doctor recommends:\n  {}", bad.join("\n  "));
+    eprintln!("{checked} sifbox flags in doctor's advice, all there");
+}

@@ -24,10 +24,12 @@ use serde_json::Value;
 
 mod started;
 mod store;
+mod tarball;
 mod tree;
 
 pub use started::Started;
 pub use store::Store;
+pub use tarball::Tarball;
 pub use tree::{mode_of, set_mode, Tree};
 
 /// How long any one sifbox invocation may take before the test fails.

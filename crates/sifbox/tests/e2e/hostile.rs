@@ -17,6 +17,7 @@
 //!  3. host state (keyrings, tmpfs sizes, mountinfo)
 //!  4. the kernel's attack surface (the seccomp policy)
 //!  5. build steps
+//!  6. tar streams that `sifbox cp -` unpacks
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,7 +27,7 @@ use serde_json::Value;
 
 use crate::harness::{
     self, copy_rootfs, rootfs, sifbox_bin, snapshot, snapshot_diff, tempdir, unique, Output,
-    Sifbox, Started, Store,
+    Sifbox, Started, Store, Tarball,
 };
 
 // ===========================================================================
@@ -588,4 +589,146 @@ fn a_build_step_cannot_reach_the_builders_fds() {
     }
     store.empty();
     harness::make_removable(store.path());
+}
+
+// ===========================================================================
+// 6. Tar streams that `sifbox cp -` unpacks
+// ===========================================================================
+
+/// `sifbox cp - NAME:DIR` unpacks a tar stream into DIR and nowhere else:
+/// an entry that climbs out (`../`), an absolute one, one below a symlink
+/// the stream made (absolute or `..`), one below a symlink the sandbox
+/// planted in DIR, and a hard link to a file outside are each refused,
+/// naming the entry, with exit 125. DIR is a host directory bound into
+/// the sandbox, beside a decoy that each of them aims at: the decoy stays
+/// as it was, and so does the sandbox's own /etc. (It failed on main,
+/// where `-` was read as a host file of that name.)
+#[test]
+fn cp_tar_stream_stays_in_its_directory() {
+    let sb = Sifbox::new();
+    let host = tempdir("sifbox-cp-tar-hostile.");
+    std::fs::create_dir(host.path().join("dest")).expect("mkdir");
+    std::fs::create_dir(host.path().join("decoy")).expect("mkdir");
+    let secret = unique("decoy-secret");
+    std::fs::write(host.path().join("decoy/secret"), &secret).expect("write");
+    let bind = format!("{}:/mnt/h", host.path().display());
+    let sandbox = Started::new(&sb, &unique("cp-tar-hostile"), &["--bind", &bind], &[]);
+    let n = &sandbox.name;
+    // What the sandbox plants in the destination beforehand.
+    sandbox
+        .sh("ln -s /mnt/h/decoy /mnt/h/dest/planted && ln -s ../decoy /mnt/h/dest/planted-rel")
+        .success();
+    let before = snapshot(&host.path().join("decoy"));
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "climbs out",
+            Tarball::new().raw_file("../decoy/climbed", b"evil").bytes(),
+            "../decoy/climbed",
+        ),
+        (
+            "climbs to the sandbox's /etc",
+            Tarball::new().raw_file("../../../etc/x", b"evil").bytes(),
+            "../../../etc/x",
+        ),
+        (
+            "climbs from below",
+            Tarball::new()
+                .dir("a", 0o755)
+                .raw_file("a/../../decoy/below", b"evil")
+                .bytes(),
+            "a/../../decoy/below",
+        ),
+        (
+            "absolute",
+            Tarball::new().raw_file("/mnt/h/decoy/abs", b"evil").bytes(),
+            "/mnt/h/decoy/abs",
+        ),
+        (
+            "absolute /etc",
+            Tarball::new().raw_file("/etc/x", b"evil").bytes(),
+            "/etc/x",
+        ),
+        (
+            "below an absolute symlink of the stream",
+            Tarball::new()
+                .symlink("esc", "/mnt/h/decoy")
+                .file("esc/pwned", 0o644, b"evil")
+                .bytes(),
+            "esc/pwned",
+        ),
+        (
+            "below a .. symlink of the stream",
+            Tarball::new()
+                .symlink("up", "..")
+                .file("up/decoy/pwned", 0o4755, b"evil")
+                .bytes(),
+            "up/decoy/pwned",
+        ),
+        (
+            "a file over a symlink of the stream, then a dir through it",
+            Tarball::new()
+                .dir("d", 0o755)
+                .symlink("d", "/mnt/h/decoy")
+                .file("d/pwned", 0o644, b"evil")
+                .bytes(),
+            "d",
+        ),
+        (
+            "below a symlink the sandbox planted",
+            Tarball::new().file("planted/pwned", 0o644, b"evil").bytes(),
+            "planted/pwned",
+        ),
+        (
+            "below a relative symlink the sandbox planted",
+            Tarball::new().dir("planted-rel", 0o777).bytes(),
+            "planted-rel",
+        ),
+        (
+            "a hard link out",
+            Tarball::new().hardlink("h", "../decoy/secret").bytes(),
+            "h",
+        ),
+        (
+            "a hard link to an absolute path",
+            Tarball::new().hardlink("h2", "/mnt/h/decoy/secret").bytes(),
+            "h2",
+        ),
+    ];
+    for (what, stream, entry) in &cases {
+        let out = sandbox
+            .cmd(&["cp", "-", &format!("{n}:/mnt/h/dest")])
+            .stdin(stream)
+            .output();
+        out.sifbox_error()
+            .stderr_has(&format!("archive entry {entry}"));
+        let after = snapshot(&host.path().join("decoy"));
+        assert!(
+            before == after,
+            "{what}: the decoy changed: {}",
+            snapshot_diff(&before, &after)
+        );
+        assert_eq!(
+            std::fs::read_to_string(host.path().join("decoy/secret")).expect("read"),
+            secret,
+            "{what}"
+        );
+        sandbox
+            .sh("test ! -e /etc/x && test ! -e /mnt/h/x && test ! -e /x")
+            .success();
+    }
+    // Nothing outside dest on the host either, and the planted links are
+    // still links (never followed, never replaced by a directory).
+    let names: Vec<_> = std::fs::read_dir(host.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["decoy", "dest"], "beside dest");
+    for l in ["planted", "planted-rel"] {
+        let md = std::fs::symlink_metadata(host.path().join("dest").join(l)).expect(l);
+        assert!(md.file_type().is_symlink(), "{l} is no longer a symlink");
+    }
+    sandbox.stop();
+    sb.assert_clean();
 }

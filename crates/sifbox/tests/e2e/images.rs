@@ -1028,3 +1028,81 @@ fn a_full_image_store_says_so_and_what_to_do() {
     full(&out);
     assert!(store.tmp_entries().is_empty(), "{:?}", store.tmp_entries());
 }
+
+/// `image ls` prints sizes for people (decimal units, as Docker: `148 MB`)
+/// and creation times in ISO 8601 (UTC); `image inspect` the same
+/// document as `--json` with its size and time made readable; `--json`
+/// keeps bytes and Unix seconds.
+#[test]
+fn image_ls_and_inspect_print_human_sizes_and_iso_times() {
+    let env = Env::new();
+    let tarball = env.rootfs_tarball();
+    let out = env.store.import(&tarball, "human:1").output();
+    out.success();
+    let digest = digest_of(&out);
+    let raw: Value = env.sifbox(&["image", "ls", "--json"]).json();
+    let entry = &raw["images"][0];
+    let size = entry["size"]
+        .as_u64()
+        .expect("--json size is a number of bytes");
+    let created = entry["created"]
+        .as_u64()
+        .expect("--json created is a number of Unix seconds");
+    assert!(size > 0 && created > 1_600_000_000, "{raw}");
+
+    // ISO 8601, UTC, from date(1) so that the test does its own sums.
+    let iso = run_tool(
+        Command::new("date")
+            .arg("-u")
+            .arg("-d")
+            .arg(format!("@{created}"))
+            .arg("+%Y-%m-%dT%H:%M:%SZ"),
+    );
+    let iso = iso.trim();
+    // Three significant digits in kB/MB/GB.
+    let (unit, div) = match size {
+        0..=999 => ("B", 1.0),
+        1000..=999_999 => ("kB", 1e3),
+        1_000_000..=999_999_999 => ("MB", 1e6),
+        _ => ("GB", 1e9),
+    };
+    let value = size as f64 / div;
+
+    let ls = env.sifbox(&["image", "ls"]);
+    ls.success();
+    let mut lines = ls.stdout.lines();
+    let header = lines.next().expect("a header");
+    for col in ["DIGEST", "SIZE", "CREATED", "NAMES"] {
+        assert!(header.contains(col), "no {col} column: {header}");
+    }
+    let row = lines.next().expect("a row");
+    assert!(row.starts_with(&digest[..19]), "{row}");
+    assert!(row.ends_with("human:1"), "{row}");
+    assert!(row.contains(iso), "created is not {iso}: {row}");
+    let shown = row
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1] == unit)
+        .map(|w| w[0].to_string())
+        .unwrap_or_else(|| panic!("no size in {unit}: {row}"));
+    let shown_value: f64 = shown.parse().expect("a number");
+    assert!(
+        (shown_value - value).abs() <= value * 0.006,
+        "{shown} {unit} for {size} bytes: {row}"
+    );
+    assert!(!row.contains(&size.to_string()), "raw bytes in {row}");
+
+    let inspect = env.sifbox(&["image", "inspect", "human:1"]);
+    inspect.success();
+    let human: Value = serde_json::from_str(&inspect.stdout).expect("inspect is JSON");
+    assert_eq!(human["image"]["created"], iso, "{human}");
+    assert_eq!(human["image"]["size"], format!("{shown} {unit}"), "{human}");
+    assert_eq!(human["image"]["digest"], digest.as_str());
+    let json: Value = env
+        .sifbox(&["image", "inspect", "--json", "human:1"])
+        .json();
+    assert_eq!(json["image"]["size"], size, "{json}");
+    assert_eq!(json["image"]["created"], created, "{json}");
+    assert_eq!(json["config"], human["config"]);
+}

@@ -29,7 +29,8 @@ use serde_json::Value;
 
 use crate::harness::{
     self, descendants, eventually, my_ids, proc_of, processes_with_arg, read_json, rootfs, sha256,
-    sifbox_bin, still_running, tempdir, unique, unique_number, Proc, Sifbox, Started, Tree,
+    sifbox_bin, still_running, tempdir, unique, unique_number, Proc, Sifbox, Started, Tarball,
+    Tree,
 };
 
 // ===========================================================================
@@ -1530,6 +1531,194 @@ fn cp_traversal_is_refused() {
     let unknown = unique("nope");
     sb.cmd(["cp", hp, &format!("{unknown}:/tmp")])
         .no_clean_check()
+        .output()
+        .sifbox_error();
+    sandbox.stop();
+    sb.assert_clean();
+}
+
+/// `sifbox cp NAME:/path -` writes a tar stream of the path to stdout, as
+/// `docker cp` does: entries named after the path's last component, modes
+/// and links kept, setuid and setgid bits dropped unless `--keep-setid`;
+/// `-L` follows a symlink at the path. A closed stdout is a quiet exit.
+#[test]
+fn cp_tar_stream_to_stdout() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-tar-out");
+    let n = &sandbox.name;
+    sandbox
+        .sh(
+            "mkdir -p /tmp/d/sub && printf hi > /tmp/d/f && chmod 4755 /tmp/d/f \
+             && chmod 710 /tmp/d/sub && ln -s f /tmp/d/l && ln -s /tmp/d /tmp/dl",
+        )
+        .success();
+    let work = tempdir("sifbox-cp-tar-out.");
+    let bin = sifbox_bin().display().to_string();
+    let tar_of = |args: &str, file: &str| -> String {
+        let path = work.path().join(file);
+        sb.program(
+            "/bin/sh",
+            [
+                "-c",
+                &format!("exec {bin} cp {args} - > {}", path.display()),
+            ],
+        )
+        .no_clean_check()
+        .output()
+        .success();
+        harness::run_tool(Command::new("tar").arg("-tvf").arg(&path))
+    };
+    let listing = tar_of(&format!("{n}:/tmp/d"), "d.tar");
+    let line = |name: &str| -> String {
+        listing
+            .lines()
+            .find(|l| l.ends_with(&format!(" {name}")) || l.contains(&format!(" {name} -> ")))
+            .unwrap_or_else(|| panic!("no {name} in {listing}"))
+            .to_string()
+    };
+    assert!(line("d").starts_with("drwxr-xr-x"), "{listing}");
+    assert!(
+        line("d/f").starts_with("-rwxr-xr-x"),
+        "setuid kept: {listing}"
+    );
+    assert!(line("d/sub").starts_with("drwx--x---"), "{listing}");
+    assert!(line("d/l").ends_with("d/l -> f"), "{listing}");
+    assert_eq!(listing.lines().count(), 4, "{listing}");
+    // It unpacks into what the sandbox has.
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    harness::run_tool(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(work.path().join("d.tar"))
+            .arg("-C")
+            .arg(&out),
+    );
+    assert_eq!(std::fs::read(out.join("d/f")).expect("read"), b"hi");
+
+    let kept = tar_of(&format!("--keep-setid {n}:/tmp/d"), "kept.tar");
+    assert!(
+        kept.lines()
+            .any(|l| l.starts_with("-rwsr-xr-x") && l.ends_with(" d/f")),
+        "--keep-setid: {kept}"
+    );
+    // A symlink at the path: as a link, or followed with -L.
+    let link = tar_of(&format!("{n}:/tmp/dl"), "link.tar");
+    assert_eq!(link.lines().count(), 1, "{link}");
+    assert!(link.contains("dl -> /tmp/d"), "{link}");
+    for flag in ["-L", "--follow-link"] {
+        let followed = tar_of(&format!("{flag} {n}:/tmp/dl"), "followed.tar");
+        assert!(
+            followed
+                .lines()
+                .any(|l| l.starts_with('d') && l.ends_with(" dl")),
+            "{flag}: {followed}"
+        );
+        assert!(followed.contains(" dl/f"), "{flag}: {followed}");
+    }
+    // A closed stdout ends it quietly; a missing path is an error.
+    sb.program(
+        "/bin/sh",
+        [
+            "-c",
+            &format!("{bin} cp {n}:/tmp/d - | head -c 1 >/dev/null"),
+        ],
+    )
+    .no_clean_check()
+    .output()
+    .success();
+    sandbox
+        .sifbox(&["cp", &format!("{n}:/tmp/nothing-here"), "-"])
+        .sifbox_error()
+        .stderr_has("/tmp/nothing-here");
+    sandbox
+        .sifbox(&["cp", "--owner", "user", &format!("{n}:/tmp/d"), "-"])
+        .sifbox_error()
+        .stderr_has("--owner");
+    sandbox.stop();
+    sb.assert_clean();
+}
+
+/// `sifbox cp - NAME:/dir` unpacks a tar stream from stdin into a
+/// directory that exists, as `docker cp -` does: files with their modes
+/// (setuid kept, as uploads keep it), times and links, owned by root or
+/// `--owner`; `./` names (what `tar -C DIR -c .` writes) work.
+#[test]
+fn cp_tar_stream_from_stdin() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-tar-in");
+    let n = &sandbox.name;
+    sandbox.sh("mkdir -p /tmp/in /tmp/by-user").success();
+    let stream = Tarball::new()
+        .dir("top", 0o750)
+        .file("top/exe", 0o4755, b"#!/bin/sh\necho ran\n")
+        .file("top/data", 0o604, b"data")
+        .dir("top/sub", 0o710)
+        .file("top/sub/deep", 0o600, b"deep")
+        .symlink("top/link", "exe")
+        .hardlink("top/hard", "top/data")
+        .bytes();
+    sandbox
+        .cmd(&["cp", "-", &format!("{n}:/tmp/in")])
+        .stdin(&stream)
+        .output()
+        .success();
+    let out = sandbox.sh(
+        "cd /tmp/in/top && ./exe && readlink link && cat hard && echo && \
+         stat -c '%a %u:%g %Y %n' . exe data sub sub/deep",
+    );
+    assert_eq!(
+        out.success().stdout,
+        "ran\nexe\ndata\n750 0:0 1600000000 .\n4755 0:0 1600000000 exe\n\
+         604 0:0 1600000000 data\n710 0:0 1600000000 sub\n600 0:0 1600000000 sub/deep\n"
+    );
+    // What tar itself writes, `./` names and all.
+    let work = Tree::temp("sifbox-cp-tar-in.");
+    work.file("src/a/b.txt", "bee").mode("src/a/b.txt", 0o640);
+    let made = work.join("made.tar");
+    harness::run_tool(
+        Command::new("tar")
+            .arg("-C")
+            .arg(work.join("src"))
+            .arg("-cf")
+            .arg(&made)
+            .arg("."),
+    );
+    let bytes = std::fs::read(&made).expect("read");
+    sandbox
+        .cmd(&["cp", "--owner", "user", "-", &format!("{n}:/tmp/by-user")])
+        .stdin(&bytes)
+        .output()
+        .success();
+    let out = sandbox.sh("stat -c '%a %u:%g' /tmp/by-user/a/b.txt && cat /tmp/by-user/a/b.txt");
+    assert_eq!(out.success().stdout, "640 1000:1000\nbee");
+    // The directory must exist and be one; -L and --keep-setid do not
+    // apply to a stream on stdin.
+    sandbox
+        .cmd(&["cp", "-", &format!("{n}:/tmp/missing")])
+        .stdin(&stream)
+        .output()
+        .sifbox_error()
+        .stderr_has("no such directory");
+    sandbox.sh("test ! -e /tmp/missing").success();
+    sandbox
+        .cmd(&["cp", "-", &format!("{n}:/tmp/in/top/data")])
+        .stdin(&stream)
+        .output()
+        .sifbox_error()
+        .stderr_has("not a directory");
+    for flag in ["-L", "--keep-setid"] {
+        sandbox
+            .cmd(&["cp", flag, "-", &format!("{n}:/tmp/in")])
+            .stdin(&stream)
+            .output()
+            .sifbox_error()
+            .stderr_has(flag);
+    }
+    // Not a tar stream at all.
+    sandbox
+        .cmd(&["cp", "-", &format!("{n}:/tmp/in")])
+        .stdin(&[0x42; 1024])
         .output()
         .sifbox_error();
     sandbox.stop();

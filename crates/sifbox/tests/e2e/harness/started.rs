@@ -105,6 +105,12 @@ impl<'a> Started<'a> {
         self.exec(&[], &["sh", "-c", script])
     }
 
+    /// `sifbox ARGS...` against this test's runtime dir, with no clean
+    /// check, to run (with stdin, say).
+    pub fn cmd(&self, args: &[&str]) -> Invocation<'a> {
+        self.sb.cmd(args).no_clean_check()
+    }
+
     /// `sifbox ARGS...` against this test's runtime dir, with no clean check.
     pub fn sifbox(&self, args: &[&str]) -> Output {
         self.sb.cmd(args).no_clean_check().output()
