@@ -231,7 +231,9 @@ impl Sandbox {
         let written = writer
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
-        first_failure(reply, written, || format!("sending the tar stream for {dst}"))
+        first_failure(reply, written, || {
+            format!("sending the tar stream for {dst}")
+        })
     }
 
     /// Unpacks a tar stream of relative names into the directory `dst` in
