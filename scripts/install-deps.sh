@@ -29,6 +29,7 @@ readonly PACKAGES=(
     apache2-utils  # htpasswd, for the registry behind basic auth
     e2fsprogs      # mkfs.ext4, for disk-backed writable layers (--disk, eval as root)
     groff-base     # groff, to check that `sifbox man` renders
+    buildah        # the peer of scripts/bench-build.sh
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
