@@ -114,6 +114,60 @@ fn write_private(p: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
+/// Where `--host-ca` shows the host's CA bundle, in build steps and in
+/// sandboxes.
+pub const HOST_CA_PATH: &str = "/run/sifbox/host-ca.crt";
+/// Environment variables that point common tools at the host CA bundle.
+pub const CA_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+/// The host's CA bundle `ca` shown in a sandbox: a read-only bind at
+/// [`HOST_CA_PATH`], and [`CA_ENV`] pointing there, added to `env` where it
+/// does not set them already. Errs (bad input) when `ca` is not a file.
+pub fn show_host_ca(
+    ca: &Path,
+    binds: &mut Vec<sifbox_engine::spec::Bind>,
+    env: &mut Vec<(String, String)>,
+) -> Result<(), BuildError> {
+    if !ca.is_file() {
+        return Err(BuildError::bad(
+            format!("--host-ca {}", ca.display()),
+            "no such file",
+            "pass the host's CA bundle file (--host-ca=FILE), or --host-ca alone for /etc/ssl/certs/ca-certificates.crt",
+        ));
+    }
+    binds.push(sifbox_engine::spec::Bind {
+        src: ca.to_path_buf(),
+        dst: PathBuf::from(HOST_CA_PATH),
+        readonly: true,
+    });
+    for k in CA_ENV {
+        if !env.iter().any(|(e, _)| e == k) {
+            env.push(((*k).into(), HOST_CA_PATH.into()));
+        }
+    }
+    Ok(())
+}
+
+/// `SIFBOX_HOST_CA` alone (1/true/yes: [`DEFAULT_CA`], 0/false/no: none,
+/// else a path): what sandboxes (`run`, `start`, eval's rollouts) show
+/// without `--host-ca`. (`[build] host_ca` in the config file is for
+/// builds only.)
+pub fn host_ca_from_env() -> Option<PathBuf> {
+    let v = std::env::var("SIFBOX_HOST_CA").ok()?;
+    match v.as_str() {
+        "" | "0" | "false" | "no" => None,
+        "1" | "true" | "yes" => Some(PathBuf::from(DEFAULT_CA)),
+        path => Some(PathBuf::from(path)),
+    }
+}
+
 /// Whether the config file or the environment asks for the host CA:
 /// `SIFBOX_HOST_CA` (1/true/yes: [`DEFAULT_CA`], 0/false/no: none, else a
 /// path), else `[build] host_ca` (true or a path) in

@@ -20,19 +20,10 @@ use crate::plan::StageEnv;
 use crate::progress::Progress;
 use crate::steps::{self, OutputSink};
 
-/// Where `--host-ca` puts the host's CA bundle in build steps.
-pub const HOST_CA_PATH: &str = "/run/sifbox/host-ca.crt";
+use crate::inputs::CA_ENV;
+pub use crate::inputs::HOST_CA_PATH;
 /// Where build steps with faked ids find apt's configuration.
 const APT_CONF_PATH: &str = "/run/sifbox/apt.conf";
-/// Environment variables that point common tools at the host CA bundle.
-const CA_ENV: &[&str] = &[
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "PIP_CERT",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-];
 
 impl Builder<'_> {
     pub(super) fn run(
@@ -194,6 +185,12 @@ impl Builder<'_> {
                     for l in &lines {
                         let _ = write!(t, "\n  | {l}");
                     }
+                }
+                if self.opts.host_ca.is_none() && lines.iter().any(|l| tls_refused(l)) {
+                    t.push_str(
+                        "\n(the step could not verify a TLS certificate: where HTTPS goes through an \
+                         intercepting proxy, build with --host-ca to show the host's CA bundle to RUN steps)",
+                    );
                 }
                 Err(BuildError::RunFailed {
                     file: self.file.clone(),
@@ -377,4 +374,19 @@ fn mount_stubs(state: &FsState, binds: &[Bind]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether a line of a step's output says that TLS verification failed, as
+/// Python (pip, requests), OpenSSL, curl, git, Node and Go say it.
+fn tls_refused(line: &str) -> bool {
+    const SIGNS: &[&str] = &[
+        "CERTIFICATE_VERIFY_FAILED",
+        "certificate verify failed",
+        "SSL certificate problem",
+        "self-signed certificate in certificate chain",
+        "SELF_SIGNED_CERT_IN_CHAIN",
+        "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+        "x509: certificate signed by unknown authority",
+    ];
+    SIGNS.iter().any(|s| line.contains(s))
 }

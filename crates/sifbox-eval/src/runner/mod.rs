@@ -121,6 +121,9 @@ pub struct EvalOptions {
     pub userns: UsernsMode,
     /// The host's CA bundle for build steps (see `sifbox build --host-ca`).
     pub host_ca: Option<PathBuf>,
+    /// The host's CA bundle shown to agents and verifiers (see `sifbox run
+    /// --host-ca`).
+    pub sandbox_host_ca: Option<PathBuf>,
     /// The seccomp policy of every rollout and build step.
     pub seccomp: spec::SeccompMode,
     /// Every task's commands may create user namespaces (else only tasks

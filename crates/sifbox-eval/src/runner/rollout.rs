@@ -179,6 +179,15 @@ fn run_rollout(
         dst: PathBuf::from("/logs").join(RESULT_FILE),
         readonly: true,
     });
+    // The host's CA bundle: a bind, and its variables in the base env
+    // below (where the image and the task set none of their own).
+    let mut ca_env = Vec::new();
+    if let Some(ca) = &ctx.opts.sandbox_host_ca {
+        if let Err(e) = sifbox_build::inputs::show_host_ca(ca, &mut binds, &mut ca_env) {
+            r.fail(ErrorClass::Infra, e.to_string());
+            return;
+        }
+    }
     let mut spec = SandboxSpec::new(name.clone(), image.rootfs.clone(), ctx.ids.clone());
     spec.hostname = spec::hostname_for(&task.name);
     spec.net = sandbox_net;
@@ -231,6 +240,11 @@ fn run_rollout(
     let mut base_env = spec::clean_env(std::env::vars(), &image.meta.env_pairs());
     for (k, v) in &env.env {
         set_env(&mut base_env, k, v);
+    }
+    for (k, v) in ca_env {
+        if !base_env.iter().any(|(e, _)| *e == k) {
+            base_env.push((k, v));
+        }
     }
     let running = Running {
         sandbox: &sandbox,

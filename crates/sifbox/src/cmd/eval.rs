@@ -51,6 +51,14 @@ pub struct EvalArgs {
     /// Rebuild the environments, ignoring the build cache.
     #[arg(long)]
     pub force_build: bool,
+    /// Show the host's CA bundle (default
+    /// /etc/ssl/certs/ca-certificates.crt) to build steps, agents and
+    /// verifiers at /run/sifbox/host-ca.crt, with SSL_CERT_FILE,
+    /// REQUESTS_CA_BUNDLE, PIP_CERT and the like pointing at it, for sites
+    /// whose HTTPS goes through an intercepting proxy (also:
+    /// SIFBOX_HOST_CA=1). Another file goes as `--host-ca=FILE`.
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    pub host_ca: Option<PathBuf>,
     /// How ids are mapped in the sandboxes and build steps.
     #[arg(long, value_enum, default_value = "auto")]
     pub userns: UsernsArg,
@@ -317,6 +325,18 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         }
     };
     task::check_filters(&a.filter)?;
+    let sandbox_ca = a
+        .host_ca
+        .clone()
+        .or_else(sifbox_build::inputs::host_ca_from_env);
+    if let Some(ca) = sandbox_ca.as_deref().filter(|ca| !ca.is_file()) {
+        return Err(usage(
+            format!("--host-ca {}", ca.display()),
+            "no such file",
+            "pass the host's CA bundle file (--host-ca=FILE), or --host-ca alone for /etc/ssl/certs/ca-certificates.crt",
+        )
+        .into());
+    }
     let agent = Agent::parse(&a.agent)?;
     let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
     let store = crate::cmd::image::open_store()?;
@@ -344,7 +364,10 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             UsernsArg::Single => UsernsMode::Single,
             UsernsArg::Full => UsernsMode::Full,
         },
-        host_ca: sifbox_build::inputs::host_ca_from_config(),
+        host_ca: sandbox_ca
+            .clone()
+            .or_else(sifbox_build::inputs::host_ca_from_config),
+        sandbox_host_ca: sandbox_ca,
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
         limits: task::Overrides {

@@ -166,6 +166,14 @@ pub struct SandboxArgs {
     /// Make a host path visible inside: SRC[:DST[:ro|rw]] (repeatable).
     #[arg(long, value_name = "SRC:DST[:ro]")]
     pub bind: Vec<String>,
+    /// Show the host's CA bundle (default
+    /// /etc/ssl/certs/ca-certificates.crt) at /run/sifbox/host-ca.crt, with
+    /// SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, CURL_CA_BUNDLE,
+    /// NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO pointing at it, for sites
+    /// whose HTTPS goes through an intercepting proxy (also:
+    /// SIFBOX_HOST_CA=1). Another file goes as `--host-ca=FILE`.
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    pub host_ca: Option<PathBuf>,
 }
 
 /// Environment options of commands that run something.
@@ -242,12 +250,24 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
     // The image's environment first, then --env-file, then --env.
     let mut extra = image.meta.env_pairs();
     extra.extend(a.env.resolve()?);
-    let env = spec::clean_env(std::env::vars(), &extra);
+    let mut env = spec::clean_env(std::env::vars(), &extra);
     let mut binds = a
         .bind
         .iter()
         .map(|b| Bind::parse(b))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(ca) = a
+        .host_ca
+        .clone()
+        .or_else(sifbox_build::inputs::host_ca_from_env)
+    {
+        sifbox_build::inputs::show_host_ca(&ca, &mut binds, &mut env).map_err(|e| match e {
+            sifbox_build::error::BuildError::BadInput { what, why, fix } => {
+                Error::BadInput { what, why, fix }
+            }
+            other => Error::Setup(other.to_string()),
+        })?;
+    }
     let logs = a
         .logs
         .as_deref()

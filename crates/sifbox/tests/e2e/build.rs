@@ -634,6 +634,12 @@ fn bad_input_is_one_clear_error() {
     // is sifbox's error, 125; one whose command is not found failed, 1.
     env.file("Dockerfile", "FROM busybox\nUSER nosuchuser\nRUN true\n");
     input_error(&env.build(&[])).stderr_has("Dockerfile:3: RUN true: user \"nosuchuser\"");
+    // A step that failed on TLS verification hints at --host-ca.
+    env.file(
+        "Dockerfile",
+        "FROM busybox\nRUN echo 'ssl.SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED]' && exit 1\n",
+    );
+    env.build(&[]).code_is(1).stderr_has("build with --host-ca");
     env.file("Dockerfile", "FROM busybox\nRUN no-such-command\n");
     env.build(&[])
         .code_is(1)

@@ -1030,6 +1030,68 @@ fn host_ps_shows_the_sandboxes_name() {
     assert!(eventually(Duration::from_secs(10), || titled(&name).is_empty()));
 }
 
+/// `run`/`start --host-ca[=FILE]` and SIFBOX_HOST_CA show the host's CA
+/// bundle at /run/sifbox/host-ca.crt (read-only) with SSL_CERT_FILE and
+/// the like pointing at it, to the command and to later execs; a variable
+/// the caller sets wins; a missing file is bad input.
+#[test]
+fn host_ca_is_shown_to_commands() {
+    let sb = Sifbox::new();
+    let dir = tempdir("sifbox-e2e-ca.");
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(&ca, "sifbox test ca\n").expect("write");
+    let flag = format!("--host-ca={}", ca.display());
+    let show = "cat /run/sifbox/host-ca.crt; echo \"$SSL_CERT_FILE $PIP_CERT $GIT_SSL_CAINFO\"; echo x > /run/sifbox/host-ca.crt || echo read-only";
+    let want =
+        "sifbox test ca\n/run/sifbox/host-ca.crt /run/sifbox/host-ca.crt /run/sifbox/host-ca.crt\n";
+    let out = sb.run([flag.as_str(), "sh", "-c", show]).output();
+    out.success();
+    assert!(
+        out.stdout.starts_with(want) && out.stdout.ends_with("read-only\n"),
+        "{}",
+        out.stdout
+    );
+    let out = sb
+        .run([
+            "sh",
+            "-c",
+            "echo \"${SSL_CERT_FILE:-none}\"; cat /run/sifbox/host-ca.crt",
+        ])
+        .env("SIFBOX_HOST_CA", &ca)
+        .output();
+    out.success();
+    assert_eq!(out.stdout, "/run/sifbox/host-ca.crt\nsifbox test ca\n");
+    let out = sb
+        .run([
+            flag.as_str(),
+            "-e",
+            "SSL_CERT_FILE=/mine",
+            "sh",
+            "-c",
+            "echo $SSL_CERT_FILE",
+        ])
+        .output();
+    assert_eq!(out.stdout, "/mine\n");
+    let out = sb
+        .run([
+            "sh",
+            "-c",
+            "echo \"${SSL_CERT_FILE:-none}\"; test -e /run/sifbox/host-ca.crt || echo absent",
+        ])
+        .output();
+    assert_eq!(out.stdout, "none\nabsent\n");
+    sb.run(["--host-ca=/nonexistent/ca.crt", "true"])
+        .output()
+        .sifbox_error()
+        .stderr_has("no such file");
+    let sandbox = Started::new(&sb, &unique("ca"), &[flag.as_str()], &[]);
+    let out = sandbox.exec(
+        &[],
+        &["sh", "-c", "echo $SSL_CERT_FILE; cat $SSL_CERT_FILE"],
+    );
+    assert_eq!(out.stdout, "/run/sifbox/host-ca.crt\nsifbox test ca\n");
+}
+
 #[test]
 fn exit_codes_of_sifbox_errors() {
     let sb = Sifbox::new();

@@ -157,6 +157,46 @@ fn failed(class: &str, reward: Option<f64>) -> (String, Option<String>, Option<f
     ("failed".into(), Some(class.into()), reward)
 }
 
+/// `eval --host-ca=FILE` (or SIFBOX_HOST_CA) shows the host's CA bundle to
+/// the agent and the verifier, with SSL_CERT_FILE and the like pointing at
+/// it; without it they see none. A missing file is bad input.
+#[test]
+fn host_ca_reaches_agents_and_verifiers() {
+    let env = Env::with_evalbase();
+    let ca = env.path("my-ca.crt");
+    std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\nsifbox test\n").expect("write");
+    let check = "test \"$SSL_CERT_FILE\" = /run/sifbox/host-ca.crt && test \"$REQUESTS_CA_BUNDLE\" = /run/sifbox/host-ca.crt && grep -q 'sifbox test' \"$SSL_CERT_FILE\"";
+    env.task(
+        "ca",
+        "",
+        &format!("#!/bin/bash\n{check} && touch /tmp/agent-saw-ca\n"),
+        &format!("#!/bin/bash\nif test -e /tmp/agent-saw-ca && {check}; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"),
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let flag = format!("--host-ca={}", ca.display());
+    env.eval(&["--job", "with", &flag, &tasks])
+        .output()
+        .success();
+    assert_eq!(env.result("with", "ca__1")["reward"], 1.0);
+    env.eval(&["--job", "by-env", &tasks])
+        .env("SIFBOX_HOST_CA", &ca)
+        .output()
+        .success();
+    assert_eq!(env.result("by-env", "ca__1")["reward"], 1.0);
+    env.eval(&["--job", "without", &tasks]).output().success();
+    assert_eq!(env.result("without", "ca__1")["reward"], 0.0);
+    let missing = env.path("no-such.crt");
+    env.eval(&[
+        "--job",
+        "bad",
+        &format!("--host-ca={}", missing.display()),
+        &tasks,
+    ])
+    .output()
+    .sifbox_error()
+    .stderr_has("no such file");
+}
+
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();
