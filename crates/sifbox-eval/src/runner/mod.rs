@@ -124,6 +124,8 @@ pub struct EvalOptions {
     /// The host's CA bundle shown to agents and verifiers (see `sifbox run
     /// --host-ca`).
     pub sandbox_host_ca: Option<PathBuf>,
+    /// Host paths bound into every rollout's sandbox (`eval --bind`).
+    pub binds: Vec<spec::Bind>,
     /// The seccomp policy of every rollout and build step.
     pub seccomp: spec::SeccompMode,
     /// Every task's commands may create user namespaces (else only tasks

@@ -173,7 +173,8 @@ fn run_rollout(
     let name = format!("eval-{short}-{:x}-{n}", std::process::id());
     r.sandbox = Some(name.clone());
     let dir = logs.path.clone();
-    let mut binds = sifbox_engine::evidence::logs_binds(&dir);
+    let mut binds = ctx.opts.binds.clone();
+    binds.extend(sifbox_engine::evidence::logs_binds(&dir));
     binds.push(spec::Bind {
         src: dir.join(RESULT_FILE),
         dst: PathBuf::from("/logs").join(RESULT_FILE),

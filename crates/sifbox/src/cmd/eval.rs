@@ -51,6 +51,10 @@ pub struct EvalArgs {
     /// Rebuild the environments, ignoring the build cache.
     #[arg(long)]
     pub force_build: bool,
+    /// Make a host path visible in every rollout's sandbox, for datasets
+    /// and caches: SRC[:DST[:ro|rw]] (repeatable).
+    #[arg(long, value_name = "SRC:DST[:ro]")]
+    pub bind: Vec<String>,
     /// Show the host's CA bundle (default
     /// /etc/ssl/certs/ca-certificates.crt) to build steps, agents and
     /// verifiers at /run/sifbox/host-ca.crt, with SSL_CERT_FILE,
@@ -337,6 +341,11 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         )
         .into());
     }
+    let binds = a
+        .bind
+        .iter()
+        .map(|b| sifbox_engine::spec::Bind::parse(b))
+        .collect::<Result<Vec<_>, _>>()?;
     let agent = Agent::parse(&a.agent)?;
     let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
     let store = crate::cmd::image::open_store()?;
@@ -368,6 +377,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             .clone()
             .or_else(sifbox_build::inputs::host_ca_from_config),
         sandbox_host_ca: sandbox_ca,
+        binds,
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
         limits: task::Overrides {

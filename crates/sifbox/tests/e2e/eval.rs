@@ -197,6 +197,32 @@ fn host_ca_reaches_agents_and_verifiers() {
     .stderr_has("no such file");
 }
 
+/// `eval --bind SRC:DST[:ro]` shows a host dir (a dataset, a cache) to
+/// every rollout; `:ro` keeps it read-only; a bad bind is bad input.
+#[test]
+fn eval_binds_host_paths_into_rollouts() {
+    let env = Env::with_evalbase();
+    let data = env.path("dataset");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(data.join("answer.txt"), "42\n").expect("write");
+    env.task(
+        "bound",
+        "",
+        "#!/bin/bash\ncp /data/answer.txt /tmp/answer; echo x > /data/new || echo ro > /tmp/ro\n",
+        "#!/bin/bash\nif [ \"$(cat /tmp/answer /tmp/ro)\" = \"$(printf '42\\nro')\" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let bind = format!("{}:/data:ro", data.display());
+    env.eval(&["--job", "b", "--bind", &bind, &tasks])
+        .output()
+        .success();
+    assert_eq!(env.result("b", "bound__1")["reward"], 1.0);
+    assert!(!data.join("new").exists());
+    env.eval(&["--job", "bad", "--bind", "relative:/data", &tasks])
+        .output()
+        .sifbox_error();
+}
+
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();
