@@ -159,9 +159,12 @@ pub struct Timings {
 }
 
 impl Timings {
-    /// The rollout's time outside the agent's and the verifier's commands.
+    /// sifbox's own time in the rollout: everything but the agent's and
+    /// the verifier's commands and the wait for the environment's image
+    /// (a build is the task's cost, not sifbox's per-rollout overhead).
     pub fn overhead(&self) -> u64 {
-        self.total.saturating_sub(self.agent + self.verifier)
+        self.total
+            .saturating_sub(self.agent + self.verifier + self.build)
     }
 }
 
@@ -203,7 +206,8 @@ pub struct RolloutResult {
     pub verifier_run: Option<Phase>,
     #[serde(default)]
     pub timings_ms: Timings,
-    /// The rollout's time outside the agent's and verifier's commands.
+    /// sifbox's time in the rollout: the whole, less the agent's and the
+    /// verifier's commands and the build (see [`Timings::overhead`]).
     #[serde(default)]
     pub overhead_ms: u64,
     #[serde(default)]
@@ -225,6 +229,9 @@ pub struct RolloutResult {
     pub build_log: Option<String>,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The sifbox that ran the rollout.
+    #[serde(default)]
+    pub sifbox_version: String,
 }
 
 impl RolloutResult {
@@ -254,6 +261,7 @@ impl RolloutResult {
             limits_applied: Vec::new(),
             build_log: None,
             notes: Vec::new(),
+            sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
 
@@ -416,10 +424,70 @@ pub struct Summary {
     pub interrupted: u32,
     /// Mean reward over every finished rollout (no reward counts as 0).
     pub mean_reward: Option<f64>,
+    /// How `mean_reward` counts, in words ([`MEAN_REWARD_RULE`]).
+    #[serde(default)]
+    pub mean_reward_rule: String,
+    /// Harbor's mean: over the rollouts whose verifier gave a reward only
+    /// (a rollout that failed before it counts nowhere).
+    #[serde(default)]
+    pub mean_reward_verified: Option<f64>,
+    /// pass@k as Harbor 0.26 reports it: for k = 2, 4, 8... and 5, 10,
+    /// 15... up to the fewest rewarded rollouts of a task, the mean over
+    /// tasks of the unbiased estimator 1 - C(n-c, k)/C(n, k) (n rollouts
+    /// with a reward, c of them 1); empty unless every reward is 0 or 1.
+    #[serde(default)]
+    pub pass_at_k: BTreeMap<u32, f64>,
     pub failures: BTreeMap<ErrorClass, u32>,
     /// Rollouts run in this run per second of its wall time.
     pub rollouts_per_second: f64,
     pub tasks: Vec<TaskSummary>,
+}
+
+/// What `mean_reward` means, as summary.json says it.
+pub const MEAN_REWARD_RULE: &str = "the mean over finished rollouts (ok or failed); a finished rollout without a reward (its agent or verifier failed, timed out or ran out of memory) counts as 0; rollouts with infra errors and interrupted ones are left out (see mean_reward_verified for Harbor's mean over rewarded rollouts only)";
+
+/// Harbor's pass@k over `per_task` (each task's rewards of the rollouts
+/// that have one): see [`Summary::pass_at_k`].
+fn pass_at_k(per_task: &[Vec<f64>]) -> BTreeMap<u32, f64> {
+    let tasks: Vec<&Vec<f64>> = per_task.iter().filter(|r| !r.is_empty()).collect();
+    if tasks.is_empty()
+        || tasks
+            .iter()
+            .any(|r| r.iter().any(|v| *v != 0.0 && *v != 1.0))
+    {
+        return BTreeMap::new();
+    }
+    let fewest = tasks.iter().map(|r| r.len()).min().unwrap_or(0);
+    let fewest = u32::try_from(fewest).unwrap_or(u32::MAX);
+    let mut ks: Vec<u32> = std::iter::successors(Some(2u32), |k| k.checked_mul(2))
+        .take_while(|k| *k <= fewest)
+        .chain((1..).map(|i| i * 5).take_while(|k| *k <= fewest))
+        .collect();
+    ks.sort_unstable();
+    ks.dedup();
+    ks.into_iter()
+        .map(|k| {
+            let sum: f64 = tasks
+                .iter()
+                .map(|r| {
+                    let n = r.len() as f64;
+                    let c = r.iter().filter(|v| **v == 1.0).count() as f64;
+                    let k = f64::from(k);
+                    if n - c < k {
+                        return 1.0;
+                    }
+                    let mut miss = 1.0;
+                    let mut i = 0.0;
+                    while i < k {
+                        miss *= (n - c - i) / (n - i);
+                        i += 1.0;
+                    }
+                    1.0 - miss
+                })
+                .sum();
+            (k, sum / tasks.len() as f64)
+        })
+        .collect()
 }
 
 fn mean(xs: &[f64]) -> Option<f64> {
@@ -452,6 +520,8 @@ impl Summary {
             ..Summary::default()
         };
         let mut all_rewards = Vec::new();
+        let mut verified = Vec::new();
+        let mut per_task = Vec::new();
         for (task, results) in tasks {
             let mut t = TaskSummary {
                 task: task.clone(),
@@ -459,12 +529,14 @@ impl Summary {
                 ..TaskSummary::default()
             };
             let mut rewards = Vec::new();
+            let mut rewarded = Vec::new();
             for r in results.iter().flatten() {
                 match r.status {
                     Status::Ok | Status::Failed => {
                         t.finished += 1;
                         t.rewards.push(r.reward);
                         rewards.push(r.reward.unwrap_or(0.0));
+                        rewarded.extend(r.reward);
                         if r.status == Status::Ok {
                             s.ok += 1;
                         } else {
@@ -481,6 +553,8 @@ impl Summary {
             }
             t.mean_reward = mean(&rewards);
             all_rewards.extend(rewards);
+            verified.extend(rewarded.iter().copied());
+            per_task.push(rewarded);
             s.rollouts += t.attempts;
             s.finished += t.finished;
             s.infra_errors += t.infra_errors;
@@ -488,6 +562,9 @@ impl Summary {
             s.tasks.push(t);
         }
         s.mean_reward = mean(&all_rewards);
+        s.mean_reward_rule = MEAN_REWARD_RULE.to_string();
+        s.mean_reward_verified = mean(&verified);
+        s.pass_at_k = pass_at_k(&per_task);
         let secs = s.duration_ms as f64 / 1000.0;
         s.rollouts_per_second = if secs > 0.0 {
             f64::from(ran_now) / secs
@@ -572,7 +649,7 @@ impl Summary {
         line(&mut out, &total);
         let _ = writeln!(
             out,
-            "job {}: {} rollouts run in {:.1} s ({:.2}/s)",
+            "job {}: {} rollouts finished in {:.1} s ({:.2}/s)",
             self.job,
             self.ran_now,
             self.duration_ms as f64 / 1000.0,
@@ -598,6 +675,38 @@ mod tests {
         r.reward = reward;
         r.error_class = class;
         r
+    }
+
+    #[test]
+    fn pass_at_k_is_harbors() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // n = 4, c = 2: pass@2 = 1 - (2/4)(1/3); pass@4 = 1. n = 4, c = 0: 0.
+        let p = pass_at_k(&[vec![1.0, 0.0, 0.0, 1.0], vec![0.0; 4]]);
+        assert_eq!(p.keys().copied().collect::<Vec<_>>(), vec![2, 4]);
+        assert!(close(p[&2], (1.0 - 1.0 / 6.0) / 2.0), "{p:?}");
+        assert!(close(p[&4], 0.5), "{p:?}");
+        // k runs to the fewest rewarded rollouts of a task: 5 and 10 too.
+        let p = pass_at_k(&[vec![1.0; 10], vec![0.0; 12]]);
+        assert_eq!(p.keys().copied().collect::<Vec<_>>(), vec![2, 4, 5, 8, 10]);
+        assert!(p.values().all(|v| close(*v, 0.5)), "{p:?}");
+        // One rollout each: no k; a reward other than 0 or 1: none at all.
+        assert!(pass_at_k(&[vec![1.0]]).is_empty());
+        assert!(pass_at_k(&[vec![1.0, 0.5]]).is_empty());
+        assert!(pass_at_k(&[]).is_empty());
+    }
+
+    #[test]
+    fn overhead_leaves_out_the_build() {
+        let t = Timings {
+            build: 12_944,
+            start: 10,
+            setup: 3,
+            agent: 100,
+            verifier: 50,
+            stop: 4,
+            total: 12_944 + 10 + 3 + 100 + 50 + 4,
+        };
+        assert_eq!(t.overhead(), 17);
     }
 
     #[test]
@@ -640,6 +749,10 @@ mod tests {
         assert_eq!(s.tasks[1].mean_reward, Some(0.5));
         assert_eq!(s.tasks[2].mean_reward, None);
         assert_eq!(s.mean_reward, Some(0.5));
+        // Harbor's: the rewarded rollouts only (1.0 and 0.5).
+        assert_eq!(s.mean_reward_verified, Some(0.75));
+        assert!(s.mean_reward_rule.contains("counts as 0"));
+        assert!(s.pass_at_k.is_empty(), "0.5 is not a pass/fail reward");
         assert_eq!(s.failures.get(&ErrorClass::VerifierTimeout), Some(&1));
         let table = s.table();
         assert!(

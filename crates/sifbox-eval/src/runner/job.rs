@@ -345,7 +345,17 @@ pub fn run(
     let done = done
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let ran_now = u32::try_from(done.len()).unwrap_or(u32::MAX);
+    // Only the rollouts that finished (ok or failed) count as run.
+    let finished = done
+        .iter()
+        .filter(|(_, _, r)| {
+            matches!(
+                r.status,
+                crate::result::Status::Ok | crate::result::Status::Failed
+            )
+        })
+        .count();
+    let ran_now = u32::try_from(finished).unwrap_or(u32::MAX);
     for (ti, attempt, r) in done {
         results[ti][attempt as usize - 1] = Some(r);
     }

@@ -223,6 +223,68 @@ fn eval_binds_host_paths_into_rollouts() {
         .sifbox_error();
 }
 
+/// Figures a paper can cite: a built task's overhead leaves the build out;
+/// each result names its sifbox; the summary says how its mean counts and
+/// gives Harbor's mean and pass@k.
+#[test]
+fn results_carry_citable_figures() {
+    let env = Env::with_evalbase();
+    env.write(
+        "tasks/built/environment/Dockerfile",
+        "FROM evalbase\nRUN sleep 1 && echo built > /built\n",
+    );
+    env.task(
+        "built",
+        "[environment]\n#dockerfile\n",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    env.task(
+        "nothing",
+        "",
+        "#!/bin/bash\ntrue\n",
+        "#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "f", "-k", "2", &tasks])
+        .output()
+        .success();
+    let version = env.cmd(&["--version"]).output();
+    for attempt in 1..=2 {
+        let r = env.result("f", &format!("built__{attempt}"));
+        let t = &r["timings_ms"];
+        let (total, build, agent, verifier) = (
+            t["total"].as_u64().unwrap_or_default(),
+            t["build"].as_u64().unwrap_or_default(),
+            t["agent"].as_u64().unwrap_or_default(),
+            t["verifier"].as_u64().unwrap_or_default(),
+        );
+        assert_eq!(
+            r["overhead_ms"].as_u64(),
+            Some(total - build - agent - verifier),
+            "{r:#}"
+        );
+        if attempt == 1 {
+            assert!(
+                build >= 1000,
+                "the first rollout waited for the build: {r:#}"
+            );
+        }
+        let v = r["sifbox_version"].as_str().unwrap_or_default();
+        assert!(!v.is_empty() && version.stdout.contains(v), "{r:#}");
+        assert!(r["image"]["digest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")));
+    }
+    let s = env.json("f/summary.json");
+    assert_eq!(s["mean_reward"], 0.5, "{s:#}");
+    assert_eq!(s["mean_reward_verified"], 0.5, "{s:#}");
+    assert!(s["mean_reward_rule"]
+        .as_str()
+        .is_some_and(|r| r.contains("counts as 0")));
+    assert_eq!(s["pass_at_k"], serde_json::json!({"2": 0.5}), "{s:#}");
+}
+
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();
