@@ -55,8 +55,11 @@ impl Ctx<'_> {
                 .entry(key)
                 .or_default(),
         );
-        slot.get_or_init(|| self.make_image(task).map(Arc::new))
-            .clone()
+        let image = slot
+            .get_or_init(|| self.make_image(task).map(Arc::new))
+            .clone();
+        self.sched.ready(&task.name);
+        image
     }
 
     fn make_image(&self, task: &Task) -> std::result::Result<Image, NoImage> {

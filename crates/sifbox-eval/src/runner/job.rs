@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
 use sifbox_engine::idmap;
@@ -22,6 +22,7 @@ use crate::task::Task;
 use crate::template;
 
 use super::rollout::rollout;
+use super::schedule::Scheduler;
 use super::{Agent, Ctx, EvalOptions, JobInfo, JobOutcome, Layer, Observer, Resolvers, TaskEnv};
 
 fn resolve_env(task: &Task) -> Result<TaskEnv> {
@@ -303,6 +304,7 @@ pub fn run(
         workers,
     });
 
+    let sched = Scheduler::new(tasks.iter().map(|t| t.name.clone()).collect(), &todo);
     let ctx = Ctx {
         store,
         opts,
@@ -316,23 +318,17 @@ pub fn run(
         images: Mutex::new(HashMap::new()),
         seq: AtomicUsize::new(0),
         scratch,
+        sched: &sched,
     };
-    let next = AtomicUsize::new(0);
     let done: Mutex<Vec<(usize, u32, RolloutResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
                 let tid = cancel::current_tid();
                 cancel.add_thread(tid);
-                loop {
-                    if cancel.is_cancelled() {
-                        break;
-                    }
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(&(ti, attempt)) = todo.get(i) else {
-                        break;
-                    };
+                while let Some((ti, attempt)) = sched.next(|| cancel.is_cancelled()) {
                     let r = rollout(&ctx, &tasks[ti], &envs[ti], attempt);
+                    sched.finished(ti);
                     observer.rollout_finished(&r);
                     done.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)

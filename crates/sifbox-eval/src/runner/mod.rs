@@ -29,6 +29,7 @@ mod environment;
 mod job;
 mod phases;
 mod rollout;
+mod schedule;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -235,6 +236,8 @@ struct Ctx<'a> {
     seq: AtomicUsize,
     /// The scratch dir of disk-backed layers; `None`: tmpfs layers.
     scratch: Option<PathBuf>,
+    /// The queue of rollouts, told when a task's image is ready.
+    sched: &'a schedule::Scheduler,
 }
 
 fn ms(d: Duration) -> u64 {

@@ -285,6 +285,60 @@ fn results_carry_citable_figures() {
     assert_eq!(s["pass_at_k"], serde_json::json!({"2": 0.5}), "{s:#}");
 }
 
+/// With two workers and two tasks to build, the second worker builds the
+/// second task while the first builds the first (it used to wait for the
+/// first task's build, to run its second attempt): the builds overlap.
+#[test]
+fn workers_build_other_tasks_instead_of_waiting() {
+    let env = Env::with_evalbase();
+    for t in ["slow-a", "slow-b"] {
+        env.write(
+            &format!("tasks/{t}/environment/Dockerfile"),
+            &format!(
+                "FROM evalbase\nRUN echo {t} && date +%s > /t0 && sleep 3 && date +%s > /t1\n"
+            ),
+        );
+        env.task(
+            t,
+            "[environment]\n#dockerfile\n",
+            "#!/bin/bash\ntrue\n",
+            "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        );
+    }
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "s", "-j", "2", "-k", "2", &tasks])
+        .output()
+        .success();
+    let span = |t: &str| -> (u128, u128) {
+        let out = env
+            .cmd(&[
+                "run",
+                "--entrypoint",
+                "",
+                &format!("eval/{t}"),
+                "cat",
+                "/t0",
+                "/t1",
+            ])
+            .output();
+        out.success();
+        let v: Vec<u128> = out
+            .stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        assert_eq!(v.len(), 2, "{}", out.stdout);
+        (v[0], v[1])
+    };
+    let (a, b) = (span("slow-a"), span("slow-b"));
+    assert!(
+        a.0 < b.1 && b.0 < a.1,
+        "the builds ran one after the other: {a:?} {b:?}"
+    );
+    let s = env.json("s/summary.json");
+    assert_eq!(s["mean_reward"], 1.0, "{s:#}");
+}
+
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();
