@@ -9,6 +9,7 @@
 # Usage: scripts/bench-eval.sh [bench-eval.py options...]
 #   e.g. scripts/bench-eval.sh --rollouts 100 --jobs 2 --json target/bench-eval.json
 #        scripts/bench-eval.sh --rollouts 96 --layers tmpfs,disk   (as root: the two writable layers)
+#        scripts/bench-eval.sh --examples examples/tasks           (the suite, cold store, -j 1 vs -j 2, -k 3)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
