@@ -138,6 +138,7 @@ as_test_user() {
                 SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
                 SIFBOX_TEST_DEBIAN_TAR="$USER_DIR/base.tar" \
                 SIFBOX_TEST_TASKS="$USER_DIR/tasks" \
+                SIFBOX_TEST_CORPUS="$USER_DIR/corpus" \
                 "$@"
     )
 }
@@ -164,7 +165,8 @@ user_tests() {
         cp -- "$BASE_TAR" "$USER_DIR/base.tar" || return 1
     fi
     cp -a "$REPO/examples/tasks" "$USER_DIR/tasks" || return 1
-    chmod -R a+rX "$USER_DIR/tasks" || return 1
+    cp -a "$REPO/crates/sifbox/tests/e2e/tasks" "$USER_DIR/corpus" || return 1
+    chmod -R a+rX "$USER_DIR/tasks" "$USER_DIR/corpus" || return 1
     # The user's sandboxes map its own id to root: files owned by ids outside
     # its mapping would show as nobody and could not be copied up.
     chown -R -h "$TEST_USER:$TEST_USER" "$USER_DIR/rootfs" || return 1

@@ -17,8 +17,15 @@ use crate::task::{NetworkMode, RolloutLimits};
 pub enum ErrorClass {
     /// The environment's image could not be built (or found).
     BuildFailed,
+    /// The task asks for what sifbox cannot honour (`os = "windows"`, an
+    /// LLM judge, MCP servers, a host allow- or denylist...), or the
+    /// agent cannot run it (the oracle, without a solution): nothing ran.
+    Unsupported,
     /// The sandbox did not start, or its healthcheck never passed.
     StartFailed,
+    /// A setup command of the task (BenchFlow's `setup_commands`) failed
+    /// or ran past its time limit; the agent did not run.
+    SetupFailed,
     /// The agent ran past its time limit (the verifier still ran).
     AgentTimeout,
     /// The agent exited non-zero or could not start (the verifier still ran).
@@ -39,7 +46,9 @@ impl ErrorClass {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorClass::BuildFailed => "build_failed",
+            ErrorClass::Unsupported => "unsupported",
             ErrorClass::StartFailed => "start_failed",
+            ErrorClass::SetupFailed => "setup_failed",
             ErrorClass::AgentTimeout => "agent_timeout",
             ErrorClass::AgentFailed => "agent_failed",
             ErrorClass::Oom => "oom",
@@ -399,6 +408,11 @@ pub struct TaskSummary {
     pub mean_reward: Option<f64>,
     /// Rewards of the finished rollouts, by attempt (null: none).
     pub rewards: Vec<Option<f64>>,
+    /// When reward.json gave several rewards: the mean of each key over
+    /// the finished rollouts (a rollout without it counts as 0), as
+    /// Harbor's mean metric makes it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mean_rewards: BTreeMap<String, f64>,
     /// Finished rollouts by error class.
     pub failures: BTreeMap<ErrorClass, u32>,
     pub infra_errors: u32,
@@ -437,6 +451,9 @@ pub struct Summary {
     /// with a reward, c of them 1); empty unless every reward is 0 or 1.
     #[serde(default)]
     pub pass_at_k: BTreeMap<u32, f64>,
+    /// [`TaskSummary::mean_rewards`] over every finished rollout.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mean_rewards: BTreeMap<String, f64>,
     pub failures: BTreeMap<ErrorClass, u32>,
     /// Rollouts run in this run per second of its wall time.
     pub rollouts_per_second: f64,
@@ -490,6 +507,38 @@ fn pass_at_k(per_task: &[Vec<f64>]) -> BTreeMap<u32, f64> {
         .collect()
 }
 
+/// A finished rollout's rewards by key: reward.json's, else `reward`.
+fn keyed(r: &RolloutResult) -> BTreeMap<String, f64> {
+    match r.rewards.as_ref().and_then(serde_json::Value::as_object) {
+        Some(m) => m
+            .iter()
+            .filter_map(|(k, v)| v.as_f64().map(|x| (k.clone(), x)))
+            .collect(),
+        None => r
+            .reward
+            .map(|x| BTreeMap::from([("reward".to_string(), x)]))
+            .unwrap_or_default(),
+    }
+}
+
+/// The mean of each key over `rows` (a row without it counts as 0); empty
+/// when the rows have one key or none (the mean reward says it all).
+fn key_means(rows: &[BTreeMap<String, f64>]) -> BTreeMap<String, f64> {
+    let keys: std::collections::BTreeSet<&String> = rows.iter().flat_map(|m| m.keys()).collect();
+    if keys.len() <= 1 {
+        return BTreeMap::new();
+    }
+    keys.into_iter()
+        .filter_map(|k| {
+            let xs: Vec<f64> = rows
+                .iter()
+                .map(|m| m.get(k).copied().unwrap_or(0.0))
+                .collect();
+            mean(&xs).map(|m| (k.clone(), m))
+        })
+        .collect()
+}
+
 fn mean(xs: &[f64]) -> Option<f64> {
     #[allow(
         clippy::cast_precision_loss,
@@ -522,6 +571,7 @@ impl Summary {
         let mut all_rewards = Vec::new();
         let mut verified = Vec::new();
         let mut per_task = Vec::new();
+        let mut all_keyed = Vec::new();
         for (task, results) in tasks {
             let mut t = TaskSummary {
                 task: task.clone(),
@@ -530,10 +580,12 @@ impl Summary {
             };
             let mut rewards = Vec::new();
             let mut rewarded = Vec::new();
+            let mut by_key = Vec::new();
             for r in results.iter().flatten() {
                 match r.status {
                     Status::Ok | Status::Failed => {
                         t.finished += 1;
+                        by_key.push(keyed(r));
                         t.rewards.push(r.reward);
                         rewards.push(r.reward.unwrap_or(0.0));
                         rewarded.extend(r.reward);
@@ -552,9 +604,11 @@ impl Summary {
                 }
             }
             t.mean_reward = mean(&rewards);
+            t.mean_rewards = key_means(&by_key);
             all_rewards.extend(rewards);
             verified.extend(rewarded.iter().copied());
             per_task.push(rewarded);
+            all_keyed.extend(by_key);
             s.rollouts += t.attempts;
             s.finished += t.finished;
             s.infra_errors += t.infra_errors;
@@ -565,6 +619,7 @@ impl Summary {
         s.mean_reward_rule = MEAN_REWARD_RULE.to_string();
         s.mean_reward_verified = mean(&verified);
         s.pass_at_k = pass_at_k(&per_task);
+        s.mean_rewards = key_means(&all_keyed);
         let secs = s.duration_ms as f64 / 1000.0;
         s.rollouts_per_second = if secs > 0.0 {
             f64::from(ran_now) / secs

@@ -23,9 +23,10 @@ const MAX_REWARD_FILE: u64 = 1 << 20;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reward {
     /// A reward, from `source` (`reward.json` or `reward.txt`); `all` is
-    /// reward.json's whole content.
+    /// reward.json's whole content. `value` is the headline reward: none
+    /// for a reward.json of several rewards without a `reward` key.
     Found {
-        value: f64,
+        value: Option<f64>,
         source: &'static str,
         all: Option<serde_json::Value>,
     },
@@ -112,32 +113,47 @@ fn read_file(dir: BorrowedFd<'_>, name: &str, ids: &IdMapping) -> Option<Result<
     })
 }
 
-/// The reward in reward.json's text: a number, or an object with a numeric
-/// `reward` (else its only numeric value).
-pub fn parse_json(text: &str) -> Result<(f64, serde_json::Value), String> {
+/// The rewards in reward.json's text, by Harbor's rule: a flat object
+/// whose values are all finite numbers, under any keys (a bare number is
+/// also taken, as one reward). The headline is `reward` when it is there,
+/// else the only value; an object of several rewards without `reward` has
+/// none (Harbor then sums up each key on its own).
+pub fn parse_json(text: &str) -> Result<(Option<f64>, serde_json::Value), String> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("reward.json is not JSON: {e}"))?;
+    let finite = |x: &serde_json::Value| x.as_f64().filter(|f| f.is_finite());
     let value = match &v {
-        serde_json::Value::Number(n) => n.as_f64(),
-        serde_json::Value::Object(m) => match m.get("reward") {
-            Some(r) => r.as_f64(),
-            None => {
-                let nums: Vec<f64> = m.values().filter_map(serde_json::Value::as_f64).collect();
-                match nums.as_slice() {
-                    [one] => Some(*one),
-                    _ => None,
+        serde_json::Value::Number(_) => Some(finite(&v).ok_or_else(|| {
+            "reward.json holds a number that is not finite".to_string()
+        })?),
+        serde_json::Value::Object(m) if m.is_empty() => {
+            return Err(
+                "reward.json is an empty object: write {\"reward\": NUMBER} (more keys of numbers may follow)"
+                    .into(),
+            )
+        }
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                if finite(x).is_none() {
+                    let shown: String = x.to_string().chars().take(40).collect();
+                    return Err(format!(
+                        "reward.json's {k:?} is {shown}, not a finite number: every value of reward.json must be one (Harbor's rule)"
+                    ));
                 }
             }
-        },
-        _ => None,
+            match (m.get("reward"), m.len()) {
+                (Some(r), _) => finite(r),
+                (None, 1) => m.values().next().and_then(finite),
+                (None, _) => None,
+            }
+        }
+        _ => {
+            return Err(
+                "reward.json holds no reward: write an object of numbers, e.g. {\"reward\": 1}".into(),
+            )
+        }
     };
-    match value {
-        Some(x) if x.is_finite() => Ok((x, v)),
-        _ => Err(
-            "reward.json holds no reward: write a number, or an object with a numeric \"reward\""
-                .into(),
-        ),
-    }
+    Ok((value, v))
 }
 
 /// The reward in reward.txt's text: one number.
@@ -169,7 +185,7 @@ pub fn read(dir: BorrowedFd<'_>, ids: &IdMapping) -> Reward {
         None => Reward::Missing,
         Some(text) => match text.and_then(|t| parse_txt(&t)) {
             Ok(value) => Reward::Found {
-                value,
+                value: Some(value),
                 source: "reward.txt",
                 all: None,
             },
@@ -239,7 +255,7 @@ mod tests {
         assert!(!present_at(d.path()));
         std::fs::write(d.path().join("verifier/reward.txt"), " 0.5\n").expect("write");
         assert!(
-            matches!(read_at(d.path()), Reward::Found { value, source: "reward.txt", .. } if value == 0.5)
+            matches!(read_at(d.path()), Reward::Found { value, source: "reward.txt", .. } if value == Some(0.5))
         );
         assert!(present_at(d.path()));
         std::fs::write(
@@ -249,7 +265,7 @@ mod tests {
         .expect("write");
         match read_at(d.path()) {
             Reward::Found { value, source, all } => {
-                assert_eq!((value, source), (1.0, "reward.json"));
+                assert_eq!((value, source), (Some(1.0), "reward.json"));
                 assert_eq!(all.expect("all")["tests"], 3);
             }
             other => panic!("{other:?}"),
@@ -258,12 +274,34 @@ mod tests {
 
     #[test]
     fn json_shapes() {
-        assert_eq!(parse_json("0.25").map(|r| r.0), Ok(0.25));
-        assert_eq!(parse_json(r#"{"accuracy": 0.75}"#).map(|r| r.0), Ok(0.75));
-        assert!(parse_json(r#"{"a": 1, "b": 2}"#).is_err());
-        assert!(parse_json(r#"{"reward": "1"}"#).is_err());
-        assert!(parse_json("[1]").is_err());
-        assert!(parse_json("nope").is_err());
+        let headline = |t: &str| parse_json(t).map(|r| r.0);
+        assert_eq!(headline("0.25"), Ok(Some(0.25)));
+        assert_eq!(headline(r#"{"accuracy": 0.75}"#), Ok(Some(0.75)));
+        // Harbor's rule: any keys, every value a number; `reward` leads.
+        assert_eq!(headline(r#"{"a": 1, "b": 2}"#), Ok(None));
+        assert_eq!(
+            headline(r#"{"a": 1, "reward": 0.5, "b": -2}"#),
+            Ok(Some(0.5))
+        );
+        let (_, all) = parse_json(r#"{"pass": 3, "fail": 1.5}"#).expect("flat");
+        assert_eq!(all["fail"], 1.5);
+        for bad in [
+            r#"{"reward": "1"}"#,
+            r#"{"reward": 1, "detail": "x"}"#,
+            r#"{"reward": 1, "nested": {"a": 1}}"#,
+            r#"{"reward": null}"#,
+            r#"{"reward": true}"#,
+            r#"{"reward": 1e999}"#,
+            "{}",
+            "[1]",
+            "nope",
+        ] {
+            let e = parse_json(bad).expect_err(bad);
+            assert!(e.contains("reward.json"), "{bad}: {e}");
+        }
+        assert!(parse_json(r#"{"reward": 1, "detail": "x"}"#)
+            .expect_err("str")
+            .contains("\"detail\""));
         assert!(parse_txt("1e999").is_err());
         assert!(parse_txt("NaN").is_err());
         assert_eq!(parse_txt("1\n"), Ok(1.0));
@@ -329,7 +367,7 @@ mod tests {
             matches!(read_in(d.path(), &others), Reward::Invalid(e) if e.contains("reward.json belongs"))
         );
         // The same file in a sandbox whose ids hold its owner: taken.
-        assert!(matches!(read_at(d.path()), Reward::Found { value, .. } if value == 0.5));
+        assert!(matches!(read_at(d.path()), Reward::Found { value, .. } if value == Some(0.5)));
         let full = IdMapping {
             uid: vec![
                 IdRange {
@@ -358,5 +396,37 @@ mod tests {
         let edge = mapping(u32::MAX, 1);
         assert!(uid_mapped(u32::MAX, &edge));
         assert!(!uid_mapped(0, &edge));
+    }
+
+    proptest::proptest! {
+        /// Any text: a reward or an error, never a panic; a headline is
+        /// always finite, and an object's every value is a number.
+        #[test]
+        fn any_reward_json_never_panics(s in "\\PC{0,200}") {
+            if let Ok((value, all)) = parse_json(&s) {
+                proptest::prop_assert!(value.is_none_or(f64::is_finite));
+                if let Some(m) = all.as_object() {
+                    proptest::prop_assert!(m.values().all(|v| v.as_f64().is_some()));
+                }
+            }
+        }
+
+        /// Objects of numbers under any keys: accepted, `reward` leading.
+        #[test]
+        fn flat_objects_of_numbers_are_rewards(
+            keys in proptest::collection::btree_map("[a-z_]{1,8}", -1e6f64..1e6, 1..6),
+        ) {
+            let text = serde_json::to_string(&keys).expect("json");
+            let (value, _) = parse_json(&text).expect("accepted");
+            let want = keys.get("reward").copied().or_else(|| {
+                (keys.len() == 1).then(|| *keys.values().next().expect("one"))
+            });
+            // JSON's text of a float may be off in its last bit.
+            let close = match (value, want) {
+                (Some(a), Some(b)) => (a - b).abs() <= 1e-9 * b.abs().max(1.0),
+                (a, b) => a == b,
+            };
+            proptest::prop_assert!(close, "{:?} != {:?}", value, want);
+        }
     }
 }

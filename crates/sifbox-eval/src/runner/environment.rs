@@ -47,6 +47,7 @@ impl Ctx<'_> {
         let key = match &task.environment {
             EnvSource::Dockerfile { context } => format!("build:{}", context.display()),
             EnvSource::Image(r) => format!("image:{r}"),
+            EnvSource::Sif(p) => format!("sif:{}", p.display()),
         };
         let slot: Slot = Arc::clone(
             self.images
@@ -74,6 +75,11 @@ impl Ctx<'_> {
                     .map_err(|e| fail(format!("image {reference}: {e}"), None))?;
                 (d, None)
             }
+            EnvSource::Sif(path) => {
+                let d = (self.resolve.sif)(path)
+                    .map_err(|e| fail(format!("image {}: {e}", path.display()), None))?;
+                (d, None)
+            }
             EnvSource::Dockerfile { context } => {
                 let d = self.build(task, context)?;
                 (d.0, Some(d.1))
@@ -81,6 +87,7 @@ impl Ctx<'_> {
         };
         let reference = match &task.environment {
             EnvSource::Image(r) => r.clone(),
+            EnvSource::Sif(p) => p.display().to_string(),
             EnvSource::Dockerfile { .. } => format!("eval/{}", task.name.to_lowercase()),
         };
         let meta = sifbox_image::import::image_meta(self.store, &digest)

@@ -23,7 +23,7 @@ use crate::template;
 
 use super::rollout::rollout;
 use super::schedule::Scheduler;
-use super::{Agent, Ctx, EvalOptions, JobInfo, JobOutcome, Layer, Observer, Resolvers, TaskEnv};
+use super::{Ctx, EvalOptions, JobInfo, JobOutcome, Layer, Observer, Resolvers, TaskEnv};
 
 fn resolve_env(task: &Task) -> Result<TaskEnv> {
     let lookup = |k: &str| std::env::var(k).ok();
@@ -46,6 +46,13 @@ fn resolve_env(task: &Task) -> Result<TaskEnv> {
         env: one(&task.config.env, "[environment] env")?,
         verifier: one(&task.config.verifier_env, "[verifier] env")?,
         solution: one(&task.config.solution_env, "[solution] env")?,
+        setup: task
+            .config
+            .setup_commands
+            .iter()
+            .enumerate()
+            .map(|(i, c)| one(&c.env, &format!("[environment] setup_commands[{i}] env")))
+            .collect::<Result<_>>()?,
     })
 }
 
@@ -217,21 +224,6 @@ pub fn run(
             "no task to run",
             "pass task directories (check --filter)",
         ));
-    }
-    if opts.agent == Agent::Oracle {
-        for t in tasks {
-            let ok = t
-                .solution
-                .as_ref()
-                .is_some_and(|s| s.join("solve.sh").is_file());
-            if !ok {
-                return Err(EvalError::bad(
-                    format!("task {}", t.dir.display()),
-                    "the oracle agent needs solution/solve.sh (or oracle/solve.sh), and it has none",
-                    "add the solution, or run another --agent",
-                ));
-            }
-        }
     }
     // Everything that can be wrong with the input is found before the job
     // dir exists: bad input leaves nothing behind.

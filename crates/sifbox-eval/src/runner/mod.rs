@@ -51,7 +51,8 @@ pub use job::run;
 /// The agent of a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Agent {
-    /// Runs the task's solution: `bash /solution/solve.sh`.
+    /// Runs the task's solution, `/solution/solve.sh` (executed: its
+    /// shebang decides; `bash` without one).
     Oracle,
     /// Does nothing (the verifier sees the environment as built).
     Nop,
@@ -164,11 +165,17 @@ impl EvalOptions {
 /// Turns an image reference into a store image.
 pub type Resolver<'a> = dyn Fn(&str) -> std::result::Result<Digest, BuildError> + Sync + 'a;
 
+/// Turns a SIF file on the host into a store image (imported once).
+pub type FileResolver<'a> =
+    dyn Fn(&std::path::Path) -> std::result::Result<Digest, BuildError> + Sync + 'a;
+
 /// How image references resolve: a Dockerfile's `FROM` (and `COPY
-/// --from`), and a task's `docker_image`.
+/// --from`), a task's `docker_image`, and its `docker_image` that names a
+/// `.sif` file.
 pub struct Resolvers<'a> {
     pub from: &'a Resolver<'a>,
     pub image: &'a Resolver<'a>,
+    pub sif: &'a FileResolver<'a>,
 }
 
 impl std::fmt::Debug for Resolvers<'_> {
@@ -219,6 +226,8 @@ struct TaskEnv {
     env: Vec<(String, String)>,
     verifier: Vec<(String, String)>,
     solution: Vec<(String, String)>,
+    /// Each setup command's.
+    setup: Vec<Vec<(String, String)>>,
 }
 
 /// Everything the workers share.

@@ -1,6 +1,7 @@
 //! The phases of a rollout in its running sandbox: set-up, the
-//! healthcheck, the agent, the verifier and the reward, each command
-//! measured and judged (time limit, killed for memory).
+//! healthcheck, the setup commands, the agent, the verifier and the
+//! reward, each command measured and judged (time limit, killed for
+//! memory).
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -152,6 +153,16 @@ pub(super) fn phases(
         Ok(f) => f,
         Err((name, e)) => return infra(r, &format!("creating agent/{name}"), &e),
     };
+    // The setup commands' output, beside result.json: out of the sandbox's
+    // reach.
+    let setup_out = if c.setup_commands.is_empty() {
+        None
+    } else {
+        match rollout_dir::create_file(logs.dir.as_fd(), SETUP_LOG) {
+            Ok(f) => Some(f),
+            Err(e) => return infra(r, &format!("creating {SETUP_LOG}"), &e),
+        }
+    };
     // The agent's logs subdirs go to its user before anything runs in the
     // sandbox (the sandbox's root does it: an unprivileged caller cannot
     // chown to the sandbox's other ids on the host). verifier/ stays
@@ -212,6 +223,32 @@ pub(super) fn phases(
     if interrupted(ctx, r) {
         return;
     }
+    if let Some(out) = &setup_out {
+        let t = Instant::now();
+        let done = setup_commands(ctx, task, env, run, &image_user, env_net, out);
+        r.timings_ms.setup += ms(t.elapsed());
+        match done {
+            Ok(()) => {}
+            Err(SetupError::Infra(e)) => return infra(r, "running a setup command", &e),
+            Err(SetupError::Failed(e)) => {
+                if !interrupted(ctx, r) {
+                    let tail = rollout_dir::read_small(logs.dir.as_fd(), SETUP_LOG, 1 << 16)
+                        .map(|d| last_lines(&String::from_utf8_lossy(&d), 5))
+                        .filter(|t| !t.is_empty())
+                        .map(|t| format!("; its output ends: {t}"))
+                        .unwrap_or_default();
+                    r.fail(
+                        ErrorClass::SetupFailed,
+                        format!("{e} (see {SETUP_LOG}){tail}"),
+                    );
+                }
+                return;
+            }
+        }
+    }
+    if interrupted(ctx, r) {
+        return;
+    }
     let t = Instant::now();
     if let Err(e) = sb.upload(&task.instruction, "/instruction.md", agent_user.as_deref()) {
         return infra(r, "uploading instruction.md", &e);
@@ -221,15 +258,18 @@ pub(super) fn phases(
     let agent = match &ctx.opts.agent {
         Agent::Nop => None,
         Agent::Oracle => {
-            let Some(solution) = &task.solution else {
-                r.fail(ErrorClass::AgentFailed, "the task has no solution");
+            // The rollout checked there is one before it started.
+            let (Some(solution), Some(script)) = (&task.solution, task.solve_script()) else {
+                r.fail(ErrorClass::Unsupported, "the task has no solution");
                 return;
             };
-            if let Err(e) = sb.upload(solution, "/solution", agent_user.as_deref()) {
+            if let Err(e) =
+                upload_with_script(sb, solution, "/solution", "solve.sh", agent_user.as_deref())
+            {
                 return infra(r, "uploading the solution", &e);
             }
             Some((
-                vec!["bash".to_string(), "/solution/solve.sh".to_string()],
+                crate::task::script_argv(&script, "/solution/solve.sh"),
                 with_env(&run.base_env, &[&env.solution]),
             ))
         }
@@ -332,13 +372,19 @@ pub(super) fn phases(
             return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
         }
     }
-    if let Err(e) = sb.upload(&task.tests, "/tests", verifier_user.as_deref()) {
+    if let Err(e) = upload_with_script(
+        sb,
+        &task.tests,
+        "/tests",
+        "test.sh",
+        verifier_user.as_deref(),
+    ) {
         return infra(r, "uploading the tests", &e);
     }
     r.timings_ms.setup += ms(t.elapsed());
     let ran = run.measured_exec(
         &run.cwd,
-        vec!["bash".to_string(), "/tests/test.sh".to_string()],
+        crate::task::script_argv(&task.tests.join("test.sh"), "/tests/test.sh"),
         with_env(&run.base_env, &[&env.verifier]),
         verifier_user.clone(),
         c.verifier_timeout,
@@ -386,7 +432,12 @@ pub(super) fn phases(
     }
     match reward::read(logs.dir.as_fd(), &ctx.ids) {
         Reward::Found { value, source, all } => {
-            r.reward = Some(value);
+            if value.is_none() {
+                r.notes.push(
+                    "reward.json has several rewards and no \"reward\" key: no headline reward (each is in rewards, and the summary's mean_rewards)".to_string(),
+                );
+            }
+            r.reward = value;
             r.reward_source = Some(source.to_string());
             r.rewards = all;
         }
@@ -522,8 +573,10 @@ fn note_oom_survived(r: &mut RolloutResult, phase: &str, used: &PhaseUsage) {
     }
 }
 
-/// Runs the healthcheck until it passes (Docker's rules: failures within
-/// the start period do not count; `retries` failures after it do).
+/// Runs the healthcheck until it passes, as Harbor 0.26 does: a check
+/// that starts within the start period does not count when it fails (the
+/// next comes `start_interval` later); after it, `retries` failures in a
+/// row end it (the next check `interval` later).
 fn healthcheck(
     ctx: &Ctx<'_>,
     run: &Running<'_>,
@@ -536,6 +589,7 @@ fn healthcheck(
         if ctx.cancel.is_cancelled() {
             return Err("interrupted".into());
         }
+        let in_start_period = started.elapsed() < h.start_period;
         let req = ExecRequest::command(h.argv.clone())
             .env_scripts(run.env_scripts)
             .base_env(run.base_env.clone())
@@ -564,16 +618,193 @@ fn healthcheck(
             .map(|s| format!(": {s}"))
             .collect::<String>()
         ));
-        if started.elapsed() >= h.start_period {
+        let pause = if in_start_period {
+            h.start_interval
+        } else {
             failures += 1;
             if failures >= h.retries {
                 return Err(format!(
-                    "the healthcheck failed {failures} times; last: {last}"
+                    "the healthcheck failed {failures} times in a row after its start period; last: {last}"
                 ));
             }
-        }
-        std::thread::sleep(h.interval);
+            h.interval
+        };
+        pause_unless_cancelled(ctx, pause);
     }
+}
+
+/// Sleeps `d`, waking early when the job is cancelled.
+fn pause_unless_cancelled(ctx: &Ctx<'_>, d: Duration) {
+    let until = Instant::now() + d;
+    while !ctx.cancel.is_cancelled() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+/// The file of a rollout dir that holds the setup commands' output.
+const SETUP_LOG: &str = "setup.txt";
+
+/// How the setup commands failed.
+enum SetupError {
+    /// A command failed or ran past its time limit: the task's.
+    Failed(String),
+    /// sifbox could not run it.
+    Infra(String),
+}
+
+/// Runs the task's setup commands in order (BenchFlow's `setup_commands`:
+/// after the healthcheck, before the agent), each as `/bin/sh -c COMMAND`
+/// with its output in `out`; stops at the first that fails.
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+fn setup_commands(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    run: &Running<'_>,
+    image_user: &Option<String>,
+    net: NetMode,
+    out: &File,
+) -> std::result::Result<(), SetupError> {
+    for (i, c) in task.config.setup_commands.iter().enumerate() {
+        if ctx.cancel.is_cancelled() {
+            return Err(SetupError::Failed("interrupted".into()));
+        }
+        let _lock = match &c.host_lock {
+            Some(name) => Some(host_lock(ctx, name).map_err(SetupError::Infra)?),
+            None => None,
+        };
+        {
+            use std::io::Write;
+            let mut w = out;
+            let _ = writeln!(w, "# setup_commands[{i}]: {}", c.command);
+        }
+        let no_env = Vec::new();
+        let extra = env.setup.get(i).unwrap_or(&no_env);
+        let (st, _) = run
+            .exec(
+                c.cwd.as_deref().unwrap_or(&run.cwd),
+                vec!["/bin/sh".into(), "-c".into(), c.command.clone()],
+                with_env(&run.base_env, &[extra]),
+                c.user.clone().or_else(|| image_user.clone()),
+                c.timeout,
+                net,
+                out,
+            )
+            .map_err(|e| SetupError::Infra(e.to_string()))?;
+        let what = format!("setup_commands[{i}] ({})", short(&c.command));
+        match st {
+            ExecStatus::Exited { code: 0, .. } => {}
+            ExecStatus::Exited {
+                timed_out: true, ..
+            } => {
+                return Err(SetupError::Failed(format!(
+                    "{what} ran past its time limit ({} s) and was killed",
+                    c.timeout.as_secs_f64()
+                )))
+            }
+            ExecStatus::Exited { code, .. } => {
+                return Err(SetupError::Failed(format!(
+                    "{what} exited with code {code}"
+                )))
+            }
+            ExecStatus::Failed { code, message } => {
+                return Err(SetupError::Failed(format!(
+                    "{what} could not start ({code}): {message}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `s` cut to 80 characters, on one line.
+fn short(s: &str) -> String {
+    let line = one_line(s);
+    if line.chars().count() > 80 {
+        format!("{}...", line.chars().take(80).collect::<String>())
+    } else {
+        line
+    }
+}
+
+/// The last `n` non-empty lines of `text`, on one line.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("# setup_commands["))
+        .collect();
+    one_line(&lines[lines.len().saturating_sub(n)..].join("\n"))
+}
+
+/// Holds a lock of this host (an flock on `locks/eval-NAME` in the image
+/// store, shared by every sifbox of the store) while it lives: BenchFlow's
+/// `host_lock`, so that setup commands of that name run one at a time.
+fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, String> {
+    let dir = ctx.store.root().join("locks");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let path = dir.join(format!("eval-{safe}"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    loop {
+        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(f),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
+                if ctx.cancel.is_cancelled() {
+                    return Err("interrupted while waiting for host_lock".into());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("locking {}: {e}", path.display())),
+        }
+    }
+}
+
+/// Uploads the task's `dir` to `dst` (see `Sandbox::upload`) and makes
+/// `dst/script` executable, as Harbor's `chmod +x` does: the script is sent
+/// once more, as a file of its own with the execute bits added (the
+/// sandbox replaces the copy without them).
+fn upload_with_script(
+    sb: &Sandbox,
+    dir: &std::path::Path,
+    dst: &str,
+    script: &str,
+    owner: Option<&str>,
+) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    sb.upload(dir, dst, owner).map_err(|e| e.to_string())?;
+    let host = dir.join(script);
+    let meta = std::fs::metadata(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+    let data = std::fs::read(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(data.len() as u64);
+    h.set_mode((meta.mode() & 0o7777) | 0o111);
+    h.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
+    let name = script.to_string();
+    sb.upload_tar(dst, owner, move |w| {
+        let mut b = tar::Builder::new(w);
+        b.append_data(&mut h, &name, data.as_slice())?;
+        std::io::Write::flush(&mut b.into_inner()?)
+    })
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

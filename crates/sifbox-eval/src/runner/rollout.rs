@@ -20,13 +20,13 @@ use crate::rollout_dir;
 use crate::task::{NetworkMode, Task};
 
 use super::phases::{phases, Running};
-use super::{ms, set_env, Ctx, TaskEnv};
+use super::{ms, set_env, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
 fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
     cli.unwrap_or(match mode {
         NetworkMode::NoNetwork => NetMode::None,
-        NetworkMode::Public | NetworkMode::Allowlist => NetMode::Host,
+        NetworkMode::Public | NetworkMode::Allowlist | NetworkMode::Denylist => NetMode::Host,
     })
 }
 
@@ -49,6 +49,7 @@ pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -
     let t0 = Instant::now();
     let mut r = RolloutResult::new(&task.name, attempt, &ctx.job, &ctx.agent_label);
     r.limits = task.config.limits.resolve(&ctx.opts.limits);
+    r.notes.extend(task.config.warnings.iter().cloned());
     let dir = ctx.dir.join(&r.rollout);
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)
@@ -121,6 +122,18 @@ fn run_rollout(
     r: &mut RolloutResult,
 ) {
     if interrupted(ctx, r) {
+        return;
+    }
+    // What cannot be honoured ends the rollout before anything runs.
+    if !task.config.unsupported.is_empty() {
+        r.fail(ErrorClass::Unsupported, task.config.unsupported.join("; "));
+        return;
+    }
+    if ctx.opts.agent == Agent::Oracle && task.solve_script().is_none() {
+        r.fail(
+            ErrorClass::Unsupported,
+            "--agent oracle: the task has no solution/solve.sh (or oracle/solve.sh) to run; add one, or run the task with another --agent",
+        );
         return;
     }
     // The image.

@@ -307,7 +307,7 @@ fn usage(what: String, why: &str, fix: &str) -> Error {
     bad(&what, why, fix)
 }
 
-/// `docker_image`: the store, else a registry.
+/// `docker_image`: the store, else a registry; a `.sif` file, imported.
 pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     let progress = match a.progress.as_str() {
         "auto" => {
@@ -348,6 +348,19 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         .collect::<Result<Vec<_>, _>>()?;
     let agent = Agent::parse(&a.agent)?;
     let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
+    // What task.toml says that sifbox ignores or cannot honour, before
+    // anything runs (also in each rollout's result.json).
+    for t in &tasks {
+        for w in &t.config.warnings {
+            eprintln!("sifbox: warning: {w}");
+        }
+        for u in &t.config.unsupported {
+            eprintln!(
+                "sifbox: warning: task {}: {u}; its rollouts end unsupported",
+                t.name
+            );
+        }
+    }
     let store = crate::cmd::image::open_store()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
     let jobs = a.jobs.unwrap_or_else(|| {
@@ -446,6 +459,15 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     // `docker_image` may also be pulled.
     let from = |r: &str| crate::cmd::build::resolve_image(&store, r);
     let task_image = |r: &str| crate::cmd::build::resolve_image(&store, r);
+    let task_sif = |p: &std::path::Path| {
+        crate::cmd::image::resolve_sif_file(&store, p).map_err(|e| {
+            sifbox_build::error::BuildError::bad(
+                format!("image {}", e.arg),
+                e.kind.to_string(),
+                e.fix(),
+            )
+        })
+    };
     let outcome = runner::run(
         &store,
         &tasks,
@@ -453,6 +475,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         &runner::Resolvers {
             from: &from,
             image: &task_image,
+            sif: &task_sif,
         },
         display.as_ref(),
         &cancel,

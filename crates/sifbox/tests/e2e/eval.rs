@@ -835,12 +835,6 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
     env.write("empty/README", "no tasks here\n");
     env.write("badtoml/task.toml", "[agent]\ntimeout_sec = \"soon\"\n");
     env.write("badtoml/instruction.md", "x");
-    let allow = env.task(
-        "allow",
-        "[environment]\nnetwork_mode = \"allowlist\"\nallowed_hosts = [\"example.com\"]\n",
-        "#!/bin/bash\ntrue\n",
-        "#!/bin/bash\ntrue\n",
-    );
     let unset = env.task(
         "unset",
         "[environment]\nenv = { KEY = \"${EVAL_TEST_SURELY_UNSET}\" }\n",
@@ -849,14 +843,12 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
     );
     let empty = env.path("empty").display().to_string();
     let badtoml = env.path("badtoml").display().to_string();
-    let allow = allow.display().to_string();
     let unset = unset.display().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec![&empty], "task.toml"),
         (vec![&badtoml], "task.toml:2"),
         (vec!["/nonexistent-task-dir"], "no such directory"),
         (vec!["--agent", "claude-code", &good], "not an agent"),
-        (vec![&allow], "allowlist"),
         (vec![&unset], "EVAL_TEST_SURELY_UNSET"),
         (vec!["--resume", &good], "--job"),
         (vec!["--filter", "zzz*", &good], "--filter"),
@@ -1499,4 +1491,257 @@ fn user_namespaces_are_opted_in_per_task_or_per_job() {
         .output()
         .sifbox_error()
         .stderr_has("[metadata.sifbox]");
+}
+
+// ===========================================================================
+// Task suites as Harbor 0.26 and BenchFlow 0.7.11 write them (issue 16):
+// the corpus of crates/sifbox/tests/e2e/tasks, on busybox (no bash).
+// ===========================================================================
+
+/// The corpus: `$SIFBOX_TEST_CORPUS`, else the repository's.
+fn corpus() -> PathBuf {
+    match std::env::var_os("SIFBOX_TEST_CORPUS").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/tasks"),
+    }
+}
+
+/// Every `.sh` below `dir`, made 0644: the scripts must run without being
+/// executable in the task (Harbor makes them so).
+fn not_executable(dir: &Path) {
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            not_executable(&p);
+        } else if p.extension().is_some_and(|x| x == "sh") {
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .expect("chmod");
+        }
+    }
+}
+
+#[test]
+fn task_corpus_gives_each_field_its_reward_and_class() {
+    let env = Env::new();
+    let base = env.path("busybox-rootfs");
+    copy_rootfs(&base);
+    assert!(
+        !base.join("bin/bash").exists() && !base.join("usr/bin/bash").exists(),
+        "the test rootfs must have no bash"
+    );
+    env.store
+        .import(&base, "busybox")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    // The corpus, copied: its scripts 0644, and a SIF beside sif-image's
+    // task.toml, exported from another store (so that this one has it only
+    // by importing the file), plus the same SIF named by an absolute path.
+    let tasks = env.path("corpus");
+    run_tool(Command::new("cp").arg("-a").arg(corpus()).arg(&tasks));
+    not_executable(&tasks);
+    let other = Store::new("sifbox-eval-sif.");
+    other
+        .import(&base, "bb")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let sif = tasks.join("sif-image/image/busybox.sif");
+    std::fs::create_dir_all(sif.parent().expect("parent")).expect("mkdir");
+    other
+        .cmd(["image", "export", "bb", sif.to_str().expect("utf-8")])
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    run_tool(
+        Command::new("cp")
+            .arg("-a")
+            .arg(tasks.join("sif-image"))
+            .arg(tasks.join("sif-abs")),
+    );
+    std::fs::write(
+        tasks.join("sif-abs/task.toml"),
+        format!(
+            "[environment]\ndocker_image = {:?}\n",
+            sif.display().to_string()
+        ),
+    )
+    .expect("write");
+    std::fs::remove_dir_all(tasks.join("sif-abs/image")).expect("rm");
+
+    // The suite given twice, and one of its tasks again: each task once.
+    let t = tasks.display().to_string();
+    let again = tasks.join("sh-shebang").display().to_string();
+    let out = env
+        .eval(&["--job", "j", "--jobs", "2", &t, &t, &again])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    let r = |t: &str| env.result("j", &format!("{t}__1"));
+    let unsupported = |t: &str, field: &str| {
+        let res = r(t);
+        assert_eq!(outcome(&res), failed("unsupported", None), "{t}: {res:#}");
+        let e = res["error"].as_str().expect("error");
+        assert!(e.contains(field), "{t}: {e}");
+        assert!(
+            res["agent_run"].is_null() && res["verifier_run"].is_null(),
+            "{res:#}"
+        );
+        assert!(
+            res["image"]["digest"].is_null(),
+            "nothing was built: {res:#}"
+        );
+        // A task.toml's field is said before anything runs, too.
+        assert!(
+            field.starts_with("--agent")
+                || (out.stderr.contains(&format!("task {t}: ")) && out.stderr.contains(field)),
+            "{t}: {}",
+            out.stderr
+        );
+    };
+    let read = |rel: &str| {
+        std::fs::read_to_string(env.out().join("j").join(rel))
+            .unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+    };
+
+    // Scripts run by their shebang, on an image without bash.
+    assert_eq!(outcome(&r("sh-shebang")), ok(1.0), "{:#}", r("sh-shebang"));
+    assert_eq!(
+        outcome(&r("built-from-busybox")),
+        ok(1.0),
+        "{:#}",
+        r("built-from-busybox")
+    );
+    assert_eq!(outcome(&r("deep-task")), ok(1.0), "found at any depth");
+    // Users as numbers.
+    let t = r("numeric-user");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(t["agent_run"]["user"], "1000", "{t:#}");
+    assert_eq!(read("numeric-user__1/agent/who"), "1000\n");
+    // reward.json of any keys; numbers only.
+    let t = r("reward-keys");
+    assert_eq!(outcome(&t), ("ok".into(), None, None), "{t:#}");
+    assert_eq!(t["rewards"]["accuracy"], 0.5, "{t:#}");
+    assert_eq!(t["rewards"]["passed"], 3, "{t:#}");
+    let t = r("reward-not-numbers");
+    assert_eq!(outcome(&t), failed("verifier_failed", None), "{t:#}");
+    assert!(
+        t["error"].as_str().expect("error").contains("\"detail\""),
+        "{t:#}"
+    );
+    // BenchFlow's spellings: [sandbox], image, [oracle] (and oracle/,
+    // verifier/), the env shorthand, [reward], the legacy storage size.
+    let t = r("benchflow-spellings");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(t["limits"]["storage_mb"], 64, "{t:#}");
+    assert_eq!(t["limits"]["source"]["storage_mb"], "task", "{t:#}");
+    // Setup commands: in order, before the agent, with env, cwd and user.
+    let t = r("setup-commands");
+    assert_eq!(
+        outcome(&t),
+        ok(1.0),
+        "{t:#}\n{}",
+        read("setup-commands__1/setup.txt")
+    );
+    let t = r("setup-fails");
+    assert_eq!(outcome(&t), failed("setup_failed", None), "{t:#}");
+    let e = t["error"].as_str().expect("error");
+    assert!(
+        e.contains("setup_commands[0]")
+            && e.contains("exited with code 3")
+            && e.contains("seeding failed"),
+        "{e}"
+    );
+    assert!(t["agent_run"].is_null(), "the agent did not run: {t:#}");
+    // What cannot be honoured: its own class, the field named, the other
+    // tasks run.
+    unsupported("unsupported-windows", "os = \"windows\"");
+    unsupported("unsupported-judge", "type = \"llm-judge\"");
+    unsupported("unsupported-mcp", "mcp_servers");
+    unsupported("unsupported-allowlist", "network_mode = \"allowlist\"");
+    unsupported("unsupported-denylist", "network_mode = \"denylist\"");
+    unsupported("no-solution", "--agent oracle");
+    // Unknown keys: a warning with a did-you-mean, here and in the result.
+    let t = r("misspelt-keys");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    for hint in ["did you mean `timeout_sec`?", "did you mean `verifier`?"] {
+        assert!(out.stderr.contains(hint), "{hint}: {}", out.stderr);
+        assert!(notes(&t).iter().any(|n| n.contains(hint)), "{hint}: {t:#}");
+    }
+    // The healthcheck: failures within start_period_sec do not count,
+    // checks come start_interval_sec apart there.
+    let t = r("health-start-period");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert!(
+        t["timings_ms"]["start"].as_u64().expect("ms") < 2500,
+        "{t:#}"
+    );
+    assert_eq!(outcome(&r("health-no-grace")), failed("start_failed", None));
+    // docker_image naming a .sif file, relative and absolute.
+    for task in ["sif-image", "sif-abs"] {
+        let t = r(task);
+        assert_eq!(outcome(&t), ok(1.0), "{task}: {t:#}");
+        assert!(
+            t["image"]["reference"]
+                .as_str()
+                .expect("ref")
+                .ends_with("busybox.sif"),
+            "{t:#}"
+        );
+    }
+
+    let s = env.json("j/summary.json");
+    assert_eq!(s["rollouts"], 20, "each task once: {s:#}");
+    assert_eq!(s["infra_errors"], 0, "{s:#}");
+    assert_eq!(s["failures"]["unsupported"], 6, "{s:#}");
+    let keys = s["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .find(|t| t["task"] == "reward-keys")
+        .expect("reward-keys")
+        .clone();
+    assert_eq!(keys["mean_rewards"]["accuracy"], 0.5, "{keys:#}");
+    assert_eq!(keys["mean_rewards"]["passed"], 3.0, "{keys:#}");
+
+    // The nop agent on the no-solution task runs it: the oracle's want of
+    // a solution is the oracle's alone.
+    let nos = tasks.join("no-solution").display().to_string();
+    env.eval(&["--job", "nop", "--agent", "nop", &nos])
+        .output()
+        .success();
+    assert_eq!(outcome(&env.result("nop", "no-solution__1")), ok(1.0));
+}
+
+#[test]
+fn a_malformed_task_toml_refuses_the_whole_job() {
+    let env = Env::new();
+    let good = env.task(
+        "good",
+        "",
+        "#!/bin/sh\ntrue\n",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let cases = [
+        ("[agent]\nuser = 1.5\n", "expected a user"),
+        ("[agent]\nuser = -1\n", "[agent] user = -1"),
+        ("[environment]\nos = \"plan9\"\n", "os"),
+        (
+            "[[environment.setup_commands]]\ncwd = \"/\"\n",
+            "setup_commands[0]",
+        ),
+        ("[solution]\nenv = {}\n[oracle]\nenv = {}\n", "duplicate"),
+    ];
+    for (toml, needle) in cases {
+        env.write("tasks/bad/task.toml", toml);
+        env.write("tasks/bad/instruction.md", "x");
+        let tasks = env.path("tasks").display().to_string();
+        let out_dir = env.out().display().to_string();
+        let out = env.cmd(&["eval", "--out", &out_dir, &tasks]).output();
+        out.sifbox_error()
+            .stderr_has(needle)
+            .stderr_has("bad/task.toml");
+        assert!(!env.out().exists(), "{toml:?} left {}", env.out().display());
+    }
+    let _ = good;
 }

@@ -11,9 +11,12 @@
 //!
 //! task.toml is untrusted input: it is size-limited, every value is checked
 //! here (types, ranges, names, paths), and nothing in it reaches a command
-//! line of the host.
+//! line of the host. What Harbor 0.26 and BenchFlow 0.7.11 accept is
+//! accepted (their spellings included); what sifbox cannot honour makes
+//! the task `unsupported` rather than the job bad input; unknown keys are
+//! warnings ([`keys`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,6 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EvalError, Result};
 use crate::template;
+
+mod keys;
 
 /// The agent's time limit when task.toml gives none.
 pub const DEFAULT_AGENT_TIMEOUT_SEC: f64 = 600.0;
@@ -38,6 +43,12 @@ pub const DEFAULT_STORAGE_MB: u64 = 10240;
 /// tmpfs whose pages count in the limit, so the default is those 2 GiB for
 /// the processes plus 2 GiB for the files they write.
 pub const DEFAULT_MEMORY_MB: u64 = 4096;
+/// A setup command's time limit when task.toml gives none (BenchFlow's).
+pub const DEFAULT_SETUP_TIMEOUT_SEC: f64 = 600.0;
+/// A healthcheck's pauses (`interval_sec`, `start_interval_sec`) and time
+/// limit when task.toml gives none (Harbor 0.26's).
+pub const DEFAULT_HEALTH_INTERVAL_SEC: f64 = 5.0;
+pub const DEFAULT_HEALTH_TIMEOUT_SEC: f64 = 30.0;
 /// The largest memory_mb or storage_mb accepted (1 PiB).
 const MAX_MB: u64 = 1 << 30;
 /// The longest time limit accepted (a week).
@@ -56,8 +67,12 @@ pub enum NetworkMode {
     Public,
     /// Only a loopback interface of the sandbox's own.
     NoNetwork,
-    /// Only the hosts of `allowed_hosts` (refused: not enforced yet).
+    /// Only the hosts of `allowed_hosts` (not enforced: such a task ends
+    /// `unsupported`).
     Allowlist,
+    /// All but `blocked_urls`/`blocked_hosts` (BenchFlow's; not enforced:
+    /// such a task ends `unsupported`).
+    Denylist,
 }
 
 /// A command of a healthcheck: a shell string or an argv.
@@ -68,6 +83,36 @@ pub enum HealthCommand {
     Argv(Vec<String>),
 }
 
+/// A user as task.toml names it: a name (or `UID[:GID]`) or a number
+/// (Harbor and BenchFlow take `str | int`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawUser {
+    Name(String),
+    Id(i64),
+}
+
+impl<'de> Deserialize<'de> for RawUser {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawUser;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a user: a name (NAME, UID or UID:GID) or a UID number")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Name(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Id(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<RawUser, E> {
+                Ok(RawUser::Id(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `[environment.healthcheck]` as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
@@ -76,15 +121,35 @@ pub struct RawHealthcheck {
     pub interval_sec: Option<f64>,
     pub timeout_sec: Option<f64>,
     pub start_period_sec: Option<f64>,
-    pub retries: Option<u32>,
+    pub start_interval_sec: Option<f64>,
+    pub retries: Option<i64>,
 }
 
-/// `[environment]` as written.
+/// One of BenchFlow's `[[environment.setup_commands]]` as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RawSetupCommand {
+    pub command: Option<String>,
+    pub timeout_sec: Option<f64>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub user: Option<RawUser>,
+    pub service: Option<String>,
+    pub host_lock: Option<String>,
+    pub capture_dir: Option<String>,
+    pub capture_dir_b64_env: Option<String>,
+    pub capture_dir_b64_env_file_var: Option<String>,
+}
+
+/// `[environment]` (BenchFlow: `[sandbox]`) as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct RawEnvironment {
     pub build_timeout_sec: Option<f64>,
+    /// BenchFlow also spells it `image`.
+    #[serde(alias = "image")]
     pub docker_image: Option<String>,
+    pub os: Option<String>,
     pub cpus: Option<f64>,
     pub memory_mb: Option<u64>,
     pub storage_mb: Option<u64>,
@@ -92,9 +157,13 @@ pub struct RawEnvironment {
     pub gpu_types: Option<Vec<String>>,
     pub network_mode: Option<NetworkMode>,
     pub allowed_hosts: Option<Vec<String>>,
+    pub blocked_urls: Option<Vec<String>>,
+    pub blocked_hosts: Option<Vec<String>>,
     pub env: BTreeMap<String, String>,
     pub workdir: Option<String>,
     pub healthcheck: Option<RawHealthcheck>,
+    pub mcp_servers: Option<Vec<toml::Value>>,
+    pub setup_commands: Vec<RawSetupCommand>,
     /// Legacy: `false` means `network_mode = "no-network"`.
     pub allow_internet: Option<bool>,
     /// Legacy: `"2G"`, `"512M"`.
@@ -108,7 +177,7 @@ pub struct RawEnvironment {
 #[serde(default)]
 pub struct RawAgent {
     pub timeout_sec: Option<f64>,
-    pub user: Option<String>,
+    pub user: Option<RawUser>,
     pub network_mode: Option<NetworkMode>,
 }
 
@@ -118,29 +187,56 @@ pub struct RawAgent {
 pub struct RawVerifier {
     pub timeout_sec: Option<f64>,
     pub env: BTreeMap<String, String>,
-    pub user: Option<String>,
+    pub user: Option<RawUser>,
     pub network_mode: Option<NetworkMode>,
+    /// BenchFlow's: `test-script` (the default) or `llm-judge`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
 }
 
-/// `[solution]` as written.
+/// `[solution]` (BenchFlow: `[oracle]`) as written.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct RawSolution {
     pub env: BTreeMap<String, String>,
+    /// The other keys: BenchFlow takes `NAME = "value"` (a variable name
+    /// with a string) as env; anything else is warned about.
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, toml::Value>,
 }
 
-/// task.toml as written (unknown keys are ignored, as newer schema
-/// versions may add some).
+/// task.toml as written (unknown keys are warned about and ignored, as
+/// newer schema versions may add some; see [`keys`]).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct RawTaskToml {
     pub schema_version: Option<toml::Value>,
     pub version: Option<toml::Value>,
     pub metadata: toml::Table,
+    #[serde(alias = "sandbox")]
     pub environment: RawEnvironment,
     pub agent: RawAgent,
     pub verifier: RawVerifier,
+    #[serde(alias = "oracle")]
     pub solution: RawSolution,
+    /// BenchFlow's legacy reward-expression metadata: recorded nowhere
+    /// and read by nothing, in BenchFlow as here.
+    pub reward: Option<toml::Table>,
+}
+
+/// One setup command (BenchFlow's `setup_commands`), checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetupCommand {
+    /// Run as `/bin/sh -c COMMAND`.
+    pub command: String,
+    pub timeout: Duration,
+    pub cwd: Option<String>,
+    /// Env templates, unresolved.
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+    /// Rollouts of every sifbox process holding a lock of this name run
+    /// the command one at a time.
+    pub host_lock: Option<String>,
 }
 
 /// A healthcheck, checked.
@@ -148,9 +244,14 @@ pub struct RawTaskToml {
 pub struct Healthcheck {
     /// The argv to run (`/bin/sh -c STRING` for a string).
     pub argv: Vec<String>,
+    /// Between checks after the start period.
     pub interval: Duration,
     pub timeout: Duration,
+    /// Failures of checks started within it do not count.
     pub start_period: Duration,
+    /// Between checks within the start period.
+    pub start_interval: Duration,
+    /// Failures after the start period that end it (at least 1).
     pub retries: u32,
 }
 
@@ -362,6 +463,14 @@ pub struct TaskConfig {
     /// create user namespaces (bubblewrap, Chromium's sandbox). Kept under
     /// `[metadata]`, which Harbor and BenchFlow leave free-form.
     pub allow_userns: bool,
+    /// BenchFlow's setup commands, run in order after the healthcheck and
+    /// before the agent.
+    pub setup_commands: Vec<SetupCommand>,
+    /// What of the task sifbox cannot honour, one line each naming the
+    /// field: such a task's rollouts end `unsupported` (and run nothing).
+    pub unsupported: Vec<String>,
+    /// Unknown keys, and known keys not honoured: one line each.
+    pub warnings: Vec<String>,
 }
 
 /// Where a task's image comes from.
@@ -371,6 +480,10 @@ pub enum EnvSource {
     Dockerfile { context: PathBuf },
     /// A prebuilt image (`docker_image`): a store name or `docker://REF`.
     Image(String),
+    /// `docker_image` naming a SIF file (`*.sif`, relative to the task's
+    /// dir or absolute: the convention of Harbor's singularity and
+    /// BenchFlow's apptainer environments), imported once.
+    Sif(PathBuf),
 }
 
 /// A task directory, loaded and checked.
@@ -386,6 +499,17 @@ pub struct Task {
     pub solution: Option<PathBuf>,
     /// `tests/` (or `verifier/`), holding test.sh.
     pub tests: PathBuf,
+}
+
+impl Task {
+    /// The oracle's script, `solve.sh` in `solution/` (or `oracle/`), when
+    /// there is one.
+    pub fn solve_script(&self) -> Option<PathBuf> {
+        self.solution
+            .as_ref()
+            .map(|s| s.join("solve.sh"))
+            .filter(|p| p.is_file())
+    }
 }
 
 fn bad(what: impl Into<String>, why: impl Into<String>, fix: impl Into<String>) -> EvalError {
@@ -410,7 +534,13 @@ pub fn parse_config(text: &str, file: &str) -> Result<TaskConfig> {
             "fix the TOML (see the task format in README.md)",
         )
     })?;
-    check_config(raw, file)
+    let mut config = check_config(raw, file)?;
+    // The same text parsed once more as a plain table, for its keys (it
+    // parsed above, so it parses here).
+    if let Ok(doc) = toml::from_str::<toml::Table>(text) {
+        config.warnings = keys::warnings(&doc, file);
+    }
+    Ok(config)
 }
 
 fn timeout(v: Option<f64>, default: f64, key: &str, file: &str) -> Result<Duration> {
@@ -458,14 +588,25 @@ fn check_env(
     Ok(out)
 }
 
-fn check_user(u: Option<String>, key: &str, file: &str) -> Result<Option<String>> {
+fn check_user(u: Option<RawUser>, key: &str, file: &str) -> Result<Option<String>> {
+    let bad_user = |shown: String| {
+        bad(
+            format!("{file}: {key} = {shown}"),
+            "not a user",
+            "name a user of the image (NAME, UID or UID:GID; a number is a UID), or leave it out for the image's user",
+        )
+    };
     match u {
-        Some(u) if u.is_empty() || u.len() > 256 || u.chars().any(char::is_control) => Err(bad(
-            format!("{file}: {key} = {u:?}"),
-            "not a user name",
-            "name a user of the image (NAME, UID or UID:GID), or leave it out for the image's user",
-        )),
-        other => Ok(other),
+        None => Ok(None),
+        Some(RawUser::Id(n)) => u32::try_from(n)
+            .map(|n| Some(n.to_string()))
+            .map_err(|_| bad_user(n.to_string())),
+        Some(RawUser::Name(u))
+            if u.is_empty() || u.len() > 256 || u.chars().any(char::is_control) =>
+        {
+            Err(bad_user(format!("{u:?}")))
+        }
+        Some(RawUser::Name(u)) => Ok(Some(u)),
     }
 }
 
@@ -534,28 +675,74 @@ fn check_mb(mb: Option<u64>, key: &str, file: &str) -> Result<Option<u64>> {
 
 fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
     let e = raw.environment;
-    let allowlist = |key: &str| {
-        bad(
-            format!("{file}: {key} = \"allowlist\""),
-            "sifbox cannot enforce a host allowlist yet",
-            "use \"public\" or \"no-network\" (or run this task with another runtime)",
-        )
-    };
+    let mut unsupported = Vec::new();
     let network = match (e.network_mode, e.allow_internet) {
         (Some(m), _) => m,
         (None, Some(false)) => NetworkMode::NoNetwork,
         (None, _) => NetworkMode::Public,
     };
-    if network == NetworkMode::Allowlist {
-        return Err(allowlist("[environment] network_mode"));
-    }
     let agent_network = raw.agent.network_mode.unwrap_or(network);
-    if agent_network == NetworkMode::Allowlist {
-        return Err(allowlist("[agent] network_mode"));
-    }
     let verifier_network = raw.verifier.network_mode.unwrap_or(network);
-    if verifier_network == NetworkMode::Allowlist {
-        return Err(allowlist("[verifier] network_mode"));
+    for (key, mode, own) in [
+        (
+            "[environment] network_mode",
+            network,
+            e.network_mode.is_some(),
+        ),
+        (
+            "[agent] network_mode",
+            agent_network,
+            raw.agent.network_mode.is_some(),
+        ),
+        (
+            "[verifier] network_mode",
+            verifier_network,
+            raw.verifier.network_mode.is_some(),
+        ),
+    ] {
+        // Said once, where it is written.
+        if !own {
+            continue;
+        }
+        match mode {
+            NetworkMode::Allowlist => unsupported.push(format!(
+                "{key} = \"allowlist\": sifbox cannot enforce a host allowlist (allowed_hosts); use \"public\" or \"no-network\", or run this task with another runtime"
+            )),
+            NetworkMode::Denylist => unsupported.push(format!(
+                "{key} = \"denylist\": sifbox cannot enforce a denylist (blocked_urls, blocked_hosts); use \"public\" or \"no-network\", or run this task with another runtime"
+            )),
+            NetworkMode::Public | NetworkMode::NoNetwork => {}
+        }
+    }
+    match e.os.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("linux") => {}
+        Some("windows") => unsupported
+            .push("[environment] os = \"windows\": sifbox runs Linux sandboxes only".to_string()),
+        Some(_) => {
+            return Err(bad(
+                format!("{file}: [environment] os = {:?}", e.os.unwrap_or_default()),
+                "not an operating system Harbor knows",
+                "write os = \"linux\" (the default) or leave it out",
+            ))
+        }
+    }
+    match raw.verifier.kind.as_deref() {
+        None | Some("test-script") => {}
+        Some("llm-judge") => unsupported.push(
+            "[verifier] type = \"llm-judge\": sifbox has no LLM judge; it runs tests/test.sh (type = \"test-script\")".to_string(),
+        ),
+        Some(other) => {
+            return Err(bad(
+                format!("{file}: [verifier] type = {other:?}"),
+                "not a verifier type BenchFlow knows",
+                "write type = \"test-script\" (the default) or leave it out",
+            ))
+        }
+    }
+    if e.mcp_servers.as_ref().is_some_and(|m| !m.is_empty()) {
+        unsupported.push(
+            "[environment] mcp_servers: sifbox starts no MCP servers for the agent".to_string(),
+        );
     }
     if let Some(cpus) = e.cpus {
         if cpus_milli(cpus).is_none() {
@@ -599,7 +786,7 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         Some(i) if i.trim().is_empty() || i.chars().any(char::is_control) => return Err(bad(
             format!("{file}: [environment] docker_image = {i:?}"),
             "not an image reference",
-            "name an image (a store name or docker://REF), or leave it out to build environment/",
+            "name an image (a store name, docker://REF or a .sif file), or leave it out to build environment/",
         )),
         other => other,
     };
@@ -637,28 +824,122 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
                 ));
             }
             let key = "[environment.healthcheck]";
-            let retries = h.retries.unwrap_or(3);
-            if retries == 0 || retries > 10_000 {
-                return Err(bad(
-                    format!("{file}: {key} retries = {retries}"),
-                    "must be 1 to 10000",
-                    "set retries to e.g. 3",
-                ));
-            }
+            // Harbor's: 0 retries fails at the first failure after the
+            // start period, as 1 does.
+            let retries = match h.retries.unwrap_or(3) {
+                n @ 0..=10_000 => u32::try_from(n.max(1)).unwrap_or(1),
+                n => {
+                    return Err(bad(
+                        format!("{file}: {key} retries = {n}"),
+                        "must be 0 to 10000",
+                        "set retries to e.g. 3",
+                    ))
+                }
+            };
+            let pause = |v: Option<f64>, name: &str| match v {
+                Some(0.0) => Ok(Duration::ZERO),
+                v => timeout(
+                    v,
+                    DEFAULT_HEALTH_INTERVAL_SEC,
+                    &format!("{key} {name}"),
+                    file,
+                ),
+            };
             let start_period = match h.start_period_sec {
-                None => Duration::ZERO,
-                Some(0.0) => Duration::ZERO,
+                None | Some(0.0) => Duration::ZERO,
                 v => timeout(v, 0.0, &format!("{key} start_period_sec"), file)?,
             };
             Some(Healthcheck {
                 argv,
-                interval: timeout(h.interval_sec, 1.0, &format!("{key} interval_sec"), file)?,
-                timeout: timeout(h.timeout_sec, 30.0, &format!("{key} timeout_sec"), file)?,
+                interval: pause(h.interval_sec, "interval_sec")?,
+                timeout: timeout(
+                    h.timeout_sec,
+                    DEFAULT_HEALTH_TIMEOUT_SEC,
+                    &format!("{key} timeout_sec"),
+                    file,
+                )?,
                 start_period,
+                start_interval: pause(h.start_interval_sec, "start_interval_sec")?,
                 retries,
             })
         }
     };
+    let mut setup_commands = Vec::with_capacity(e.setup_commands.len());
+    for (i, c) in e.setup_commands.into_iter().enumerate() {
+        let key = format!("[environment] setup_commands[{i}]");
+        let command = match c.command {
+            Some(cmd) if !cmd.trim().is_empty() && !cmd.contains('\0') => cmd.trim().to_string(),
+            _ => {
+                return Err(bad(
+                    format!("{file}: {key}"),
+                    "no command",
+                    "set command = \"...\" (run by /bin/sh -c in the sandbox)",
+                ))
+            }
+        };
+        let cwd = match c.cwd.map(|w| w.trim().to_string()) {
+            Some(w) if !w.starts_with('/') || w.contains('\0') || w.len() > 4096 => {
+                return Err(bad(
+                    format!("{file}: {key} cwd = {w:?}"),
+                    "not an absolute path",
+                    "write an absolute path inside the sandbox, e.g. /app",
+                ))
+            }
+            other => other,
+        };
+        match c.service.as_deref().map(str::trim) {
+            None | Some("main") => {}
+            Some(other) => unsupported.push(format!(
+                "{key} service = {other:?}: sifbox runs no compose services; setup commands run in the task's one sandbox (service \"main\")"
+            )),
+        }
+        if c.capture_dir.is_some() || c.capture_dir_b64_env.is_some() {
+            unsupported.push(format!(
+                "{key} capture_dir: sifbox does not copy a sandbox's files into the host's environment"
+            ));
+        }
+        let host_lock = match c.host_lock.map(|l| l.trim().to_string()) {
+            Some(l) if l.is_empty() || l.len() > 200 || l.chars().any(char::is_control) => {
+                return Err(bad(
+                    format!("{file}: {key} host_lock = {l:?}"),
+                    "not a lock name",
+                    "name the lock with letters, digits, '.', '_' and '-'",
+                ))
+            }
+            other => other,
+        };
+        setup_commands.push(SetupCommand {
+            command,
+            timeout: timeout(
+                c.timeout_sec,
+                DEFAULT_SETUP_TIMEOUT_SEC,
+                &format!("{key} timeout_sec"),
+                file,
+            )?,
+            cwd,
+            env: check_env(c.env, &format!("{key} env"), file)?,
+            user: check_user(c.user, &format!("{key} user"), file)?,
+            host_lock,
+        });
+    }
+    // BenchFlow's shorthand: `[solution] NAME = "value"` is an env entry.
+    let mut solution_env = raw.solution.env;
+    for (k, v) in raw.solution.rest {
+        if let (true, toml::Value::String(v)) = (is_env_shorthand(&k), v) {
+            match solution_env.get(&k) {
+                Some(old) if *old != v => {
+                    return Err(bad(
+                        format!("{file}: [solution] {k}"),
+                        "set twice, to different values (in env and as a key of its own)",
+                        "keep one of them",
+                    ))
+                }
+                _ => {
+                    solution_env.insert(k, v);
+                }
+            }
+        }
+    }
     Ok(TaskConfig {
         build_timeout: timeout(
             e.build_timeout_sec,
@@ -679,7 +960,7 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         verifier_network,
         env: check_env(e.env, "[environment] env", file)?,
         verifier_env: check_env(raw.verifier.env, "[verifier] env", file)?,
-        solution_env: check_env(raw.solution.env, "[solution] env", file)?,
+        solution_env: check_env(solution_env, "[solution] env", file)?,
         workdir,
         healthcheck,
         agent_timeout: timeout(
@@ -697,7 +978,18 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         )?,
         verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
+        setup_commands,
+        unsupported,
+        warnings: Vec::new(),
     })
+}
+
+/// Whether `k`, a key of `[solution]` with a string, is an env entry by
+/// BenchFlow's shorthand (`[A-Z_][A-Z0-9_]*`).
+fn is_env_shorthand(k: &str) -> bool {
+    let mut b = k.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_uppercase() || c == b'_')
+        && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
 }
 
 /// A boolean of `[metadata.sifbox]`; false when absent.
@@ -780,6 +1072,23 @@ pub fn load(dir: &Path) -> Result<Task> {
     })?;
     let config = parse_config(&text, &file)?;
     let instruction = dir.join(INSTRUCTION);
+    let solution = first_dir(&dir, &["solution", "oracle"]);
+    if !config.unsupported.is_empty() {
+        // Its rollouts end `unsupported` before anything runs: what it
+        // needs (a Windows Dockerfile, a rubric instead of test.sh) is not
+        // looked for.
+        return Ok(Task {
+            name,
+            environment: EnvSource::Dockerfile {
+                context: dir.join("environment"),
+            },
+            tests: first_dir(&dir, &["tests", "verifier"]).unwrap_or_else(|| dir.join("tests")),
+            solution,
+            dir,
+            config,
+            instruction,
+        });
+    }
     if !instruction.is_file() {
         return Err(bad(
             format!("task {shown}"),
@@ -788,6 +1097,17 @@ pub fn load(dir: &Path) -> Result<Task> {
         ));
     }
     let environment = match &config.docker_image {
+        Some(image) if is_sif_path(image) => {
+            let path = dir.join(image);
+            if !path.is_file() {
+                return Err(bad(
+                    format!("{file}: [environment] docker_image = {image:?}"),
+                    format!("no such SIF file: {}", path.display()),
+                    "name a .sif file relative to the task's directory (or absolute), or an image of the store",
+                ));
+            }
+            EnvSource::Sif(path)
+        }
         Some(image) => EnvSource::Image(image.clone()),
         None => {
             let context = dir.join("environment");
@@ -824,13 +1144,37 @@ pub fn load(dir: &Path) -> Result<Task> {
     }
     Ok(Task {
         name,
-        solution: first_dir(&dir, &["solution", "oracle"]),
+        solution,
         dir,
         config,
         instruction,
         environment,
         tests,
     })
+}
+
+/// Whether `docker_image` names a SIF file on the host (`*.sif`) rather
+/// than an image reference: a reference never ends so.
+pub fn is_sif_path(image: &str) -> bool {
+    image.len() > 4 && image.to_ascii_lowercase().ends_with(".sif")
+}
+
+/// The script a phase runs, by its shebang: `[path]` (executed directly,
+/// its `#!` line decides, as Harbor runs test.sh and solve.sh), else
+/// `bash path` (a script without one; Harbor's would fail to execute).
+/// `host` is the script in the task's dir, `inside` where it is in the
+/// sandbox.
+pub fn script_argv(host: &Path, inside: &str) -> Vec<String> {
+    let mut head = [0u8; 2];
+    let shebang = std::fs::File::open(host)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .is_ok()
+        && head == *b"#!";
+    if shebang {
+        vec![inside.to_string()]
+    } else {
+        vec!["bash".to_string(), inside.to_string()]
+    }
 }
 
 /// Checks `--filter` patterns (shell globs: `*`, `?`, `[...]`) before
@@ -865,9 +1209,56 @@ pub fn select(mut tasks: Vec<Task>, patterns: &[String]) -> Result<Vec<Task>> {
     Ok(tasks)
 }
 
+/// How deep below a given dir tasks are looked for.
+const MAX_DEPTH: usize = 32;
+
+/// The task dirs at or below `dir`: `dir` itself when it holds task.toml
+/// (nothing below a task is looked at), else the task dirs at any depth
+/// below it (hidden dirs skipped), sorted by path, into `out`. `seen`
+/// holds the canonical dirs walked so far, and whether tasks are at or
+/// below them (a symlink loop, a dir given twice, nested dirs given both:
+/// each is walked once). Returns whether tasks are at or below `dir`,
+/// found now or before.
+fn task_dirs(
+    dir: &Path,
+    depth: usize,
+    seen: &mut HashMap<PathBuf, bool>,
+    out: &mut Vec<PathBuf>,
+) -> Result<bool> {
+    let canon = std::fs::canonicalize(dir)
+        .map_err(|e| EvalError::io(format!("reading {}", dir.display()), e))?;
+    if let Some(had) = seen.get(&canon) {
+        return Ok(*had);
+    }
+    seen.insert(canon.clone(), false);
+    if dir.join(TASK_TOML).exists() {
+        out.push(dir.to_path_buf());
+        seen.insert(canon, true);
+        return Ok(true);
+    }
+    if depth >= MAX_DEPTH {
+        return Ok(false);
+    }
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| EvalError::io(format!("listing {}", dir.display()), e))?
+        .filter_map(std::result::Result::ok)
+        .filter(|e| !e.file_name().as_encoded_bytes().starts_with(b"."))
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    subdirs.sort();
+    let mut any = false;
+    for d in subdirs {
+        any |= task_dirs(&d, depth + 1, seen, out)?;
+    }
+    seen.insert(canon, any);
+    Ok(any)
+}
+
 /// The tasks that `paths` name: a task dir (with task.toml) is one task; a
-/// dir without task.toml stands for the task dirs directly in it. Sorted
-/// by name within a dir; names must be unique.
+/// dir without task.toml stands for the task dirs at any depth in it (a
+/// task's own subdirs are not looked in). Each dir counts once, however
+/// often it is named; task names (the dirs' names) must be unique.
 pub fn discover(paths: &[PathBuf]) -> Result<Vec<Task>> {
     let mut tasks: Vec<Task> = Vec::new();
     if paths.is_empty() {
@@ -877,6 +1268,9 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<Task>> {
             "pass task directories, or a directory of them (e.g. examples/tasks)",
         ));
     }
+    // Task dirs first: a dir named inside another that was named is
+    // walked once, and its tasks are the first dir's.
+    let mut seen = HashMap::new();
     for p in paths {
         let shown = p.display().to_string();
         if !p.is_dir() {
@@ -886,24 +1280,15 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<Task>> {
                 "pass a task directory, or a directory of them",
             ));
         }
-        if p.join(TASK_TOML).exists() {
-            tasks.push(load(p)?);
-            continue;
-        }
-        let mut subdirs: Vec<PathBuf> = std::fs::read_dir(p)
-            .map_err(|e| EvalError::io(format!("listing {shown}"), e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|d| d.is_dir() && d.join(TASK_TOML).exists())
-            .collect();
-        if subdirs.is_empty() {
+        let mut found = Vec::new();
+        if !task_dirs(p, 0, &mut seen, &mut found)? {
             return Err(bad(
                 format!("task {shown}"),
-                format!("no {TASK_TOML} in it or in its subdirectories"),
+                format!("no {TASK_TOML} in it or below it"),
                 "pass a task directory (with task.toml), or a directory of them",
             ));
         }
-        subdirs.sort();
-        for d in subdirs {
+        for d in found {
             tasks.push(load(&d)?);
         }
     }
@@ -1021,10 +1406,177 @@ env = { HINT = "h" }
     }
 
     #[test]
+    fn what_harbor_and_benchflow_accept() {
+        // Users as numbers (Harbor and BenchFlow: str | int).
+        let c = parse("[agent]\nuser = 1000\n[verifier]\nuser = 0\n").expect("numeric users");
+        assert_eq!(c.agent_user.as_deref(), Some("1000"));
+        assert_eq!(c.verifier_user.as_deref(), Some("0"));
+        // BenchFlow's spellings: [oracle], [sandbox], image, the [solution]
+        // env shorthand, [reward] metadata.
+        let c = parse(
+            "[sandbox]\nimage = \"busybox\"\n[oracle]\nenv = { A = \"1\" }\nTOKEN = \"${T:-x}\"\n[reward]\nexpr = \"mean(a)\"\n",
+        )
+        .expect("benchflow");
+        assert_eq!(c.docker_image.as_deref(), Some("busybox"));
+        assert_eq!(
+            c.solution_env,
+            vec![("A".into(), "1".into()), ("TOKEN".into(), "${T:-x}".into())]
+        );
+        assert!(c.warnings.is_empty() && c.unsupported.is_empty(), "{c:?}");
+        // Legacy sizes.
+        let c = parse("[environment]\nstorage = \"10G\"\nmemory = \"512M\"").expect("legacy");
+        assert_eq!(
+            (c.limits.storage_mb, c.limits.memory_mb),
+            (Some(10240), Some(512))
+        );
+        // os, verifier type: the values that run.
+        let c = parse("[environment]\nos = \"Linux\"\n[verifier]\ntype = \"test-script\"")
+            .expect("linux");
+        assert!(c.unsupported.is_empty());
+        // Setup commands, with their defaults.
+        let c = parse(
+            "[[environment.setup_commands]]\ncommand = \" echo a \"\n[[environment.setup_commands]]\ncommand = \"b\"\ntimeout_sec = 5\ncwd = \"/srv\"\nuser = 1000\nenv = { K = \"${V:-d}\" }\nhost_lock = \"db\"\nservice = \"main\"\n",
+        )
+        .expect("setup");
+        assert_eq!(
+            c.setup_commands,
+            vec![
+                SetupCommand {
+                    command: "echo a".into(),
+                    timeout: Duration::from_secs(600),
+                    cwd: None,
+                    env: vec![],
+                    user: None,
+                    host_lock: None,
+                },
+                SetupCommand {
+                    command: "b".into(),
+                    timeout: Duration::from_secs(5),
+                    cwd: Some("/srv".into()),
+                    env: vec![("K".into(), "${V:-d}".into())],
+                    user: Some("1000".into()),
+                    host_lock: Some("db".into()),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_collected_per_field() {
+        let cases = [
+            ("[environment]\nos = \"windows\"", "[environment] os = \"windows\""),
+            ("[environment]\nos = \"WINDOWS\"", "[environment] os = \"windows\""),
+            ("[verifier]\ntype = \"llm-judge\"", "[verifier] type = \"llm-judge\""),
+            (
+                "[[environment.mcp_servers]]\nname = \"m\"\nurl = \"http://x\"",
+                "[environment] mcp_servers",
+            ),
+            (
+                "[environment]\nnetwork_mode = \"allowlist\"\nallowed_hosts = [\"example.com\"]",
+                "[environment] network_mode = \"allowlist\"",
+            ),
+            ("[agent]\nnetwork_mode = \"allowlist\"", "[agent] network_mode = \"allowlist\""),
+            (
+                "[environment]\nnetwork_mode = \"denylist\"\nblocked_hosts = [\"x.com\"]",
+                "[environment] network_mode = \"denylist\"",
+            ),
+            ("[verifier]\nnetwork_mode = \"denylist\"", "[verifier] network_mode = \"denylist\""),
+            (
+                "[[environment.setup_commands]]\ncommand = \"x\"\nservice = \"db\"",
+                "setup_commands[0] service = \"db\"",
+            ),
+            (
+                "[[environment.setup_commands]]\ncommand = \"x\"\ncapture_dir = \"/a\"\ncapture_dir_b64_env = \"A\"",
+                "setup_commands[0] capture_dir",
+            ),
+        ];
+        for (text, needle) in cases {
+            let c = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(c.unsupported.len(), 1, "{text:?}: {:?}", c.unsupported);
+            assert!(
+                c.unsupported[0].contains(needle),
+                "{text:?}: {:?}",
+                c.unsupported
+            );
+            assert!(!c.unsupported[0].contains('\n'));
+        }
+        // An empty list of MCP servers asks for nothing.
+        assert!(parse("[environment]\nmcp_servers = []")
+            .expect("empty")
+            .unsupported
+            .is_empty());
+        // Several at once: each named.
+        let c = parse("[environment]\nos = \"windows\"\nnetwork_mode = \"allowlist\"\n[verifier]\ntype = \"llm-judge\"").expect("three");
+        assert_eq!(c.unsupported.len(), 3, "{:?}", c.unsupported);
+    }
+
+    #[test]
+    fn healthcheck_fields_and_defaults_are_harbors() {
+        let h = parse("[environment.healthcheck]\ncommand = \"true\"")
+            .expect("defaults")
+            .healthcheck
+            .expect("healthcheck");
+        assert_eq!(h.interval, Duration::from_secs(5));
+        assert_eq!(h.timeout, Duration::from_secs(30));
+        assert_eq!(h.start_period, Duration::ZERO);
+        assert_eq!(h.start_interval, Duration::from_secs(5));
+        assert_eq!(h.retries, 3);
+        let h = parse("[environment.healthcheck]\ncommand = \"true\"\ninterval_sec = 0\nstart_interval_sec = 0.25\nstart_period_sec = 2\ntimeout_sec = 1\nretries = 0")
+            .expect("set")
+            .healthcheck
+            .expect("healthcheck");
+        assert_eq!(h.interval, Duration::ZERO);
+        assert_eq!(h.start_interval, Duration::from_millis(250));
+        assert_eq!(h.start_period, Duration::from_secs(2));
+        assert_eq!(h.timeout, Duration::from_secs(1));
+        assert_eq!(
+            h.retries, 1,
+            "Harbor's 0 retries fail at the first failure, as 1"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_warned_about_never_silently_dropped() {
+        let c = parse("[agent]\ntimeout_secs = 5\n[verifer]\ntimeout_sec = 1\n")
+            .expect("warnings only");
+        assert_eq!(
+            c.agent_timeout,
+            Duration::from_secs(600),
+            "the misspelt key is not used"
+        );
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(
+            c.warnings[0].contains("did you mean `timeout_sec`?"),
+            "{:?}",
+            c.warnings
+        );
+        assert!(
+            c.warnings[1].contains("did you mean `verifier`?"),
+            "{:?}",
+            c.warnings
+        );
+        assert!(c.warnings.iter().all(|w| w.starts_with("t/task.toml: ")));
+    }
+
+    #[test]
+    fn scripts_run_by_their_shebang() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let with = d.path().join("a.sh");
+        std::fs::write(&with, "#!/bin/sh\necho\n").expect("write");
+        let without = d.path().join("b.sh");
+        std::fs::write(&without, "echo\n").expect("write");
+        assert_eq!(script_argv(&with, "/tests/test.sh"), ["/tests/test.sh"]);
+        assert_eq!(
+            script_argv(&without, "/tests/test.sh"),
+            ["bash", "/tests/test.sh"]
+        );
+        assert!(is_sif_path("img.sif") && is_sif_path("/abs/IMG.SIF"));
+        assert!(!is_sif_path(".sif") && !is_sif_path("busybox"));
+    }
+
+    #[test]
     fn bad_values_are_refused_with_where_and_what() {
         let cases = [
-            ("[environment]\nnetwork_mode = \"allowlist\"", "allowlist"),
-            ("[agent]\nnetwork_mode = \"allowlist\"", "allowlist"),
             (
                 "[environment]\nnetwork_mode = \"bridge\"",
                 "unknown variant",
@@ -1063,6 +1615,49 @@ env = { HINT = "h" }
                 "no command",
             ),
             ("[agent]\nuser = \"\"", "user"),
+            ("[agent]\nuser = -1", "user"),
+            ("[verifier]\nuser = 4294967296", "user"),
+            ("[agent]\nuser = 1.5", "expected a user"),
+            ("[environment]\nos = \"plan9\"", "os"),
+            ("[verifier]\ntype = \"vibes\"", "type"),
+            ("[environment]\nmcp_servers = \"x\"", "expected a sequence"),
+            (
+                "[environment]\nhealthcheck = { command = \"true\", retries = -1 }",
+                "retries",
+            ),
+            (
+                "[environment]\nhealthcheck = { command = \"true\", interval_sec = -1 }",
+                "interval_sec",
+            ),
+            ("[[environment.setup_commands]]\ncwd = \"/\"", "no command"),
+            (
+                "[[environment.setup_commands]]\ncommand = \"  \"",
+                "no command",
+            ),
+            (
+                "[[environment.setup_commands]]\ncommand = \"x\"\ncwd = \"rel\"",
+                "absolute",
+            ),
+            (
+                "[[environment.setup_commands]]\ncommand = \"x\"\ntimeout_sec = 0",
+                "timeout_sec",
+            ),
+            (
+                "[[environment.setup_commands]]\ncommand = \"x\"\nenv = { \"1X\" = \"a\" }",
+                "variable name",
+            ),
+            (
+                "[environment]\nsetup_commands = { command = \"x\" }",
+                "invalid type",
+            ),
+            ("[solution]\nenv = { A = \"1\" }\nA = \"2\"", "set twice"),
+            ("[solution]\nenv = {}\n[oracle]\nenv = {}", "duplicate"),
+            (
+                "[environment]\ndocker_image = \"a\"\nimage = \"b\"",
+                "duplicate",
+            ),
+            ("[environment]\ncpus = 1\n[sandbox]\ncpus = 2", "duplicate"),
+            ("reward = 1\n", "invalid type"),
             ("[environment\n", "not a valid task.toml"),
         ];
         for (text, needle) in cases {
@@ -1272,9 +1867,29 @@ env = { HINT = "h" }
                 context: a.join("environment")
             }
         );
-        // One task by its own dir; the same task twice is refused.
+        // One task by its own dir; the same dir twice, or a task and the
+        // dir above it, count once.
         assert_eq!(discover(std::slice::from_ref(&a)).expect("one").len(), 1);
-        let e = discover(&[a.clone(), a.clone()]).expect_err("twice");
+        assert_eq!(discover(&[a.clone(), a.clone()]).expect("twice").len(), 1);
+        let both = discover(&[a.clone(), root.path().to_path_buf(), a.join(".")]).expect("nested");
+        let names: Vec<&str> = both.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["b-task", "a-task"]);
+        // Any depth, not inside a task, hidden dirs skipped; two dirs of
+        // one name are refused.
+        let deep = root.path().join("suite/x/y");
+        make_task(&deep, "deep-task", "solution", "tests");
+        make_task(&a.join("tests"), "inside-a-task", "solution", "tests");
+        make_task(
+            &root.path().join(".hidden"),
+            "hidden-task",
+            "solution",
+            "tests",
+        );
+        let all = discover(&[root.path().to_path_buf()]).expect("deep");
+        let names: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["a-task", "b-task", "deep-task"]);
+        make_task(&root.path().join("suite"), "a-task", "solution", "tests");
+        let e = discover(&[root.path().to_path_buf()]).expect_err("same name");
         assert!(e.to_string().contains("two tasks"), "{e}");
         // A dir with no task at all.
         let e = discover(&[root.path().join("not-a-task")]).expect_err("none");
@@ -1302,6 +1917,41 @@ env = { HINT = "h" }
             load(&b).expect("image").environment,
             EnvSource::Image("debian:bookworm".into())
         );
+        // A .sif file: relative to the task's dir, or absolute; it must exist.
+        write(
+            &b,
+            "task.toml",
+            "[environment]\ndocker_image = \"img/base.sif\"\n",
+        );
+        let e = load(&b).expect_err("no sif").to_string();
+        assert!(
+            e.contains("no such SIF file") && e.contains("base.sif"),
+            "{e}"
+        );
+        write(&b, "img/base.sif", "not really");
+        assert_eq!(
+            load(&b).expect("sif").environment,
+            EnvSource::Sif(b.join("img/base.sif"))
+        );
+        let abs = b.join("img/base.sif").display().to_string();
+        write(
+            &b,
+            "task.toml",
+            &format!("[environment]\ndocker_image = {abs:?}\n"),
+        );
+        assert_eq!(
+            load(&b).expect("abs").environment,
+            EnvSource::Sif(b.join("img/base.sif"))
+        );
+        // An unsupported task loads without what it cannot use (here no
+        // tests/test.sh: an LLM judge's task has a rubric instead).
+        write(&a, "task.toml", "[verifier]\ntype = \"llm-judge\"\n");
+        let t = load(&a).expect("unsupported loads");
+        assert_eq!(t.config.unsupported.len(), 1);
+        // The oracle's script.
+        assert!(t.solve_script().is_some());
+        std::fs::remove_file(a.join("solution/solve.sh")).expect("rm");
+        assert!(t.solve_script().is_none());
     }
 
     proptest::proptest! {
@@ -1317,18 +1967,22 @@ env = { HINT = "h" }
         /// never a panic, and errors are single lines naming the file.
         #[test]
         fn task_toml_shaped_text(
-            section in proptest::sample::select(vec!["environment", "agent", "verifier", "solution", "environment.healthcheck", "metadata"]),
+            section in proptest::sample::select(vec!["environment", "agent", "verifier", "solution", "environment.healthcheck", "metadata", "oracle", "sandbox", "reward", "[environment.setup_commands]", "verifer", "[environment.mcp_servers]"]),
             key in proptest::sample::select(vec![
                 "timeout_sec", "build_timeout_sec", "network_mode", "allow_internet", "env",
                 "workdir", "user", "cpus", "memory_mb", "memory", "storage_mb", "docker_image",
                 "command", "interval_sec", "retries", "start_period_sec", "gpus", "healthcheck",
-                "storage", "gpu_types",
+                "storage", "gpu_types", "os", "type", "image", "mcp_servers", "setup_commands",
+                "start_interval_sec", "cwd", "host_lock", "service", "capture_dir", "TOKEN",
+                "timeout_secs", "blocked_hosts",
             ]),
             value in proptest::sample::select(vec![
                 "1", "-1", "0", "0.0", "1e308", "-0.0", "inf", "nan", "9223372036854775807",
                 "\"no-network\"", "\"public\"", "\"allowlist\"", "\"2G\"", "\"/app\"", "\"x\"",
                 "true", "false", "[]", "[\"a\"]", "{}", "{ A = \"${B:-c}\" }", "{ A = 1 }",
                 "\"${\"", "\"\\u0000\"", "{ command = \"true\" }", "1979-05-27",
+                "\"windows\"", "\"llm-judge\"", "\"denylist\"", "[{ command = \"x\", service = \"db\" }]",
+                "-4294967297", "4294967296", "\"x.sif\"",
             ]),
         ) {
             let text = format!("[{section}]\n{key} = {value}\n");

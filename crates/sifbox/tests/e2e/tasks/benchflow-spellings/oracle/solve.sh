@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "$HINT $TOKEN" > /logs/agent/seen

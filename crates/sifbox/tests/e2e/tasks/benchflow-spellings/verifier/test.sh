@@ -1,0 +1,2 @@
+#!/bin/sh
+[ "$(cat /logs/agent/seen)" = "h t" ] && echo 1 > /logs/verifier/reward.txt

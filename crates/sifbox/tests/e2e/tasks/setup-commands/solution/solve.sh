@@ -1,0 +1,2 @@
+#!/bin/sh
+cat /tmp/seeded > /logs/agent/seen

