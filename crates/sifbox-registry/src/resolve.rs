@@ -291,6 +291,10 @@ pub struct Resolved {
     /// The image carries Apptainer env scripts (and no sifbox metadata):
     /// commands must source them.
     pub env_scripts: bool,
+    /// The store's pin of the image while this (or a clone) lives, for a
+    /// sandbox's supervisor to hold too (`StartOptions::holds`); `None` for
+    /// a tree used in place, or a shared store's member.
+    pub pin: Option<sifbox_image::store::ImagePin>,
 }
 
 /// [`locate`]s `arg` and opens it: the root file system (unpacked once) and
@@ -316,6 +320,7 @@ impl Resolved {
             meta: ImageMeta::default(),
             reference: shown.to_string(),
             digest: None,
+            pin: None,
         }
     }
 }
@@ -323,6 +328,9 @@ impl Resolved {
 /// The root file system and metadata of the stored image `d`.
 pub fn open(store: &Store, d: Digest, shown: &str) -> Result<Resolved, ResolveError> {
     let err = |e| ResolveError::new(shown, ResolveErrorKind::Import(e));
+    // First: no removal of the image can come between here and the
+    // sandbox's own hold on it.
+    let pin = store.pin(&d).map_err(|e| err(e.into()))?;
     let meta = import::image_meta(store, &d).map_err(err)?;
     let rootfs = import::rootfs(store, &d).map_err(err)?;
     let foreign = meta == ImageMeta::default();
@@ -332,6 +340,7 @@ pub fn open(store: &Store, d: Digest, shown: &str) -> Result<Resolved, ResolveEr
         meta,
         reference: shown.to_string(),
         digest: Some(d),
+        pin,
     })
 }
 

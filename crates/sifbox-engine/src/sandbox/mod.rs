@@ -64,6 +64,11 @@ pub struct StartOptions {
     pub evidence_dir: Option<PathBuf>,
     /// The image as the caller named it (default: the rootfs path).
     pub image: Option<ImageRef>,
+    /// Lock files the supervisor holds shared for the sandbox's whole life
+    /// (the image store's pin of its image: while held, the image is not
+    /// removed under it). Each is locked as the lock-file protocol of
+    /// `sifbox_sys::lockfile` says; one that is missing is skipped.
+    pub holds: Vec<PathBuf>,
 }
 
 impl StartOptions {
@@ -75,6 +80,7 @@ impl StartOptions {
             fork_when_possible: true,
             evidence_dir: None,
             image: None,
+            holds: Vec::new(),
         }
     }
 }
@@ -155,6 +161,12 @@ impl ExecStatus {
 /// A running native sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
+    /// This client's shared hold on the sandbox's name (see
+    /// [`crate::runtime`]), until the supervisor runs on its own.
+    reservation: Option<File>,
+    /// The write end of the supervisor's control pipe: when it closes
+    /// before a "detach" line, the client is gone and the sandbox ends.
+    control: Option<File>,
     name: String,
     dir: PathBuf,
     /// Host pid of the outer supervisor, our child.
@@ -286,6 +298,11 @@ impl Sandbox {
 
     /// Lets the sandbox run on after this handle is gone (`sifbox start`).
     pub fn detach(mut self) {
+        if let Some(mut c) = self.control.take() {
+            // Not sent (the supervisor is gone): nothing is left to detach.
+            let _ = c.write_all(b"detach\n");
+        }
+        self.reservation = None;
         self.supervisor = None;
     }
 

@@ -45,6 +45,8 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     let opts = StartOptions {
         evidence_dir: planned.logs.clone(),
         image: Some(planned.image.clone()),
+        // The supervisor holds the image's pin too, for the sandbox's life.
+        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
         ..StartOptions::new(exe)
     };
     let started = Instant::now();
