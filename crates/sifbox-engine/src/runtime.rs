@@ -39,7 +39,7 @@ pub const LOCK: &str = "lock";
 /// character of a sandbox name.
 const RESERVING: &str = "+new-";
 
-/// A reservation with no lock file yet is its maker's for this long.
+/// A reservation not yet renamed is its maker's for this long.
 const RESERVING_GRACE: Duration = Duration::from_secs(10);
 
 /// The runtime root for the current user.
@@ -330,6 +330,17 @@ pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
             continue;
         }
         let path = ent.path();
+        // Its maker makes the lock file in it, then locks it, then renames
+        // it: a young one may be between those steps.
+        let young = std::fs::symlink_metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .unwrap_or_default()
+            < RESERVING_GRACE;
+        if young {
+            continue;
+        }
         let lock = path.join(LOCK);
         match sifbox_sys::lockfile::lock(
             &lock,
@@ -342,17 +353,7 @@ pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
                 remove_dir(&path)?;
                 drop(held);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let young = std::fs::symlink_metadata(&path)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| SystemTime::now().duration_since(t).ok())
-                    .unwrap_or_default()
-                    < RESERVING_GRACE;
-                if !young {
-                    remove_dir(&path)?;
-                }
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => remove_dir(&path)?,
             _ => {}
         }
     }

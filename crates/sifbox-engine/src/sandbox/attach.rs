@@ -44,7 +44,7 @@ impl Sandbox {
         }
         let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
         Ok(Sandbox {
-            reservation: None,
+            reservation: RefCell::new(None),
             control: None,
             name: name.to_string(),
             dir,

@@ -279,7 +279,7 @@ impl Sandbox {
         let mut control = File::from(control);
         let mut status = BufReader::new(File::from(status));
         let sandbox = Sandbox {
-            reservation: Some(reservation.lock),
+            reservation: RefCell::new(Some(reservation.lock)),
             control: None,
             name: launch.spec.name.clone(),
             dir: dir.clone(),
@@ -320,7 +320,10 @@ impl Sandbox {
         };
         runtime::write_state(&dir, &state)?;
         if spec.ids.external {
-            match read_status(&mut status, &sandbox.name)? {
+            let first = read_status(&mut status, &sandbox.name);
+            // The supervisor holds the name itself once it says anything.
+            sandbox.reservation.replace(None);
+            match first? {
                 Status::Unshared => {
                     let caller = idmap::Caller::current();
                     if let Err(e) = idmap::write_external(pid, &spec.ids, &caller) {

@@ -162,8 +162,9 @@ impl ExecStatus {
 #[derive(Debug)]
 pub struct Sandbox {
     /// This client's shared hold on the sandbox's name (see
-    /// [`crate::runtime`]), until the supervisor runs on its own.
-    reservation: Option<File>,
+    /// [`crate::runtime`]), until the supervisor has its own (it takes it
+    /// before it reports anything, so: until the first status line).
+    reservation: RefCell<Option<File>>,
     /// The write end of the supervisor's control pipe: when it closes
     /// before a "detach" line, the client is gone and the sandbox ends.
     control: Option<File>,
@@ -302,7 +303,7 @@ impl Sandbox {
             // Not sent (the supervisor is gone): nothing is left to detach.
             let _ = c.write_all(b"detach\n");
         }
-        self.reservation = None;
+        self.reservation.replace(None);
         self.supervisor = None;
     }
 

@@ -93,7 +93,7 @@ impl Sandbox {
         }
         // Only if no other sandbox has taken the name since the
         // supervisor removed the dir (our own hold on it goes first).
-        self.reservation = None;
+        self.reservation.replace(None);
         runtime::remove_if_dead(&self.dir).map(|_| ())
     }
 

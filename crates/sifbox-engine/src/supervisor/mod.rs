@@ -147,6 +147,19 @@ pub fn main() -> i32 {
         serde_json::from_str::<Launch>(&l)
             .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
     });
+    // As a forked one does: a sandbox that outlives its client logs to its
+    // runtime dir, not to the client's stderr (which would stay open).
+    let launch = launch.and_then(|l| {
+        if !l.oneshot {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(l.dir.join(SUPERVISOR_LOG))
+                .map_err(|e| Error::io("opening the supervisor log", e))?;
+            rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
+        }
+        Ok(l)
+    });
     finish(
         launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
         &mut status,

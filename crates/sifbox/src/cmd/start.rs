@@ -63,19 +63,24 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     let name = sandbox.name().to_string();
     let evidence = sandbox.evidence_path();
     let pid = sandbox.supervisor_pid();
-    sandbox.detach();
-    if a.json {
-        outln!(
-            "{}",
+    // Printed first, detached last: a start killed before it detached
+    // takes its sandbox along (the supervisor sees its control pipe close),
+    // so one that did not print the name started nothing. A closed stdout
+    // still detaches (and then ends the command quietly).
+    let printed = if a.json {
+        crate::cmd::write_out(format_args!(
+            "{}\n",
             serde_json::json!({
                 "name": name,
                 "supervisor_pid": pid,
                 "evidence": evidence,
                 "ready_ms": u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             })
-        );
+        ))
     } else {
-        outln!("{name}");
-    }
+        crate::cmd::write_out(format_args!("{name}\n"))
+    };
+    sandbox.detach();
+    printed?;
     Ok(ExitCode::SUCCESS)
 }
