@@ -7,14 +7,16 @@
 //! control.sock, m/}`.
 //!
 //! A name is reserved by a dir made under a name no sandbox can have
-//! (`+new-RAND`), with its `lock` file made and locked shared inside, then
-//! renamed to `NAME` with `RENAME_NOREPLACE`: the dir never exists under
-//! its name without a holder of its lock. The client holds that lock until
-//! the sandbox runs on its own (detached, or ended), the outer supervisor
-//! from its first moments to its exit. So a sandbox is alive exactly while
-//! its lock is held, which a killed client or supervisor stops at once
-//! (the kernel drops an flock with its last fd); who finds it free (taking
-//! it exclusively) may remove the dir, and does so while holding it.
+//! (`+new-PID-START-RAND`, after its maker), with its `lock` file made and
+//! locked shared inside, then renamed to `NAME` with `RENAME_NOREPLACE`:
+//! the dir never exists under its name without a holder of its lock. The
+//! client holds that lock until the supervisor reports anything, the outer
+//! supervisor from its first moments to its exit. So a sandbox is alive
+//! exactly while its lock is held, which a killed client or supervisor
+//! stops at once (the kernel drops an flock with its last fd); who finds it
+//! free (taking it exclusively) may remove the dir, and does so while
+//! holding it.
+//!
 //! It is node-local and private to the caller (0700). A memory file system
 //! is preferred: every sandbox creates and removes a few entries there, and
 //! on a disk file system (with online discard, say) that costs more than the
@@ -38,9 +40,6 @@ pub const LOCK: &str = "lock";
 /// The prefix of reservations not yet renamed to their name: `+` is no
 /// character of a sandbox name.
 const RESERVING: &str = "+new-";
-
-/// A reservation not yet renamed is its maker's for this long.
-const RESERVING_GRACE: Duration = Duration::from_secs(10);
 
 /// The runtime root for the current user.
 pub fn root() -> Result<PathBuf> {
@@ -157,7 +156,14 @@ pub struct Reservation {
 pub fn reserve(root: &Path, name: &str) -> Result<Reservation> {
     let sandboxes = root.join("sandboxes");
     let dir = sandbox_dir(root, name);
-    let tmp = sandboxes.join(format!("{RESERVING}{}", crate::random_id(12)));
+    // Named after its maker (pid and start time): one whose maker is gone
+    // is known dead at once.
+    let me = i32::try_from(std::process::id()).unwrap_or_default();
+    let tmp = sandboxes.join(format!(
+        "{RESERVING}{me}-{}-{}",
+        process_start_time(me).unwrap_or_default(),
+        crate::random_id(6)
+    ));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&tmp)
@@ -331,15 +337,17 @@ pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
         }
         let path = ent.path();
         // Its maker makes the lock file in it, then locks it, then renames
-        // it: a young one may be between those steps.
-        let young = std::fs::symlink_metadata(&path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok())
-            .unwrap_or_default()
-            < RESERVING_GRACE;
-        if young {
-            continue;
+        // it: while the maker lives, it may be between those steps.
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let mut maker = name[RESERVING.len()..].splitn(3, '-');
+        let (pid, start) = (
+            maker.next().and_then(|p| p.parse::<i32>().ok()),
+            maker.next().and_then(|t| t.parse::<u64>().ok()),
+        );
+        if let (Some(pid), Some(start)) = (pid, start) {
+            if process_start_time(pid) == Some(start) {
+                continue;
+            }
         }
         let lock = path.join(LOCK);
         match sifbox_sys::lockfile::lock(
