@@ -141,6 +141,31 @@ pub fn export(
         sb.mirror_owners(AT)?;
         sb.stop(std::time::Duration::ZERO)?;
     }
+    if store.access() == sifbox_image::store::Access::Private
+        && !store.rootfs_path(&digest).is_dir()
+    {
+        // The tree is mostly its base's and its layers' files: share them
+        // (hard links) instead of storing them twice. A private store's
+        // base is a store tree (a shared store's is a private copy).
+        let mut sources: Vec<&Path> = state
+            .layers
+            .iter()
+            .rev()
+            .map(std::path::PathBuf::as_path)
+            .collect();
+        sources.push(&state.base);
+        let t0 = std::time::Instant::now();
+        match sifbox_image::dedup::link_identical(&tree, &sources) {
+            Ok(l) => tracing::debug!(
+                "export: {} files ({} bytes) shared with the base and layers in {:?}",
+                l.files,
+                l.bytes,
+                t0.elapsed()
+            ),
+            // Only space is lost: the tree is whole either way.
+            Err(e) => tracing::debug!("export: sharing files with the base: {e}"),
+        }
+    }
     store.publish_rootfs(&tree, &digest)?;
     Ok(digest)
 }

@@ -3,7 +3,20 @@
 //!
 //! `$SIFBOX_RUNTIME` (default `$XDG_RUNTIME_DIR/sifbox`, else
 //! `/dev/shm/sifbox-<uid>` where /dev/shm is a tmpfs, else
-//! `/tmp/sifbox-<uid>`) holds `sandboxes/NAME/{state.json, control.sock, m/}`.
+//! `/tmp/sifbox-<uid>`) holds `sandboxes/NAME/{lock, state.json,
+//! control.sock, m/}`.
+//!
+//! A name is reserved by a dir made under a name no sandbox can have
+//! (`+new-PID-START-RAND`, after its maker), with its `lock` file made and
+//! locked shared inside, then renamed to `NAME` with `RENAME_NOREPLACE`:
+//! the dir never exists under its name without a holder of its lock. The
+//! client holds that lock until the supervisor reports anything, the outer
+//! supervisor from its first moments to its exit. So a sandbox is alive
+//! exactly while its lock is held, which a killed client or supervisor
+//! stops at once (the kernel drops an flock with its last fd); who finds it
+//! free (taking it exclusively) may remove the dir, and does so while
+//! holding it.
+//!
 //! It is node-local and private to the caller (0700). A memory file system
 //! is preferred: every sandbox creates and removes a few entries there, and
 //! on a disk file system (with online discard, say) that costs more than the
@@ -17,8 +30,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 
-/// A dir without state.json younger than this may be a sandbox being created.
+/// A dir of an older sifbox (no lock file) without state.json younger than
+/// this may be a sandbox being created.
 const CREATION_GRACE: Duration = Duration::from_secs(60);
+
+/// The lock file of a sandbox's dir (see the module docs).
+pub const LOCK: &str = "lock";
+
+/// The prefix of reservations not yet renamed to their name: `+` is no
+/// character of a sandbox name.
+const RESERVING: &str = "+new-";
 
 /// The runtime root for the current user.
 pub fn root() -> Result<PathBuf> {
@@ -85,6 +106,10 @@ pub struct State {
     /// As the caller named the image.
     #[serde(default)]
     pub image: String,
+    /// The image's digest, when it came from the store (who uses an image
+    /// that `sifbox image rm` is asked to remove).
+    #[serde(default)]
+    pub digest: Option<String>,
     /// How its limits are enforced.
     #[serde(default)]
     pub limits: crate::limits::Enforcement,
@@ -118,6 +143,136 @@ pub fn sandbox_dir(root: &Path, name: &str) -> PathBuf {
     root.join("sandboxes").join(name)
 }
 
+/// The name of a sandbox, held: its dir exists and its lock is held
+/// shared through `lock` for as long as this lives.
+#[derive(Debug)]
+pub struct Reservation {
+    pub dir: PathBuf,
+    pub lock: std::fs::File,
+    /// Device and inode of the lock file, for the supervisor to check that
+    /// it locks the same one.
+    pub lock_id: (u64, u64),
+}
+
+/// Reserves `name` (see the module docs): a fresh dir under its name
+/// whose lock this process holds. A dead sandbox of that name (lock free)
+/// is removed first; a live one is an error.
+pub fn reserve(root: &Path, name: &str) -> Result<Reservation> {
+    let sandboxes = root.join("sandboxes");
+    let dir = sandbox_dir(root, name);
+    // Named after its maker (pid and start time): one whose maker is gone
+    // is known dead at once.
+    let me = i32::try_from(std::process::id()).unwrap_or_default();
+    let tmp = sandboxes.join(format!(
+        "{RESERVING}{me}-{}-{}",
+        process_start_time(me).unwrap_or_default(),
+        crate::random_id(6)
+    ));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .ctx(|| format!("creating {}", tmp.display()))?;
+    let made = (|| {
+        let lock = sifbox_sys::lockfile::lock(
+            &tmp.join(LOCK),
+            sifbox_sys::lockfile::Kind::Shared,
+            false,
+            true,
+            0o600,
+        )
+        .ctx(|| format!("locking {}/{LOCK}", tmp.display()))?
+        .ok_or_else(|| Error::Setup(format!("{}/{LOCK}: locked by another", tmp.display())))?;
+        let st = lock
+            .metadata()
+            .ctx(|| format!("{}/{LOCK}", tmp.display()))?;
+        Ok::<_, Error>((lock, (st.dev(), st.ino())))
+    })();
+    let (lock, lock_id) = match made {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    // Twice at most: a dead sandbox in the way is removed once.
+    for _ in 0..2 {
+        match rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &tmp,
+            rustix::fs::CWD,
+            &dir,
+            rustix::fs::RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => return Ok(Reservation { dir, lock, lock_id }),
+            Err(rustix::io::Errno::EXIST) => {
+                if remove_if_dead(&dir)? {
+                    continue;
+                }
+                break;
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(Error::io(format!("creating {}", dir.display()), e));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Err(Error::BadInput {
+        what: format!("sandbox name {name:?}"),
+        why: "a sandbox of that name is running".into(),
+        fix: "choose another name, or stop that sandbox first".into(),
+    })
+}
+
+/// Whether the sandbox in `dir` is alive: its lock is held, or (a dir of
+/// an older sifbox, without a lock file) its recorded supervisor runs or
+/// it is younger than [`CREATION_GRACE`] without a record.
+fn dir_alive(dir: &Path, state: Option<&State>) -> bool {
+    match sifbox_sys::lockfile::is_held(&dir.join(LOCK)) {
+        Ok(true) => return true,
+        Ok(false) if dir.join(LOCK).exists() => return false,
+        Ok(false) => {}
+        // Cannot tell: not dead for sure.
+        Err(_) => return true,
+    }
+    match state {
+        Some(s) => is_alive(s),
+        None => {
+            std::fs::symlink_metadata(dir)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .unwrap_or_default()
+                < CREATION_GRACE
+        }
+    }
+}
+
+/// Removes the dir of a dead sandbox, holding its lock exclusively while it
+/// does (so no supervisor of it can start holding it); returns whether it
+/// was dead (and is gone).
+pub fn remove_if_dead(dir: &Path) -> Result<bool> {
+    let lock = dir.join(LOCK);
+    let held = match sifbox_sys::lockfile::lock(
+        &lock,
+        sifbox_sys::lockfile::Kind::Exclusive,
+        false,
+        false,
+        0,
+    ) {
+        Ok(Some(f)) => Some(f),
+        Ok(None) => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(Error::io(format!("locking {}", lock.display()), e)),
+    };
+    if held.is_none() && dir_alive(dir, read_state(dir).as_ref()) {
+        return Ok(false);
+    }
+    remove_dir(dir)?;
+    drop(held);
+    Ok(true)
+}
+
 /// Writes state.json. It is written once, right after the dir is made; a
 /// reader that finds it missing or partial treats the sandbox as being
 /// created (or, once older than a minute, as dead).
@@ -149,21 +304,12 @@ pub fn scan(root: &Path) -> Result<Vec<Entry>> {
     for ent in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
         let ent = ent.ctx(|| format!("listing {}", dir.display()))?;
         let name = ent.file_name().to_string_lossy().into_owned();
+        if name.starts_with(RESERVING) {
+            continue;
+        }
         let path = ent.path();
         let state = read_state(&path);
-        let alive = match &state {
-            Some(s) => is_alive(s),
-            None => {
-                // Being created right now, or left by a crash before state.json.
-                let age = ent
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| SystemTime::now().duration_since(t).ok())
-                    .unwrap_or_default();
-                age < CREATION_GRACE
-            }
-        };
+        let alive = dir_alive(&path, state.as_ref());
         out.push(Entry {
             name,
             dir: path,
@@ -182,12 +328,66 @@ pub fn scan(root: &Path) -> Result<Vec<Entry>> {
 pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for e in scan(root)? {
-        if !e.alive {
-            remove_dir(&e.dir)?;
+        if !e.alive && remove_if_dead(&e.dir)? {
             removed.push(e.name);
         }
     }
+    // Reservations their maker did not finish (killed before the rename).
+    let dir = root.join("sandboxes");
+    for ent in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+        let Ok(ent) = ent else { continue };
+        if !ent.file_name().to_string_lossy().starts_with(RESERVING) {
+            continue;
+        }
+        let path = ent.path();
+        // Its maker makes the lock file in it, then locks it, then renames
+        // it: while the maker lives, it may be between those steps.
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let mut maker = name[RESERVING.len()..].splitn(3, '-');
+        let (pid, start) = (
+            maker.next().and_then(|p| p.parse::<i32>().ok()),
+            maker.next().and_then(|t| t.parse::<u64>().ok()),
+        );
+        if let (Some(pid), Some(start)) = (pid, start) {
+            if process_start_time(pid) == Some(start) {
+                continue;
+            }
+        }
+        let lock = path.join(LOCK);
+        match sifbox_sys::lockfile::lock(
+            &lock,
+            sifbox_sys::lockfile::Kind::Exclusive,
+            false,
+            false,
+            0,
+        ) {
+            Ok(Some(held)) => {
+                remove_dir(&path)?;
+                drop(held);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => remove_dir(&path)?,
+            _ => {}
+        }
+    }
     Ok(removed)
+}
+
+/// Takes the supervisor's own shared hold on its sandbox's lock (see the
+/// module docs): the lock file in `dir` must be the one the client made
+/// (`lock_id`), which it still holds, so nobody can have removed it.
+pub fn hold(dir: &Path, lock_id: (u64, u64)) -> Result<std::fs::File> {
+    let path = dir.join(LOCK);
+    let f = sifbox_sys::lockfile::lock(&path, sifbox_sys::lockfile::Kind::Shared, false, false, 0)
+        .ctx(|| format!("locking {}", path.display()))?
+        .ok_or_else(|| Error::Setup(format!("{}: taken by a remover", path.display())))?;
+    let st = f.metadata().ctx(|| format!("{}", path.display()))?;
+    if (st.dev(), st.ino()) != lock_id {
+        return Err(Error::Setup(format!(
+            "{}: not the lock its client made (the client went away, and the name was taken)",
+            path.display()
+        )));
+    }
+    Ok(f)
 }
 
 /// Removes a sandbox's runtime dir; a dir already gone is fine.
@@ -211,6 +411,34 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_is_alive_while_held_and_dead_at_once_after() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("sandboxes")).expect("mkdir");
+        let r = reserve(root.path(), "x").expect("reserve");
+        assert!(reserve(root.path(), "x").is_err(), "a held name is taken");
+        let e = scan(root.path()).expect("scan");
+        assert_eq!((e.len(), e[0].alive), (1, true), "{e:?}");
+        // A second holder (the supervisor) keeps it alive without the first.
+        let held = hold(&r.dir, r.lock_id).expect("hold");
+        drop(r.lock);
+        assert!(scan(root.path()).expect("scan")[0].alive);
+        drop(held);
+        // No state.json, no holder: dead now, not after a grace period.
+        assert!(!scan(root.path()).expect("scan")[0].alive);
+        let again = reserve(root.path(), "x").expect("the dead one is replaced");
+        assert!(
+            hold(&again.dir, r.lock_id).is_err(),
+            "another reservation's lock"
+        );
+        drop(again);
+        assert_eq!(reap_dead(root.path()).expect("reap"), vec!["x".to_string()]);
+        assert!(std::fs::read_dir(root.path().join("sandboxes"))
+            .expect("ls")
+            .next()
+            .is_none());
+    }
+
+    #[test]
     fn scan_and_reap() {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(root.path().join("sandboxes")).expect("mkdir");
@@ -224,6 +452,7 @@ mod tests {
             oneshot: true,
             evidence: None,
             image: String::new(),
+            digest: None,
             limits: crate::limits::Enforcement::default(),
             hidden: false,
         };

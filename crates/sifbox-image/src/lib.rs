@@ -2,6 +2,7 @@
 //! and Docker image layers, and the content-addressed store that holds them.
 //! Nothing here runs processes in sandboxes.
 
+pub mod dedup;
 pub mod import;
 pub mod layer;
 pub mod meta;

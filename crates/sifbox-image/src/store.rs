@@ -82,6 +82,8 @@ pub enum StoreError {
         path: PathBuf,
         owner: u32,
     },
+    #[error("image {digest} is in use (a sandbox, build or eval job runs it)")]
+    InUse { digest: String },
     #[error("blob {expected}: the bytes received ({size} bytes) have digest {actual}; nothing was stored")]
     BlobMismatch {
         expected: String,
@@ -105,6 +107,7 @@ impl StoreError {
             | StoreError::Ambiguous { .. }
             | StoreError::BadName(_)
             | StoreError::ReadOnly { .. }
+            | StoreError::InUse { .. }
             | StoreError::NotUnpacked { .. } => None,
         }
     }
@@ -144,6 +147,35 @@ pub enum Reuse {
 #[derive(Debug)]
 pub struct KeyLock {
     _file: File,
+}
+
+/// A hold on a stored image (see [`Store::pin`]): a shared flock on
+/// `locks/image-sha256-HEX.lock`, while it (or a clone) lives. A sandbox's
+/// supervisor takes its own on the same file ([`ImagePin::path`]) for the
+/// sandbox's life.
+#[derive(Debug, Clone)]
+pub struct ImagePin {
+    path: PathBuf,
+    _file: std::sync::Arc<File>,
+}
+
+impl ImagePin {
+    /// The lock file, for another process to hold too.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// What [`Store::remove`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removed {
+    /// Only the name: the image keeps its other names.
+    Name,
+    /// The image, with its names and unpacked trees.
+    Image,
+    /// Its names; the image itself is removed once nothing uses it
+    /// (`--force` on an image in use): by `gc`, or the next `remove`.
+    Deferred,
 }
 
 /// A directory under `tmp/` for work in progress, removed when dropped
@@ -358,6 +390,10 @@ pub struct GcReport {
     pub temp_dirs: Vec<PathBuf>,
     pub unpacked_without_image: Vec<PathBuf>,
     pub stale_sources: Vec<PathBuf>,
+    /// Lock files nobody held (left by killed processes).
+    pub stale_locks: Vec<PathBuf>,
+    /// Images removed with `--force` while in use, now unused and gone.
+    pub deferred_images: Vec<String>,
     /// Dirs that could not be removed from the host (files of other ids,
     /// written by build steps under a subordinate id range): for the
     /// caller to remove from inside a user namespace.
@@ -570,53 +606,96 @@ impl Store {
         Ok(m.mode() & 0o077 != 0 || m.uid() != self.owner)
     }
 
-    /// The lock file of `key`, opened (made when missing).
-    fn lock_file(&self, key: &str) -> Result<(PathBuf, File)> {
-        let path = self
-            .root
+    /// Path of the lock file of `key`.
+    fn lock_path(&self, key: &str) -> PathBuf {
+        self.root
             .join("locks")
-            .join(format!("{}.lock", escape(key)));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| {
-                // A member of a shared store's group cannot write it.
-                match (e.kind(), self.access) {
-                    (std::io::ErrorKind::PermissionDenied, Access::Group) => StoreError::ReadOnly {
-                        path: self.root.clone(),
-                        owner: self.owner,
-                    },
-                    _ => io(&path)(e),
-                }
-            })?;
-        Ok((path, file))
+            .join(format!("{}.lock", escape(key)))
+    }
+
+    /// Takes `key`'s lock (made when missing) as `kind` says, waiting for
+    /// other holders when `wait`; `None`: not waiting, and held. Through
+    /// `sifbox_sys::lockfile`, so that `gc` may remove lock files nobody
+    /// holds.
+    fn lock_key(
+        &self,
+        key: &str,
+        kind: sifbox_sys::lockfile::Kind,
+        wait: bool,
+    ) -> Result<Option<KeyLock>> {
+        let path = self.lock_path(key);
+        match sifbox_sys::lockfile::lock(&path, kind, wait, true, 0o600) {
+            Ok(f) => Ok(f.map(|f| KeyLock { _file: f })),
+            // A member of a shared store's group cannot write it.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::PermissionDenied
+                    && self.access == Access::Group =>
+            {
+                Err(StoreError::ReadOnly {
+                    path: self.root.clone(),
+                    owner: self.owner,
+                })
+            }
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 
     /// Takes `key`'s lock shared with other holders of it shared.
     fn lock_shared(&self, key: &str) -> Result<KeyLock> {
-        let (path, file) = self.lock_file(key)?;
-        loop {
-            match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared) {
-                Ok(()) => return Ok(KeyLock { _file: file }),
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(io(&path)(e.into())),
-            }
-        }
+        self.lock_key(key, sifbox_sys::lockfile::Kind::Shared, true)?
+            .ok_or_else(|| io(&self.lock_path(key))(std::io::Error::other("not locked")))
     }
 
     /// Takes the exclusive lock on `key`, waiting for another holder.
     pub fn lock(&self, key: &str) -> Result<KeyLock> {
-        let (path, file) = self.lock_file(key)?;
-        loop {
-            match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
-                Ok(()) => return Ok(KeyLock { _file: file }),
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(io(&path)(e.into())),
+        self.lock_key(key, sifbox_sys::lockfile::Kind::Exclusive, true)?
+            .ok_or_else(|| io(&self.lock_path(key))(std::io::Error::other("not locked")))
+    }
+
+    /// The pin key of image `d`.
+    fn pin_key(d: &Digest) -> String {
+        format!("image-{}", file_stem(d))
+    }
+
+    /// Pins image `d`: while the pin (or a process holding its
+    /// [`ImagePin::path`] the same way) lives, [`Store::remove`] refuses to
+    /// delete the image (or, forced, only removes its names) and `gc`
+    /// keeps its trees. Waits while a removal of it is under way, and then
+    /// finds it gone (`NotFound`). `None` where the caller cannot write
+    /// the store (a member of a shared store's group): such users are not
+    /// seen by the owner's removals.
+    pub fn pin(&self, d: &Digest) -> Result<Option<ImagePin>> {
+        let key = Self::pin_key(d);
+        let held = match self.lock_key(&key, sifbox_sys::lockfile::Kind::Shared, true) {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                return Err(io(&self.lock_path(&key))(std::io::Error::other(
+                    "not locked",
+                )))
             }
+            Err(StoreError::ReadOnly { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !self.sif_path(d).exists() || self.removed_mark(d).exists() {
+            return Err(StoreError::NotFound(d.to_string()));
         }
+        Ok(Some(ImagePin {
+            path: self.lock_path(&key),
+            _file: std::sync::Arc::new(held._file),
+        }))
+    }
+
+    /// Whether some process pins image `d` (see [`Store::pin`]).
+    pub fn is_pinned(&self, d: &Digest) -> bool {
+        sifbox_sys::lockfile::is_held(&self.lock_path(&Self::pin_key(d))).unwrap_or(true)
+    }
+
+    /// The mark of an image removed while in use (`--force`): it has no
+    /// names, is not listed or resolved, and goes once unpinned.
+    fn removed_mark(&self, d: &Digest) -> PathBuf {
+        self.root
+            .join("images")
+            .join(format!("{}.removed", file_stem(d)))
     }
 
     /// A fresh work dir under `tmp/`.
@@ -631,15 +710,17 @@ impl Store {
         );
         let path = self.root.join("tmp").join(&name);
         let lock_path = path.with_extension("lock");
-        let lock = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(io(&lock_path))?;
-        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
-            .map_err(|e| io(&lock_path)(e.into()))?;
+        // With the re-check after locking: `gc` removes lock files without
+        // a dir that nobody holds, which this one is until it is locked.
+        let lock = sifbox_sys::lockfile::lock(
+            &lock_path,
+            sifbox_sys::lockfile::Kind::Exclusive,
+            true,
+            true,
+            0o600,
+        )
+        .map_err(io(&lock_path))?
+        .ok_or_else(|| io(&lock_path)(std::io::Error::other("not locked")))?;
         std::fs::DirBuilder::new()
             .mode(PRIVATE_DIR)
             .create(&path)
@@ -664,6 +745,19 @@ impl Store {
     pub fn publish_sif(&self, file: &Path) -> Result<Digest> {
         let digest = Digest::sha256_of_file(file).map_err(io(file))?;
         let dst = self.sif_path(&digest);
+        // Made again after a forced removal that still waits for its users:
+        // it stays. Under its pin, so that `gc` is not deleting it now.
+        let _revived = if self.removed_mark(&digest).exists() {
+            let pin = self.lock_key(
+                &Self::pin_key(&digest),
+                sifbox_sys::lockfile::Kind::Shared,
+                true,
+            )?;
+            let _ = std::fs::remove_file(self.removed_mark(&digest));
+            pin
+        } else {
+            None
+        };
         if dst.exists() {
             let _ = std::fs::remove_file(file);
         } else {
@@ -902,11 +996,7 @@ impl Store {
 
     /// Takes the lock on `key` if nobody holds it.
     fn try_lock(&self, key: &str) -> Result<Option<KeyLock>> {
-        let (_, file) = self.lock_file(key)?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Some(KeyLock { _file: file })),
-            Err(_) => Ok(None),
-        }
+        self.lock_key(key, sifbox_sys::lockfile::Kind::Exclusive, false)
     }
 
     /// Points `name` (NAME[:TAG], tag default `latest`) at `digest`.
@@ -949,6 +1039,7 @@ impl Store {
                 let hex = n.strip_prefix("sha256-")?.strip_suffix(".sif")?;
                 Digest::parse_sha256(&format!("sha256:{hex}"))
             })
+            .filter(|d| !self.removed_mark(d).exists())
             .collect();
         out.sort();
         Ok(out)
@@ -958,7 +1049,7 @@ impl Store {
     /// hex digits, with or without `sha256:`).
     pub fn resolve(&self, reference: &str) -> Result<Digest> {
         if let Some(d) = Digest::parse_sha256(reference) {
-            return if self.sif_path(&d).exists() {
+            return if self.sif_path(&d).exists() && !self.removed_mark(&d).exists() {
                 Ok(d)
             } else {
                 Err(StoreError::NotFound(reference.to_string()))
@@ -1020,33 +1111,110 @@ impl Store {
     }
 
     /// Removes a reference; when no reference is left to the image (or
-    /// `reference` was a digest), removes the image and its unpacked tree.
-    /// Returns the digest.
-    pub fn remove(&self, reference: &str) -> Result<Digest> {
+    /// `reference` was a digest or a digest prefix), removes the image and
+    /// its unpacked tree. An image that some process pins
+    /// ([`Store::pin`]: a sandbox runs it, a build or eval uses it) is not
+    /// removed: [`StoreError::InUse`], or with `force` its names are
+    /// removed now and the image once nothing pins it ([`Removed::Deferred`];
+    /// `gc` does it). Returns the digest and what was removed.
+    pub fn remove(&self, reference: &str, force: bool) -> Result<(Digest, Removed)> {
         let d = self.resolve(reference)?;
-        let _lock = self.lock(&format!("rootfs-{}", d.hex()))?;
-        if let Ok(name) = normalize_name(reference) {
-            let p = self.root.join("refs").join(escape(&name));
-            let _ = std::fs::remove_file(p);
+        let refs = self.refs()?;
+        let name = normalize_name(reference)
+            .ok()
+            .filter(|n| refs.iter().any(|(rn, rd)| rn == n && *rd == d));
+        let names: Vec<&String> = refs
+            .iter()
+            .filter(|(_, rd)| *rd == d)
+            .map(|(n, _)| n)
+            .collect();
+        let unref = |n: &str| {
+            let _ = std::fs::remove_file(self.root.join("refs").join(escape(n)));
+        };
+        if let Some(n) = &name {
+            if names.len() > 1 {
+                unref(n);
+                return Ok((d, Removed::Name));
+            }
         }
-        let still_named = self.refs()?.iter().any(|(_, rd)| *rd == d);
-        if !still_named || Digest::parse_sha256(reference).is_some() {
-            for (n, rd) in self.refs()? {
-                if rd == d {
-                    let _ = std::fs::remove_file(self.root.join("refs").join(escape(&n)));
+        // The image goes: not while it is being unpacked, nor while used.
+        let _unpack = self.lock(&format!("rootfs-{}", d.hex()))?;
+        let Some(pin) = self.try_lock(&Self::pin_key(&d))? else {
+            if !force {
+                return Err(StoreError::InUse {
+                    digest: d.to_string(),
+                });
+            }
+            let mark = self.removed_mark(&d);
+            write_replacing(&mark, b"", 0o600)?;
+            for n in names {
+                unref(n);
+            }
+            return Ok((d, Removed::Deferred));
+        };
+        for n in names {
+            unref(n);
+        }
+        self.delete_image(&d)?;
+        // Unlinked while held exclusively (the lock-file protocol).
+        let _ = std::fs::remove_file(self.lock_path(&Self::pin_key(&d)));
+        drop(pin);
+        Ok((d, Removed::Image))
+    }
+
+    /// Deletes the images removed with `force` while in use that nothing
+    /// pins any more; returns their digests. `gc` does it, and `sifbox
+    /// stop` after a sandbox of such an image.
+    pub fn remove_deferred(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        let images_dir = self.root.join("images");
+        for e in std::fs::read_dir(&images_dir)
+            .map_err(io(&images_dir))?
+            .flatten()
+        {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let Some(d) = n
+                .strip_prefix("sha256-")
+                .and_then(|h| h.strip_suffix(".removed"))
+                .and_then(|h| Digest::parse_sha256(&format!("sha256:{h}")))
+            else {
+                continue;
+            };
+            let _unpack = self.lock(&format!("rootfs-{}", d.hex()))?;
+            if let Some(pin) = self.try_lock(&Self::pin_key(&d))? {
+                // Made again meanwhile (`publish_sif` takes the mark away
+                // under the pin).
+                if !self.removed_mark(&d).exists() {
+                    continue;
                 }
-            }
-            let sif = self.sif_path(&d);
-            std::fs::remove_file(&sif).map_err(io(&sif))?;
-            // Move the tree aside first so no reader sees half of it.
-            let tree = self.rootfs_path(&d);
-            if tree.exists() {
-                let work = self.work_dir("remove")?;
-                let aside = work.path().join("rootfs");
-                std::fs::rename(&tree, &aside).map_err(io(&tree))?;
+                self.delete_image(&d)?;
+                let _ = std::fs::remove_file(self.lock_path(&Self::pin_key(&d)));
+                drop(pin);
+                out.push(d.to_string());
             }
         }
-        Ok(d)
+        out.sort();
+        Ok(out)
+    }
+
+    /// Deletes image `d`'s SIF, mark and unpacked tree. Hold its pin
+    /// exclusively.
+    fn delete_image(&self, d: &Digest) -> Result<()> {
+        let sif = self.sif_path(d);
+        match std::fs::remove_file(&sif) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&sif)(e)),
+        }
+        let _ = std::fs::remove_file(self.removed_mark(d));
+        // Move the tree aside first so no reader sees half of it.
+        let tree = self.rootfs_path(d);
+        if tree.exists() {
+            let work = self.work_dir("remove")?;
+            let aside = work.path().join("rootfs");
+            std::fs::rename(&tree, &aside).map_err(io(&tree))?;
+        }
+        Ok(())
     }
 
     /// The one "make once per key" protocol of the store, for imports, pulls
@@ -1090,7 +1258,7 @@ impl Store {
     pub fn recall_source(&self, key: &str) -> Option<Digest> {
         let path = self.root.join("sources").join(escape(key));
         let d = Digest::parse_sha256(std::fs::read_to_string(path).ok()?.trim())?;
-        self.sif_path(&d).exists().then_some(d)
+        (self.sif_path(&d).exists() && !self.removed_mark(&d).exists()).then_some(d)
     }
 
     /// Removes leftovers: work dirs nobody holds, unpacked trees whose image
@@ -1104,31 +1272,40 @@ impl Store {
                 continue;
             }
             let lock_path = p.with_extension("lock");
-            let held = File::open(&lock_path).is_ok_and(|f| {
-                rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
-            });
-            if !held {
-                if remove_all(&p).is_ok() {
+            let lock = match sifbox_sys::lockfile::lock(
+                &lock_path,
+                sifbox_sys::lockfile::Kind::Exclusive,
+                false,
+                false,
+                0,
+            ) {
+                Ok(Some(l)) => Some(l),
+                Ok(None) => continue,
+                // No lock file: its maker (who locks first) is gone.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(io(&lock_path)(e)),
+            };
+            if remove_all(&p).is_ok() {
+                // Unlinked while held exclusively (the lock-file protocol).
+                if lock.is_some() {
                     let _ = std::fs::remove_file(&lock_path);
-                    report.temp_dirs.push(p);
-                } else {
-                    report.unremovable.push(p);
                 }
+                report.temp_dirs.push(p);
+            } else {
+                report.unremovable.push(p);
             }
         }
         // Lock files of work dirs that are gone.
         for e in std::fs::read_dir(&tmp).map_err(io(&tmp))?.flatten() {
             let p = e.path();
-            if p.extension().is_some_and(|x| x == "lock") && !p.with_extension("").exists() {
-                if let Ok(f) = File::open(&p) {
-                    if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                        .is_ok()
-                    {
-                        let _ = std::fs::remove_file(&p);
-                    }
-                }
+            if p.extension().is_some_and(|x| x == "lock")
+                && !p.with_extension("").exists()
+                && sifbox_sys::lockfile::remove_if_unheld(&p).unwrap_or(false)
+            {
+                report.stale_locks.push(p);
             }
         }
+        report.deferred_images = self.remove_deferred()?;
         let images: std::collections::HashSet<Digest> = self.digests()?.into_iter().collect();
         let rootfs = self.root.join("rootfs");
         for e in std::fs::read_dir(&rootfs).map_err(io(&rootfs))?.flatten() {
@@ -1136,7 +1313,18 @@ impl Store {
             let d = n
                 .strip_prefix("sha256-")
                 .and_then(|h| Digest::parse_sha256(&format!("sha256:{h}")));
+            // Held while removing: no sandbox of it starts meanwhile, and
+            // none that runs (one of an image removed with --force) loses
+            // its root.
+            let pin = match &d {
+                Some(d) if !images.contains(d) => match self.try_lock(&Self::pin_key(d))? {
+                    Some(pin) => Some(pin),
+                    None => continue,
+                },
+                _ => None,
+            };
             if d.is_none_or(|d| !images.contains(&d)) {
+                let _pin = pin;
                 let p = e.path();
                 if remove_all(&p).is_ok() {
                     report.unpacked_without_image.push(p);
@@ -1152,7 +1340,15 @@ impl Store {
             let Some(hex) = n.strip_prefix("image-sha256-") else {
                 continue;
             };
-            if Digest::parse_sha256(&format!("sha256:{hex}")).is_none_or(|d| !images.contains(&d)) {
+            let d = Digest::parse_sha256(&format!("sha256:{hex}"));
+            if d.as_ref().is_none_or(|d| !images.contains(d)) {
+                let _pin = match &d {
+                    Some(d) => match self.try_lock(&Self::pin_key(d))? {
+                        Some(pin) => Some(pin),
+                        None => continue,
+                    },
+                    None => None,
+                };
                 let p = e.path();
                 if remove_all(&p).is_ok() {
                     report.unpacked_without_image.push(p);
@@ -1174,6 +1370,21 @@ impl Store {
                 report.stale_sources.push(e.path());
             }
         }
+        // Lock files nobody holds: every key's work is done or abandoned.
+        // Each is unlinked only while held exclusively and still the file
+        // at its path, and every locker re-checks that after locking
+        // (`sifbox_sys::lockfile`), so no two processes ever hold one
+        // lock on two inodes.
+        let locks = self.root.join("locks");
+        for e in std::fs::read_dir(&locks).map_err(io(&locks))?.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "lock")
+                && sifbox_sys::lockfile::remove_if_unheld(&p).unwrap_or(false)
+            {
+                report.stale_locks.push(p);
+            }
+        }
+        report.stale_locks.sort();
         Ok(report)
     }
 }
@@ -1299,9 +1510,9 @@ mod tests {
             vec!["demo/x:1".to_string(), "other:latest".to_string()]
         );
         // Removing one name keeps the image for the other.
-        s.remove("demo/x:1").expect("rm");
+        s.remove("demo/x:1", false).expect("rm");
         assert!(s.sif_path(&d).exists());
-        s.remove("other").expect("rm");
+        s.remove("other", false).expect("rm");
         assert!(!s.sif_path(&d).exists());
         assert!(s.list().expect("list").is_empty());
     }
@@ -1393,7 +1604,7 @@ mod tests {
         // The unused blob and the abandoned partial download of `other`.
         assert_eq!(r.removed.len(), 2, "{r:?}");
         // Once the image is gone, its blobs go too.
-        s.remove(image.as_str()).expect("rm");
+        s.remove(image.as_str(), false).expect("rm");
         s.gc_blobs().expect("gc");
         assert!(!s.has_blob(&d));
     }
@@ -1489,7 +1700,7 @@ mod tests {
             .expect("publish");
         assert_eq!(mode_of(&published.join("bin/su")), 0o755);
         // gc removes a build base whose image is gone.
-        s.remove(d.as_str()).expect("rm");
+        s.remove(d.as_str(), false).expect("rm");
         let r = s.gc().expect("gc");
         assert!(r.unpacked_without_image.contains(&base), "{r:?}");
         // Opened private again: closed to the group at once.
@@ -1512,6 +1723,110 @@ mod tests {
         Store::open_with(&root, Access::Group).expect("open shared");
         assert_eq!(mode_of(&tree.join("bin/su")), 0o755);
         assert_eq!(mode_of(&root.join("rootfs")), SHARED_DIR);
+    }
+
+    #[test]
+    fn a_pinned_image_is_not_removed_and_force_defers_it() {
+        let (_t, s) = store();
+        let d = make_sif(&s, b"pinned");
+        s.tag("p:1", &d).expect("tag");
+        let tree = s
+            .rootfs(&d, |dest| {
+                std::fs::create_dir_all(dest.join("etc")).map_err(io(dest))
+            })
+            .expect("rootfs");
+        let pin = s.pin(&d).expect("pin").expect("a pin");
+        assert!(s.is_pinned(&d));
+        assert!(matches!(
+            s.remove("p:1", false),
+            Err(StoreError::InUse { .. })
+        ));
+        assert!(matches!(
+            s.remove(d.as_str(), false),
+            Err(StoreError::InUse { .. })
+        ));
+        assert_eq!(s.resolve("p:1").expect("still named"), d);
+        // gc leaves a pinned image's tree alone.
+        s.gc().expect("gc");
+        assert!(tree.is_dir());
+        // Forced: the name goes now, the image stays for its user.
+        assert_eq!(s.remove("p:1", true).expect("rm -f").1, Removed::Deferred);
+        assert!(s.list().expect("ls").is_empty());
+        assert!(s.resolve(d.as_str()).is_err() && s.resolve("p:1").is_err());
+        assert!(s.pin(&d).is_err(), "no new user of a removed image");
+        let r = s.gc().expect("gc");
+        assert!(r.deferred_images.is_empty() && tree.is_dir(), "{r:?}");
+        drop(pin);
+        let r = s.gc().expect("gc");
+        assert_eq!(r.deferred_images, vec![d.to_string()]);
+        assert!(!tree.exists() && !s.sif_path(&d).exists());
+        // Unpinned, a removal is immediate.
+        let d2 = make_sif(&s, b"free");
+        s.tag("f:1", &d2).expect("tag");
+        drop(s.pin(&d2).expect("pin"));
+        assert_eq!(s.remove("f:1", false).expect("rm").1, Removed::Image);
+        assert!(!s.sif_path(&d2).exists());
+    }
+
+    #[test]
+    fn an_image_made_again_after_a_forced_removal_stays() {
+        let (_t, s) = store();
+        let d = make_sif(&s, b"again");
+        let pin = s.pin(&d).expect("pin");
+        s.remove(d.as_str(), true).expect("rm -f");
+        assert_eq!(make_sif(&s, b"again"), d);
+        drop(pin);
+        assert!(s.gc().expect("gc").deferred_images.is_empty());
+        assert_eq!(s.resolve(d.as_str()).expect("kept"), d);
+    }
+
+    /// Lockers of one key and `gc` removing lock files at the same time:
+    /// never two holders at once.
+    #[test]
+    fn gc_removing_lock_files_never_lets_two_hold_a_key() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let (_t, s) = store();
+        let inside = AtomicUsize::new(0);
+        let worst = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let removed = AtomicUsize::new(0);
+        std::thread::scope(|sc| {
+            let gc = sc.spawn(|| {
+                while !stop.load(Ordering::SeqCst) {
+                    let r = s.gc().expect("gc");
+                    removed.fetch_add(r.stale_locks.len(), Ordering::SeqCst);
+                }
+            });
+            let lockers: Vec<_> = (0..4)
+                .map(|_| {
+                    sc.spawn(|| {
+                        for _ in 0..200 {
+                            let l = s.lock("k").expect("lock");
+                            let n = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                            worst.fetch_max(n, Ordering::SeqCst);
+                            std::thread::yield_now();
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            drop(l);
+                        }
+                    })
+                })
+                .collect();
+            for l in lockers {
+                l.join().expect("join");
+            }
+            stop.store(true, Ordering::SeqCst);
+            gc.join().expect("gc");
+        });
+        assert_eq!(worst.load(Ordering::SeqCst), 1, "two held the key at once");
+        assert!(
+            removed.load(Ordering::SeqCst) > 0,
+            "gc never removed the lock file"
+        );
+        s.gc().expect("gc");
+        assert!(std::fs::read_dir(s.root().join("locks"))
+            .expect("locks")
+            .next()
+            .is_none());
     }
 
     #[test]

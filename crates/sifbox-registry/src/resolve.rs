@@ -296,6 +296,10 @@ pub struct Resolved {
     /// Apptainer runscript: `run` without `--entrypoint` runs it, as
     /// `apptainer run` does.
     pub runscript: bool,
+    /// The store's pin of the image while this (or a clone) lives, for a
+    /// sandbox's supervisor to hold too (`StartOptions::holds`); `None` for
+    /// a tree used in place, or a shared store's member.
+    pub pin: Option<sifbox_image::store::ImagePin>,
 }
 
 /// [`locate`]s `arg` and opens it: the root file system (unpacked once) and
@@ -322,6 +326,7 @@ impl Resolved {
             meta: ImageMeta::default(),
             reference: shown.to_string(),
             digest: None,
+            pin: None,
         }
     }
 }
@@ -329,6 +334,9 @@ impl Resolved {
 /// The root file system and metadata of the stored image `d`.
 pub fn open(store: &Store, d: Digest, shown: &str) -> Result<Resolved, ResolveError> {
     let err = |e| ResolveError::new(shown, ResolveErrorKind::Import(e));
+    // First: no removal of the image can come between here and the
+    // sandbox's own hold on it.
+    let pin = store.pin(&d).map_err(|e| err(e.into()))?;
     let meta = import::sifbox_meta(store, &d).map_err(err)?;
     let rootfs = import::rootfs(store, &d).map_err(err)?;
     let foreign = meta.is_none();
@@ -340,6 +348,7 @@ pub fn open(store: &Store, d: Digest, shown: &str) -> Result<Resolved, ResolveEr
         meta,
         reference: shown.to_string(),
         digest: Some(d),
+        pin,
     })
 }
 

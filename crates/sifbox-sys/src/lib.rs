@@ -13,6 +13,8 @@
 
 #![allow(unsafe_code)]
 
+pub mod lockfile;
+
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;

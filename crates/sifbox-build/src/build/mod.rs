@@ -103,6 +103,9 @@ struct Builder<'a> {
     done: usize,
     /// Images named by `COPY --from` and `RUN --mount=from=`, by reference.
     images: HashMap<String, StageResult>,
+    /// The store's pins of the images the build starts from or copies
+    /// from, for the build's life: `image rm` leaves them alone meanwhile.
+    pins: Vec<sifbox_image::store::ImagePin>,
     /// Stage names (lower case) to their indexes.
     stage_names: HashMap<String, usize>,
     /// Whether the stage being built set CMD itself.
@@ -178,6 +181,7 @@ pub fn build(
         total,
         done: 0,
         images: HashMap::new(),
+        pins: Vec::new(),
         stage_names: df
             .stages
             .iter()
@@ -282,6 +286,7 @@ impl Builder<'_> {
             return Ok(r.clone());
         }
         let digest = (self.resolve)(reference)?;
+        self.pins.extend(self.store.pin(&digest)?);
         // With its setuid bits also in a shared store: the image built
         // from it keeps them.
         let rootfs = import::build_rootfs(self.store, &digest)?;

@@ -44,6 +44,8 @@ impl Sandbox {
         }
         let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
         Ok(Sandbox {
+            reservation: RefCell::new(None),
+            control: None,
             name: name.to_string(),
             dir,
             supervisor: Some(pid),

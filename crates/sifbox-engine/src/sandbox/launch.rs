@@ -185,18 +185,8 @@ impl Sandbox {
         if let Err(e) = runtime::reap_dead(&root) {
             tracing::warn!("could not clean up dead sandboxes: {e}");
         }
-        let dir = runtime::sandbox_dir(&root, &spec.name);
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(Error::BadInput {
-                    what: format!("sandbox name {:?}", spec.name),
-                    why: "a sandbox of that name is running".into(),
-                    fix: "choose another name, or stop that sandbox first".into(),
-                })
-            }
-            Err(e) => return Err(Error::io(format!("creating {}", dir.display()), e)),
-        }
+        let reservation = runtime::reserve(&root, &spec.name)?;
+        let dir = reservation.dir.clone();
         let mut guard = DirGuard(Some(dir.clone()));
         std::fs::create_dir(dir.join("m")).ctx(|| format!("creating {}/m", dir.display()))?;
         if let Writable::Overlay { dir: o } = &spec.writable {
@@ -280,6 +270,8 @@ impl Sandbox {
             oneshot: opts.oneshot,
             client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
             limits,
+            lock_id: Some(reservation.lock_id),
+            holds: opts.holds.clone(),
         };
         let Launched {
             pid,
@@ -290,6 +282,8 @@ impl Sandbox {
         let mut control = File::from(control);
         let mut status = BufReader::new(File::from(status));
         let sandbox = Sandbox {
+            reservation: RefCell::new(Some(reservation.lock)),
+            control: None,
             name: launch.spec.name.clone(),
             dir: dir.clone(),
             supervisor: Some(pid),
@@ -324,12 +318,16 @@ impl Sandbox {
             oneshot: opts.oneshot,
             evidence: evidence_path.clone(),
             image: image.reference.clone(),
+            digest: image.digest.clone(),
             limits: launch.limits.clone(),
             hidden: opts.hidden,
         };
         runtime::write_state(&dir, &state)?;
         if spec.ids.external {
-            match read_status(&mut status, &sandbox.name)? {
+            let first = read_status(&mut status, &sandbox.name);
+            // The supervisor holds the name itself once it says anything.
+            sandbox.reservation.replace(None);
+            match first? {
                 Status::Unshared => {
                     let caller = idmap::Caller::current();
                     if let Err(e) = idmap::write_external(pid, &spec.ids, &caller) {
@@ -346,7 +344,11 @@ impl Sandbox {
                 }
             }
         }
-        drop(control);
+        // Kept until the sandbox is detached (or this handle dropped): the
+        // supervisor takes its end closing before then for the client's
+        // death, and ends the sandbox.
+        let mut sandbox = sandbox;
+        sandbox.control = Some(control);
         *sandbox.status.borrow_mut() = Some(status);
         if !listening {
             sandbox.wait_ready()?;

@@ -67,6 +67,11 @@ pub struct StartOptions {
     /// A sandbox a sifbox command makes for its own work (a build step):
     /// `sifbox ps` leaves it out unless asked for `--all`.
     pub hidden: bool,
+    /// Lock files the supervisor holds shared for the sandbox's whole life
+    /// (the image store's pin of its image: while held, the image is not
+    /// removed under it). Each is locked as the lock-file protocol of
+    /// `sifbox_sys::lockfile` says; one that is missing is skipped.
+    pub holds: Vec<PathBuf>,
 }
 
 impl StartOptions {
@@ -79,6 +84,7 @@ impl StartOptions {
             evidence_dir: None,
             image: None,
             hidden: false,
+            holds: Vec::new(),
         }
     }
 }
@@ -159,6 +165,13 @@ impl ExecStatus {
 /// A running native sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
+    /// This client's shared hold on the sandbox's name (see
+    /// [`crate::runtime`]), until the supervisor has its own (it takes it
+    /// before it reports anything, so: until the first status line).
+    reservation: RefCell<Option<File>>,
+    /// The write end of the supervisor's control pipe: when it closes
+    /// before a "detach" line, the client is gone and the sandbox ends.
+    control: Option<File>,
     name: String,
     dir: PathBuf,
     /// Host pid of the outer supervisor, our child.
@@ -290,6 +303,11 @@ impl Sandbox {
 
     /// Lets the sandbox run on after this handle is gone (`sifbox start`).
     pub fn detach(mut self) {
+        if let Some(mut c) = self.control.take() {
+            // Not sent (the supervisor is gone): nothing is left to detach.
+            let _ = c.write_all(b"detach\n");
+        }
+        self.reservation.replace(None);
         self.supervisor = None;
     }
 

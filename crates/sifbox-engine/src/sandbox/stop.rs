@@ -91,7 +91,10 @@ impl Sandbox {
                 Evidence::record_stop(&path, inside_ns)?;
             }
         }
-        runtime::remove_dir(&self.dir)
+        // Only if no other sandbox has taken the name since the
+        // supervisor removed the dir (our own hold on it goes first).
+        self.reservation.replace(None);
+        runtime::remove_if_dead(&self.dir).map(|_| ())
     }
 
     /// Tells the supervisor to tear everything down now (used on SIGINT/SIGTERM).

@@ -130,6 +130,13 @@ pub struct Launch {
     /// client; the rlimit, affinity and watchdog to apply here).
     #[serde(default)]
     pub limits: crate::limits::Enforcement,
+    /// Device and inode of the lock of the sandbox's runtime dir, which the
+    /// client made and holds: outer takes its own hold on that file.
+    #[serde(default)]
+    pub lock_id: Option<(u64, u64)>,
+    /// Lock files outer holds shared while it lives (`StartOptions::holds`).
+    #[serde(default)]
+    pub holds: Vec<PathBuf>,
 }
 
 /// Status lines to the client.
@@ -166,24 +173,47 @@ pub fn main() -> i32 {
         Ok(fd) => Status(Some(File::from(fd))),
         Err(_) => return 125,
     };
+    // fd 0 is the control pipe: kept the same way, watched by outer for
+    // the client's going away.
+    let control = match take_fd(0) {
+        Ok(fd) => File::from(fd),
+        Err(e) => {
+            status.error(&Error::io("the control pipe", e));
+            return 125;
+        }
+    };
     // Whatever else the client's caller left open must not reach the
-    // sandbox: only the status pipe stays (fd 0 is the control pipe).
-    let kept = status.0.as_ref().map(std::os::fd::AsFd::as_fd);
-    let closed = sifbox_sys::close_inherited_fds(kept.as_slice());
+    // sandbox: only the status and control pipes stay.
+    let mut kept = vec![std::os::fd::AsFd::as_fd(&control)];
+    kept.extend(status.0.as_ref().map(std::os::fd::AsFd::as_fd));
+    let closed = sifbox_sys::close_inherited_fds(&kept);
+    drop(kept);
     if let Err(e) = closed {
         status.error(&e.into());
         return 125;
     }
-    let mut input = BufReader::new(std::io::stdin().lock());
-    let launch = read_line(&mut input)
-        .and_then(|l| {
-            serde_json::from_str::<Launch>(&l)
-                .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
-        })
-        .and_then(|l| {
-            sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
-            Ok(l)
-        });
+    let mut input = BufReader::new(control);
+    let launch = read_line(&mut input).and_then(|l| {
+        serde_json::from_str::<Launch>(&l)
+            .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
+    });
+    let launch = launch.and_then(|l| {
+        sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
+        Ok(l)
+    });
+    // As a forked one does: a sandbox that outlives its client logs to its
+    // runtime dir, not to the client's stderr (which would stay open).
+    let launch = launch.and_then(|l| {
+        if !l.oneshot {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(l.dir.join(SUPERVISOR_LOG))
+                .map_err(|e| Error::io("opening the supervisor log", e))?;
+            rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
+        }
+        Ok(l)
+    });
     finish(
         launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
         &mut status,

@@ -8,10 +8,18 @@ use super::*;
 /// `listener`: the control socket when the client made it; else init makes it.
 pub(super) fn outer(
     launch: &Launch,
-    input: &mut impl BufRead,
+    input: &mut BufReader<File>,
     status: &mut Status,
     listener: Option<UnixListener>,
 ) -> Result<i32> {
+    // Our own hold on the sandbox's name, and on what the sandbox uses
+    // (its image), for as long as we live: first, before anything could
+    // tell the client we run (see `crate::runtime`).
+    let mut own = launch
+        .lock_id
+        .map(|id| crate::runtime::hold(&launch.dir, id))
+        .transpose()?;
+    let mut holds = hold_all(&launch.holds)?;
     if launch.oneshot {
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
             .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -83,6 +91,8 @@ pub(super) fn outer(
     };
     let init = match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
+            // Host files the sandbox's processes must not inherit.
+            drop((own.take(), std::mem::take(&mut holds)));
             drop((nest_outer, activity_outer));
             let nest = Nest(nest_init);
             let code = match init_main(launch, status, nest, listener, disk, activity_init) {
@@ -99,7 +109,7 @@ pub(super) fn outer(
     // init holds the disk-backed layer now: it goes with init's mounts.
     drop((nest_init, listener, disk, activity_init));
     sifbox_sys::release_free_memory();
-    let waited = wait_init(init, launch, nest_outer, activity_outer);
+    let waited = wait_init(init, launch, nest_outer, activity_outer, input);
     if let Some(cg) = &launch.limits.cgroup {
         // Out of the cgroup, which goes with the sandbox.
         if let Err(e) = cg.remove(std::process::id()) {
@@ -110,7 +120,60 @@ pub(super) fn outer(
     // The client reads why a sandbox went after its runtime dir is gone.
     status.send(&format!("exited 0 oom_kills={oom_kills}"));
     crate::runtime::remove_dir(&launch.dir)?;
+    drop((own, holds));
     Ok(0)
+}
+
+/// Takes a shared hold on each of `paths` (`StartOptions::holds`); the
+/// client holds them too until we do, so none is missing or being removed.
+fn hold_all(paths: &[PathBuf]) -> Result<Vec<File>> {
+    use sifbox_sys::lockfile::{lock, Kind};
+    let mut out = Vec::new();
+    for p in paths {
+        match lock(p, Kind::Shared, false, false, 0) {
+            Ok(Some(f)) => out.push(f),
+            Ok(None) => {
+                return Err(Error::Setup(format!(
+                    "{}: locked by a remover of what the sandbox uses",
+                    p.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!("{}: gone, not held", p.display());
+            }
+            Err(e) => return Err(Error::io(format!("locking {}", p.display()), e)),
+        }
+    }
+    Ok(out)
+}
+
+/// What the client's end of the control pipe says once the sandbox runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// Still there, not detached.
+    Attached,
+    /// Detached: the sandbox runs on without it (`sifbox start`).
+    Detached,
+    /// Gone without detaching (killed, say): the sandbox ends.
+    Gone,
+}
+
+/// Reads what is on the control pipe now.
+fn read_client(input: &mut BufReader<File>) -> Client {
+    use std::io::Read as _;
+    if input.buffer().windows(6).any(|w| w == b"detach") {
+        return Client::Detached;
+    }
+    let mut buf = [0u8; 64];
+    loop {
+        match input.get_mut().read(&mut buf) {
+            Ok(0) => return Client::Gone,
+            Ok(n) if buf[..n].windows(6).any(|w| w == b"detach") => return Client::Detached,
+            Ok(_) => return Client::Attached,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Client::Gone,
+        }
+    }
 }
 
 /// Joins the sandbox's cgroup and takes its CPU affinity (outer does, before
@@ -145,6 +208,7 @@ fn wait_init(
     launch: &Launch,
     nest: UnixStream,
     activity: Option<OwnedFd>,
+    input: &mut BufReader<File>,
 ) -> Result<u64> {
     use rustix::event::{poll, PollFd, PollFlags, Timespec};
     let spec = &launch.spec;
@@ -186,11 +250,20 @@ fn wait_init(
         None => None,
     };
     let mut nest = Some(nest);
+    let mut client = if input.buffer().windows(6).any(|w| w == b"detach") {
+        Client::Detached
+    } else {
+        Client::Attached
+    };
     loop {
         let mut fds = vec![
             PollFd::new(&pidfd, PollFlags::IN),
             PollFd::new(&sig_r, PollFlags::IN),
         ];
+        let client_at = fds.len();
+        if client == Client::Attached {
+            fds.push(PollFd::new(input.get_ref(), PollFlags::IN));
+        }
         let nest_at = fds.len();
         if let Some(n) = &nest {
             fds.push(PollFd::new(n, PollFlags::IN));
@@ -217,12 +290,16 @@ fn wait_init(
             Err(e) => return Err(errno("poll")(e)),
         };
         let (init_done, signalled) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        let client_said = client == Client::Attached && !fds[client_at].revents().is_empty();
         let nest_ready = nest.is_some() && !fds[nest_at].revents().is_empty();
         let activity_ready = fds
             .get(watch_at + 1)
             .is_some_and(|f| !f.revents().is_empty());
         drop(fds);
-        if signalled {
+        if client_said {
+            client = read_client(input);
+        }
+        if signalled || client == Client::Gone {
             // Once is enough: init's exit is what we wait for next.
             let _ = rustix::process::kill_process(init, Signal::KILL);
             break;

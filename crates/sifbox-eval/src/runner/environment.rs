@@ -28,6 +28,9 @@ pub(super) struct Image {
     /// Commands must source the image's Apptainer env scripts.
     pub(super) env_scripts: bool,
     pub(super) log: Option<PathBuf>,
+    /// The store's pin of the image for the job's life (its rollouts'
+    /// supervisors hold it too): `image rm` leaves it alone meanwhile.
+    pub(super) pin: Option<sifbox_image::store::ImagePin>,
 }
 
 /// Why an environment has no image.
@@ -90,6 +93,10 @@ impl Ctx<'_> {
             EnvSource::Sif(p) => p.display().to_string(),
             EnvSource::Dockerfile { .. } => format!("eval/{}", task.name.to_lowercase()),
         };
+        let pin = self
+            .store
+            .pin(&digest)
+            .map_err(|e| fail(format!("image {digest}: {e}"), log.clone()))?;
         let meta = sifbox_image::import::image_meta(self.store, &digest)
             .map_err(|e| fail(format!("image {digest}: {e}"), log.clone()))?;
         let rootfs = sifbox_image::import::rootfs(self.store, &digest)
@@ -102,6 +109,7 @@ impl Ctx<'_> {
             meta,
             reference,
             log,
+            pin,
         })
     }
 

@@ -226,6 +226,7 @@ fn run_rollout(
             digest: Some(image.digest.to_string()),
             rootfs: image.rootfs.clone(),
         }),
+        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
         ..StartOptions::new(ctx.opts.exe.clone())
     };
     let t = Instant::now();

@@ -1,5 +1,6 @@
 //! `sifbox gc`: remove what dead sandboxes and interrupted imports left
-//! (runtime dirs, empty cgroups); with `--blobs`, also unused registry
+//! (runtime dirs, empty cgroups, lock files nobody holds) and images removed
+//! with `image rm --force` that nothing uses any more; with `--blobs`, also unused registry
 //! blobs and interrupted downloads; with `--build-cache`, the layers of
 //! build steps and their cache mounts.
 
@@ -46,7 +47,8 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
         let unremovable = std::mem::take(&mut store.unremovable);
         layers.remove_trees(&unremovable)?;
         for p in unremovable {
-            let _ = std::fs::remove_file(p.with_extension("lock"));
+            // Nobody holds a dead work dir's lock; unlinked the one safe way.
+            let _ = sifbox_sys::lockfile::remove_if_unheld(&p.with_extension("lock"));
             store.temp_dirs.push(p);
         }
         if args.build_cache {
@@ -79,11 +81,15 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
     for p in &cgroups {
         outln!("removed cgroup {}", p.display());
     }
+    for d in &store.deferred_images {
+        outln!("removed image {d} (removed with --force while in use)");
+    }
     for p in store
         .temp_dirs
         .iter()
         .chain(&store.unpacked_without_image)
         .chain(&store.stale_sources)
+        .chain(&store.stale_locks)
     {
         outln!("removed {}", p.display());
     }
@@ -92,6 +98,8 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
         && store.temp_dirs.is_empty()
         && store.unpacked_without_image.is_empty()
         && store.stale_sources.is_empty()
+        && store.stale_locks.is_empty()
+        && store.deferred_images.is_empty()
         && blobs.as_ref().is_none_or(|b| b.removed.is_empty())
         && pruned.is_empty()
     {

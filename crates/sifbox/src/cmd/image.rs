@@ -8,7 +8,7 @@ use sifbox_eval::result::rfc3339_secs;
 use sifbox_image::import;
 
 use crate::cmd::options::bad;
-use sifbox_image::store::{Access, Digest, Store, StoreError};
+use sifbox_image::store::{Access, Digest, Removed, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
@@ -27,8 +27,14 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove names (and the image once no name is left, or when given by digest).
+    /// Remove names (and the image once no name is left, or when given by
+    /// digest). An image a running sandbox, build or eval uses is refused,
+    /// unless --force.
     Rm {
+        /// Remove the names of an image in use now, and the image itself
+        /// once nothing uses it (`sifbox gc` then reclaims it).
+        #[arg(long, short = 'f')]
+        force: bool,
         /// Names (NAME[:TAG]) or digests to remove.
         #[arg(required = true, value_name = "IMAGE")]
         references: Vec<String>,
@@ -148,10 +154,16 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
                 outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             }
         }
-        ImageCommand::Rm { references } => {
+        ImageCommand::Rm { force, references } => {
             for r in references {
-                let d = store.remove(&r)?;
-                outln!("removed {r} ({d})");
+                match store.remove(&r, force) {
+                    Ok((d, Removed::Deferred)) => outln!(
+                        "removed {r} ({d}); the image itself goes once no sandbox uses it (`sifbox gc`)"
+                    ),
+                    Ok((d, _)) => outln!("removed {r} ({d})"),
+                    Err(StoreError::InUse { digest }) => return Err(in_use(&r, &digest).into()),
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         ImageCommand::Tag { reference, name } => {
@@ -216,6 +228,44 @@ pub fn human_size(bytes: u64) -> String {
         }
     }
     format!("{number} {}", UNITS[k])
+}
+
+/// The error of `image rm` refused for an image in use: the caller's
+/// sandboxes that run it by name, else who else can hold it.
+fn in_use(reference: &str, digest: &str) -> Error {
+    let users: Vec<String> = sifbox_engine::runtime::root()
+        .and_then(|root| sifbox_engine::runtime::scan(&root))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.alive
+                && e.state
+                    .as_ref()
+                    .is_some_and(|s| s.digest.as_deref() == Some(digest))
+        })
+        .map(|e| e.name)
+        .collect();
+    let (why, fix) = if users.is_empty() {
+        (
+            "it is in use by a build, an eval job or a sandbox of another runtime dir".to_string(),
+            "wait until it ends, or remove it anyway with `sifbox image rm --force` (the name goes now, the image once unused)".to_string(),
+        )
+    } else {
+        let s = if users.len() == 1 { "" } else { "es" };
+        (
+            format!("it is in use by the running sandbox{s} {}", users.join(", ")),
+            format!(
+                "stop {} first (`sifbox stop {}`), or remove it anyway with `sifbox image rm --force` (the name goes now, the image once unused)",
+                if users.len() == 1 { "it" } else { "them" },
+                users.join(" ")
+            ),
+        )
+    };
+    Error::BadInput {
+        what: format!("image {reference} ({digest})"),
+        why,
+        fix,
+    }
 }
 
 pub use sifbox_registry::Resolved;

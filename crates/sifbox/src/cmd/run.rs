@@ -92,6 +92,8 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         oneshot: true,
         evidence_dir: planned.logs.clone(),
         image: Some(planned.image.clone()),
+        // The supervisor holds the image's pin too, for the sandbox's life.
+        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
         ..StartOptions::new(exe)
     };
     // Requests queue while the sandbox sets itself up.

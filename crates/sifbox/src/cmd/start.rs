@@ -44,6 +44,8 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     let opts = StartOptions {
         evidence_dir: planned.logs.clone(),
         image: Some(planned.image.clone()),
+        // The supervisor holds the image's pin too, for the sandbox's life.
+        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
         ..StartOptions::new(exe)
     };
     let started = Instant::now();
@@ -60,19 +62,24 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     let name = sandbox.name().to_string();
     let evidence = sandbox.evidence_path();
     let pid = sandbox.supervisor_pid();
-    sandbox.detach();
-    if a.json {
-        outln!(
-            "{}",
+    // Printed first, detached last: a start killed before it detached
+    // takes its sandbox along (the supervisor sees its control pipe close),
+    // so one that did not print the name started nothing. A closed stdout
+    // still detaches (and then ends the command quietly).
+    let printed = if a.json {
+        crate::cmd::write_out(format_args!(
+            "{}\n",
             serde_json::json!({
                 "name": name,
                 "supervisor_pid": pid,
                 "evidence": evidence,
                 "ready_ms": u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             })
-        );
+        ))
     } else {
-        outln!("{name}");
-    }
+        crate::cmd::write_out(format_args!("{name}\n"))
+    };
+    sandbox.detach();
+    printed?;
     Ok(ExitCode::SUCCESS)
 }

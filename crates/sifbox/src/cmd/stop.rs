@@ -35,14 +35,19 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
         spec::validate_name(name)?;
         match Sandbox::attach_to_stop(name) {
             Ok(sandbox) => {
+                let digest =
+                    runtime::read_state(&runtime::sandbox_dir(&root, name)).and_then(|s| s.digest);
                 sandbox.stop(grace)?;
                 outln!("{verb} {name}");
+                if digest.is_some() {
+                    remove_deferred_images();
+                }
             }
             Err(_) => {
                 // Not running: remove whatever a dead one left.
                 let dir = runtime::sandbox_dir(&root, name);
                 let existed = dir.exists();
-                if existed && runtime::read_state(&dir).is_some_and(|s| runtime::is_alive(&s)) {
+                if existed && !runtime::remove_if_dead(&dir)? {
                     return Err(bad(
                         &format!("sandbox {name}"),
                         "it runs but does not answer",
@@ -50,7 +55,6 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
                     )
                     .into());
                 }
-                runtime::remove_dir(&dir)?;
                 if existed {
                     eprintln!("sifbox: {name} was not running; removed what it left");
                 } else {
@@ -60,4 +64,23 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// After a sandbox of a store image stopped: images removed with `image rm
+/// --force` while in use that nothing uses now go (as `gc` would).
+fn remove_deferred_images() {
+    if !sifbox_image::store::Store::default_root().is_dir() {
+        return;
+    }
+    let removed = crate::cmd::image::open_store()
+        .map_err(|e| e.to_string())
+        .and_then(|s| s.remove_deferred().map_err(|e| e.to_string()));
+    match removed {
+        Ok(ds) => {
+            for d in ds {
+                tracing::debug!("removed image {d}, removed with --force while in use");
+            }
+        }
+        Err(e) => tracing::debug!("removing images removed with --force: {e}"),
+    }
 }

@@ -1506,3 +1506,81 @@ mv /stubs /moved && ln -s {} /stubs\n",
     );
     assert_eq!(env.sh("stubs2", "test -e /stubs || echo gone"), "gone\n");
 }
+
+/// A built image's tree shares the files it did not change with the tree
+/// of its base (hard links, one copy on disk), keeps its own where it
+/// changed them, and neither tree sees a sandbox's writes to the other.
+/// (On the main branch of before, every built image had a full copy.)
+#[test]
+fn a_built_image_shares_unchanged_files_with_its_base() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    env.file("new.txt", "new\n");
+    let d = env.build_ok(
+        "FROM busybox\nCOPY new.txt /etc/new.txt\nRUN echo changed > /etc/sifbox-test-rootfs\n",
+        &["-t", "shared:1"],
+    );
+    // The base is unpacked (a run), and so is the built image (its export).
+    env.sh("busybox", "true");
+    let ls: Value = env.sifbox(&["image", "ls", "--json"]).json();
+    let digest_of_name = |n: &str| {
+        ls["images"]
+            .as_array()
+            .and_then(|a| {
+                a.iter().find(|i| {
+                    i["refs"]
+                        .as_array()
+                        .is_some_and(|r| r.iter().any(|x| x == n))
+                })
+            })
+            .and_then(|i| i["digest"].as_str())
+            .unwrap_or_else(|| panic!("no image {n}: {ls}"))
+            .trim_start_matches("sha256:")
+            .to_string()
+    };
+    let tree = |hex: &str| {
+        env.store
+            .path()
+            .join("rootfs")
+            .join(format!("sha256-{hex}"))
+    };
+    let (base, built) = (
+        tree(&digest_of_name("busybox:latest")),
+        tree(d.trim_start_matches("sha256:")),
+    );
+    let ino = |p: &Path| std::fs::symlink_metadata(p).expect("stat").ino();
+    // Not a program the shell runs (which would be busy to write).
+    let busybox = "usr/bin/sifbox-probe";
+    assert_eq!(
+        ino(&base.join(busybox)),
+        ino(&built.join(busybox)),
+        "{busybox} not shared"
+    );
+    assert_ne!(
+        ino(&base.join("etc/sifbox-test-rootfs")),
+        ino(&built.join("etc/sifbox-test-rootfs"))
+    );
+    assert_eq!(
+        env.sh("shared:1", "cat /etc/sifbox-test-rootfs /etc/new.txt"),
+        "changed\nnew\n"
+    );
+    assert_eq!(
+        env.sh("busybox", "cat /etc/sifbox-test-rootfs"),
+        "sifbox-test-rootfs v1\n"
+    );
+    // A sandbox's write to a shared file reaches neither tree.
+    env.sh("shared:1", &format!("echo x >> /{busybox}"));
+    assert_eq!(
+        std::fs::metadata(base.join(busybox)).expect("stat").len(),
+        std::fs::metadata(rootfs().join(busybox))
+            .expect("stat")
+            .len()
+    );
+    // Removing the base keeps the built image whole.
+    env.sifbox(&["image", "rm", "busybox"]).success();
+    env.sifbox(&["gc"]).success();
+    assert_eq!(
+        env.sh("shared:1", &format!("test -s /{busybox} && echo ok")),
+        "ok\n"
+    );
+}

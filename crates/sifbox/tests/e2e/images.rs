@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::harness::{
     self, copy_rootfs, digest_of, is_root, mode_of, require, rootfs, run_tool, set_mode, tempdir,
-    Output, Sifbox, Store, Tree,
+    Output, Sifbox, Started, Store, Tree,
 };
 use serde_json::Value;
 
@@ -1105,4 +1105,299 @@ fn image_ls_and_inspect_print_human_sizes_and_iso_times() {
     assert_eq!(json["image"]["size"], size, "{json}");
     assert_eq!(json["image"]["created"], created, "{json}");
     assert_eq!(json["config"], human["config"]);
+}
+
+// ---------------------------------------------------------------------------
+// Images in use (issue 15): `image rm` and the sandboxes, runs and builds
+// that use an image; gc and the store's lock files
+// ---------------------------------------------------------------------------
+
+/// `sifbox start --name NAME IMAGE` with the test's store; the guard stops
+/// it when the test ends.
+fn start_image<'a>(env: &'a Env, name: &str, image: &str) -> Started<'a> {
+    let out = env
+        .store
+        .cmd(["start", "--json", "--name", name, image])
+        .no_clean_check()
+        .output();
+    let mut guard = Started::adopt(&env.store.sb, name);
+    out.success();
+    guard.info = out.json();
+    guard.pid = guard.info["supervisor_pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .unwrap_or_else(|| panic!("no supervisor_pid in {}", guard.info));
+    guard
+}
+
+/// The image names `image ls` lists.
+fn names_listed(env: &Env) -> Vec<String> {
+    let ls: Value = env
+        .store
+        .cmd(["image", "ls", "--json"])
+        .no_clean_check()
+        .output()
+        .success()
+        .json();
+    ls["images"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|i| i["refs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r.as_str().map(str::to_string))
+        .collect()
+}
+
+/// `image rm` of an image that a running sandbox uses is refused, naming
+/// the sandbox and what to do, and the sandbox keeps its root file system;
+/// a one-shot `run` in flight holds the image too; once they end, `rm`
+/// works. (On the main branch of before, rm deleted the tree under the
+/// running sandbox.)
+#[test]
+fn image_rm_is_refused_while_a_sandbox_uses_the_image() {
+    let env = Env::new();
+    let out = env.store.import(rootfs(), "inuse:1").output();
+    out.success();
+    let digest = digest_of(&out);
+    let name = harness::unique("inuse");
+    let sandbox = start_image(&env, &name, "inuse:1");
+
+    for r in ["inuse:1", digest.as_str()] {
+        env.store
+            .cmd(["image", "rm", r])
+            .no_clean_check()
+            .output()
+            .sifbox_error()
+            .stderr_has(&name)
+            .stderr_has("--force")
+            .stderr_has(&format!("sifbox stop {name}"));
+    }
+    assert_eq!(names_listed(&env), vec!["inuse:1".to_string()]);
+    let o = sandbox.exec(&[], &["cat", "/etc/sifbox-test-rootfs"]);
+    o.success();
+    assert_eq!(o.stdout, "sifbox-test-rootfs v1\n");
+
+    // A one-shot run in flight: refused as well, naming its sandbox.
+    let mut run = env
+        .store
+        .cmd([
+            "run",
+            "--name",
+            "inuse-run",
+            "inuse:1",
+            "sh",
+            "-c",
+            "echo up; sleep 2",
+        ])
+        .no_clean_check()
+        .spawn();
+    run.wait_for_line(|l| l.contains("up"));
+    sandbox.stop();
+    env.store
+        .cmd(["image", "rm", "inuse:1"])
+        .no_clean_check()
+        .output()
+        .sifbox_error()
+        .stderr_has("inuse-run");
+    run.wait().success();
+
+    env.sifbox(&["image", "rm", "inuse:1"]).success();
+    assert!(env.stored().is_empty(), "{:?}", env.stored());
+    assert!(
+        env.store.entries("rootfs").is_empty(),
+        "{:?}",
+        env.store.entries("rootfs")
+    );
+}
+
+/// `image rm --force` of an image in use removes its name at once; the
+/// sandbox runs on with its root file system, and the image (SIF and
+/// tree) goes when that sandbox stops.
+#[test]
+fn image_rm_force_removes_the_name_now_and_the_image_after_the_last_stop() {
+    let env = Env::new();
+    env.store.import(rootfs(), "forced:1").output().success();
+    let name = harness::unique("forced");
+    let sandbox = start_image(&env, &name, "forced:1");
+    let out = env
+        .store
+        .cmd(["image", "rm", "--force", "forced:1"])
+        .no_clean_check()
+        .output();
+    out.success();
+    assert!(out.stdout.contains("once no sandbox uses it"), "{out:?}");
+    assert!(names_listed(&env).is_empty(), "{:?}", names_listed(&env));
+    let ls: Value = env
+        .store
+        .cmd(["image", "ls", "--json"])
+        .no_clean_check()
+        .output()
+        .success()
+        .json();
+    assert_eq!(ls["images"], serde_json::json!([]), "{ls}");
+    env.store
+        .cmd(["run", "forced:1", "true"])
+        .no_clean_check()
+        .output()
+        .sifbox_error();
+    // The sandbox is whole: its files, and new ones.
+    let o =
+        sandbox.sh("cat /etc/sifbox-test-rootfs && ls /bin/sh && echo ok > /tmp/f && cat /tmp/f");
+    o.success();
+    assert_eq!(o.stdout, "sifbox-test-rootfs v1\n/bin/sh\nok\n");
+    assert_eq!(env.store.entries("rootfs").len(), 1);
+    // The last user stops: the image goes with it.
+    env.store.cmd(["stop", &name]).output().success();
+    sandbox.disarm();
+    assert!(env.stored().is_empty(), "{:?}", env.stored());
+    assert!(
+        env.store.entries("rootfs").is_empty(),
+        "{:?}",
+        env.store.entries("rootfs")
+    );
+}
+
+/// A supervisor killed with SIGKILL holds its image no more: `image rm`
+/// then works at once.
+#[test]
+fn a_sigkilled_supervisor_does_not_pin_its_image() {
+    let env = Env::new();
+    env.store.import(rootfs(), "crashed:1").output().success();
+    let name = harness::unique("crashed");
+    let sandbox = start_image(&env, &name, "crashed:1");
+    env.store
+        .cmd(["image", "rm", "crashed:1"])
+        .no_clean_check()
+        .output()
+        .sifbox_error();
+    let pid = rustix::process::Pid::from_raw(sandbox.pid).expect("a pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill -9");
+    assert!(
+        harness::eventually(Duration::from_secs(5), || harness::proc_of(sandbox.pid)
+            .is_none()),
+        "the supervisor outlived SIGKILL"
+    );
+    env.store
+        .cmd(["image", "rm", "crashed:1"])
+        .no_clean_check()
+        .output()
+        .success();
+    assert!(env.stored().is_empty(), "{:?}", env.stored());
+    sandbox.disarm();
+    env.sifbox(&["gc"]).success();
+}
+
+/// `gc` removes the lock files that imports, runs and killed sifbox
+/// processes left in the store, but not one a live process holds (a
+/// running sandbox's hold on its image). (On the main branch of before,
+/// they were never removed.)
+#[test]
+fn gc_removes_lock_files_nobody_holds() {
+    let env = Env::new();
+    let tarball = env.rootfs_tarball();
+    let t = tarball.to_str().unwrap_or_default().to_string();
+    // Killed mid-import, at a few moments.
+    for delay_ms in [0u64, 2, 5, 10, 20, 40] {
+        let mut child = Command::new(harness::sifbox_bin())
+            .args(["image", "import", &t, "--name", "locks:1"])
+            .env("SIFBOX_CACHE", env.store.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let out = env.store.import(&tarball, "locks:1").output();
+    out.success();
+    let digest = digest_of(&out);
+    env.sifbox(&["run", "locks:1", "true"]).success();
+    let before = env.store.entries("locks");
+    assert!(before.len() > 2, "no lock files to clean up: {before:?}");
+
+    let name = harness::unique("locks");
+    let sandbox = start_image(&env, &name, "locks:1");
+    let pin = format!("image-sha256-{}.lock", digest.trim_start_matches("sha256:"));
+    let gc: Value = env
+        .store
+        .cmd(["gc", "--json"])
+        .no_clean_check()
+        .output()
+        .success()
+        .json();
+    assert!(
+        gc["store"]["stale_locks"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty()),
+        "{gc}"
+    );
+    assert_eq!(env.store.entries("locks"), vec![pin], "held: kept");
+    sandbox.sh("true").success();
+    sandbox.stop();
+    env.sifbox(&["gc"]).success();
+    assert!(
+        env.store.entries("locks").is_empty(),
+        "{:?}",
+        env.store.entries("locks")
+    );
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "{:?}",
+        env.store.tmp_entries()
+    );
+    env.sifbox(&["run", "locks:1", "true"]).success();
+}
+
+/// Importers of one source and `gc` removing lock files at the same time:
+/// every importer gets the one image, and the store holds one copy (two
+/// holders of "the same" lock on two inodes would make it twice, or
+/// publish over each other).
+#[test]
+fn gc_racing_importers_never_splits_a_lock() {
+    let env = Env::new();
+    let tarball = env.rootfs_tarball();
+    let t = tarball.to_str().unwrap_or_default().to_string();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let gc = s.spawn(|| {
+            let mut rounds = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                env.store.cmd(["gc"]).no_clean_check().output().success();
+                rounds += 1;
+            }
+            rounds
+        });
+        for round in 0..3 {
+            let name = format!("race:{round}");
+            let outs: Vec<Output> = std::thread::scope(|s2| {
+                let hs: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (t, name) = (t.clone(), name.clone());
+                        let env = &env;
+                        s2.spawn(move || {
+                            env.store
+                                .cmd(["image", "import", &t, "--name", &name])
+                                .no_clean_check()
+                                .output()
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("join")).collect()
+            });
+            let digests: Vec<String> = outs
+                .iter()
+                .map(|o| {
+                    o.success();
+                    digest_of(o)
+                })
+                .collect();
+            assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(gc.join().expect("gc") > 0);
+    });
+    assert_eq!(env.stored().len(), 1, "{:?}", env.stored());
+    env.sifbox(&["run", "race:2", "true"]).success();
 }
