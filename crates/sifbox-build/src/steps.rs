@@ -123,7 +123,88 @@ pub fn export(
     tracing::debug!("export: SIF packed at {:?}", t0.elapsed());
     let digest = store.publish_sif(&sif)?;
     let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
-    if !root && layers.ids().uid_count() > 1 && !store.rootfs_path(&digest).is_dir() {
+    publish_mirrored(layers, state, &tree, &digest)?;
+    Ok(digest)
+}
+
+/// Turns `state`, which is the stored image `base` itself (no layer on
+/// it), into a store image with `m` as its metadata, without the snapshot
+/// and the pack of [`export`]: the base's SIF remade with Apptainer's
+/// layout for `m` written into its squashfs and every byte of the base's
+/// file data reused (`sifbox_image::import::remix_sif`), times clamped to
+/// `clamp`. `None` when the base cannot be remade so (then [`export`]).
+///
+/// The new image's tree is left for the store to unpack on its first run,
+/// unless the base's tree has entries of owners other than the caller
+/// ([`export`] keeps those in the tree it publishes: root's builds keep
+/// owners, others' mirror them from the sandbox; an unpack by the store
+/// gives everything to the caller) or the store is shared (its members
+/// cannot unpack). Then the tree is made here, as [`export`] would have it.
+pub fn remix(
+    layers: &Layers,
+    state: &FsState,
+    base: &Digest,
+    m: &ImageMeta,
+    clamp: u32,
+) -> Result<Option<Digest>> {
+    let store = layers.store();
+    let work = store.work_dir("build-image")?;
+    let sif = work.path().join("image.sif");
+    let t0 = std::time::Instant::now();
+    // gzip level 6, as `export` packs: only the tables and the layout's
+    // files are compressed here.
+    let Some(stats) =
+        sifbox_image::import::remix_sif(store, base, m, work.path(), &sif, clamp, Some(6))?
+    else {
+        return Ok(None);
+    };
+    let digest = store.publish_sif(&sif)?;
+    tracing::debug!(
+        "export: metadata only, remade {base}'s squashfs ({} bytes of file data reused, {} new) in {:?}",
+        stats.copied_bytes,
+        stats.new_bytes,
+        t0.elapsed()
+    );
+    let owner = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let other_owners =
+        has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
+    // A shared store's members cannot unpack (only read): its owner's
+    // builds publish the tree, as the snapshot path does.
+    let shared = store.access() == sifbox_image::store::Access::Group;
+    if other_owners || shared {
+        if owner.0 == 0 && other_owners {
+            sifbox_image::import::rootfs_with_owners(store, &digest)?;
+        } else if owner.0 == 0 {
+            sifbox_image::import::rootfs(store, &digest)?;
+        } else {
+            let tree = work.path().join("rootfs");
+            let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
+            if !store.rootfs_path(&digest).is_dir() {
+                sifbox_image::import::unpack_image(store, &digest, &tree)?;
+                publish_mirrored(layers, state, &tree, &digest)?;
+            }
+        }
+        tracing::debug!(
+            "export: tree unpacked with its owners at {:?}",
+            t0.elapsed()
+        );
+    }
+    Ok(Some(digest))
+}
+
+/// Publishes `tree` (owned by the caller) as the store's unpacked copy of
+/// `digest`, first giving it, for an unprivileged caller with a
+/// subordinate range, the owners a sandbox of `state` sees (the caller
+/// holds the image's rootfs lock).
+fn publish_mirrored(layers: &Layers, state: &FsState, tree: &Path, digest: &Digest) -> Result<()> {
+    let store = layers.store();
+    if !rustix::process::geteuid().is_root()
+        && layers.ids().uid_count() > 1
+        && !store.rootfs_path(digest).is_dir()
+    {
         // The tree is the caller's. Sandboxes of this caller map its
         // subordinate range: give the tree the owners the build gave its
         // files (a user's home, a service's dirs), as seen through that
@@ -133,7 +214,7 @@ pub fn export(
         let sb = layers.reader_with(
             state,
             vec![sifbox_engine::spec::Bind {
-                src: tree.clone(),
+                src: tree.to_path_buf(),
                 dst: AT.into(),
                 readonly: false,
             }],
@@ -141,8 +222,7 @@ pub fn export(
         sb.mirror_owners(AT)?;
         sb.stop(std::time::Duration::ZERO)?;
     }
-    if store.access() == sifbox_image::store::Access::Private
-        && !store.rootfs_path(&digest).is_dir()
+    if store.access() == sifbox_image::store::Access::Private && !store.rootfs_path(digest).is_dir()
     {
         // The tree is mostly its base's and its layers' files: share them
         // (hard links) instead of storing them twice. A private store's
@@ -155,7 +235,7 @@ pub fn export(
             .collect();
         sources.push(&state.base);
         let t0 = std::time::Instant::now();
-        match sifbox_image::dedup::link_identical(&tree, &sources) {
+        match sifbox_image::dedup::link_identical(tree, &sources) {
             Ok(l) => tracing::debug!(
                 "export: {} files ({} bytes) shared with the base and layers in {:?}",
                 l.files,
@@ -166,8 +246,38 @@ pub fn export(
             Err(e) => tracing::debug!("export: sharing files with the base: {e}"),
         }
     }
-    store.publish_rootfs(&tree, &digest)?;
-    Ok(digest)
+    store.publish_rootfs(tree, digest)?;
+    Ok(())
+}
+
+/// Whether some entry of the tree at `root` has an owner other than
+/// `(uid, gid)`: reached by directory fd and name, nothing followed.
+fn has_other_owners(root: &Path, (uid, gid): (u32, u32)) -> std::io::Result<bool> {
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let top = rustix::fs::open(root, flags, Mode::empty())?;
+    let st = rustix::fs::fstat(&top)?;
+    if st.st_uid != uid || st.st_gid != gid {
+        return Ok(true);
+    }
+    let mut stack = vec![top];
+    while let Some(dir) = stack.pop() {
+        for entry in rustix::fs::Dir::read_from(&dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_uid != uid || st.st_gid != gid {
+                return Ok(true);
+            }
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                stack.push(rustix::fs::openat(&dir, name, flags, Mode::empty())?);
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Gives every entry of the tree at `root` newer than `clamp` the time

@@ -359,27 +359,101 @@ pub fn build_sif_at_level(
         force_owner: (owner != 0).then_some((0, 0)),
         mkfs_time: clamp,
         clamp_mtime: clamp,
+        compression_level: gzip_level(level),
         ..squash::PackOptions::from_env()
     };
-    let opts = match level {
-        Some(l) if std::env::var_os("SIFBOX_GZIP_LEVEL").is_none() => squash::PackOptions {
-            compression_level: l,
-            ..opts
-        },
-        _ => opts,
-    };
     squash::pack(tree, &part, &opts).map_err(|e| src_err(tree, e))?;
-    let json = serde_json::to_vec(m).map_err(|e| src_err(tree, e))?;
+    write_sif(&part, m, out)
+}
+
+/// The gzip level of a SIF sifbox makes: `SIFBOX_GZIP_LEVEL` (0 to 9) when
+/// set, else `level`, else 9 (mksquashfs's).
+fn gzip_level(level: Option<u32>) -> u32 {
+    let from_env = squash::PackOptions::from_env().compression_level;
+    match level {
+        Some(l) if std::env::var_os("SIFBOX_GZIP_LEVEL").is_none() => l,
+        _ => from_env,
+    }
+}
+
+/// Writes a deterministic SIF at `out`: `m` as its metadata object, the
+/// squashfs image `part` as its primary partition.
+fn write_sif(part: &Path, m: &ImageMeta, out: &Path) -> Result<()> {
+    let json = serde_json::to_vec(m).map_err(|e| src_err(part, e))?;
     let mut w = SifWriter::deterministic(sif::DETERMINISTIC_TIME);
     w.add_json(meta::SIF_OBJECT_NAME, json)
-        .map_err(|e| src_err(tree, e))?;
-    let part_file = File::open(&part).map_err(|e| src_err(&part, e))?;
+        .map_err(|e| src_err(part, e))?;
+    let part_file = File::open(part).map_err(|e| src_err(part, e))?;
     w.add_partition(part_file, Partition::primary_squashfs(Arch::host()))
-        .map_err(|e| src_err(tree, e))?;
+        .map_err(|e| src_err(part, e))?;
     let f = File::create(out).map_err(|e| src_err(out, e))?;
     w.write_to(std::io::BufWriter::new(f))
         .map_err(|e| src_err(out, e))?;
     Ok(())
+}
+
+/// Makes a SIF at `out` from the stored image `base` with `m` as its
+/// metadata, without unpacking the base or compressing its file data
+/// again: the base's squashfs with Apptainer's layout for `m` written into
+/// it ([`squash::remix`]), entries newer than `time` clamped to it, the
+/// files the layout writes (and the dirs it adds to) given it. What else
+/// the base holds keeps its owners, modes, contents and hard links.
+/// `level`: the gzip level of the new tables and files, as
+/// [`build_sif_at_level`]'s. Works in `work`.
+///
+/// `Ok(None)` when the base is one this cannot remake (not gzip, extended
+/// attributes, a symlink or a file where the layout writes): make the
+/// tree and pack it instead.
+pub fn remix_sif(
+    store: &Store,
+    base: &Digest,
+    m: &ImageMeta,
+    work: &Path,
+    out: &Path,
+    time: u32,
+    level: Option<u32>,
+) -> Result<Option<squash::RemixStats>> {
+    let sif_path = store.sif_path(base);
+    let sif = Sif::open(&sif_path).map_err(|e| src_err(&sif_path, e))?;
+    let Some(p) = sif.primary_partition() else {
+        return Ok(None);
+    };
+    if p.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
+        return Ok(None);
+    }
+    let edits: Vec<squash::Edit> = meta::layout(m)
+        .map_err(|e| src_err(&sif_path, e))?
+        .into_iter()
+        .map(|entry| match entry {
+            meta::LayoutEntry::Dir(d) => squash::Edit::Dir { path: d.into() },
+            meta::LayoutEntry::EmptyFileIfMissing(f) => {
+                squash::Edit::FileIfMissing { path: f.into() }
+            }
+            meta::LayoutEntry::File { path, text, mode } => squash::Edit::File {
+                path: path.into(),
+                data: text.into_bytes(),
+                mode: u16::try_from(mode & 0o7777).unwrap_or(0o644),
+            },
+        })
+        .collect();
+    let opts = squash::RemixOptions {
+        time,
+        // What the layout makes is root's, as in an image packed from a tree.
+        owner: (0, 0),
+        compression_level: gzip_level(level),
+    };
+    let part = work.join("rootfs.sqfs");
+    let stats = match squash::remix(sif.file(), p.offset, p.size, &edits, &opts, &part) {
+        Ok(s) => s,
+        Err(squash::SquashError::Unsupported { what }) => {
+            tracing::debug!("{}: not remade in place: {what}", sif_path.display());
+            return Ok(None);
+        }
+        Err(e) => return Err(src_err(&sif_path, e)),
+    };
+    write_sif(&part, m, out)?;
+    std::fs::remove_file(&part).map_err(|e| src_err(&part, e))?;
+    Ok(Some(stats))
 }
 
 /// The metadata of a stored image (defaults for a foreign SIF without it).
@@ -444,9 +518,35 @@ pub fn build_rootfs(store: &Store, digest: &Digest) -> Result<PathBuf> {
     store.build_rootfs(digest, |dest| unpack_sif(&sif_path, dest))
 }
 
+/// The unpacked root file system of a stored image, made once, with the
+/// owners its SIF records (which needs root: CAP_CHOWN): what a root
+/// build publishes for an image it did not unpack (see [`remix_sif`])
+/// whose base's tree has files of other users, as the tree of a root
+/// build keeps them.
+pub fn rootfs_with_owners(store: &Store, digest: &Digest) -> Result<PathBuf> {
+    let sif_path = store.sif_path(digest);
+    store.rootfs(digest, |dest| {
+        let opts = squash::UnpackOptions {
+            owners: squash::Owners::Preserve,
+            ..squash::UnpackOptions::default()
+        };
+        unpack_sif_with(&sif_path, dest, &opts)
+    })
+}
+
+/// Unpacks the root file system of the stored image `digest` into `dest`
+/// (new or empty), owned by the caller.
+pub fn unpack_image(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
+    unpack_sif(&store.sif_path(digest), dest)
+}
+
 /// Unpacks the root file system of the SIF at `sif_path` into `dest`,
 /// owned by the caller.
 fn unpack_sif(sif_path: &Path, dest: &Path) -> Result<()> {
+    unpack_sif_with(sif_path, dest, &squash::UnpackOptions::for_caller())
+}
+
+fn unpack_sif_with(sif_path: &Path, dest: &Path, opts: &squash::UnpackOptions) -> Result<()> {
     let sif = Sif::open(sif_path).map_err(|e| src_err(sif_path, e))?;
     let part = sif
         .primary_partition()
@@ -454,14 +554,8 @@ fn unpack_sif(sif_path: &Path, dest: &Path) -> Result<()> {
     if part.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
         return Err(src_err(sif_path, "its root file system is not squashfs"));
     }
-    squash::unpack_at(
-        sif.file(),
-        part.offset,
-        part.size,
-        dest,
-        &squash::UnpackOptions::for_caller(),
-    )
-    .map_err(|e| src_err(sif_path, e))?;
+    squash::unpack_at(sif.file(), part.offset, part.size, dest, opts)
+        .map_err(|e| src_err(sif_path, e))?;
     Ok(())
 }
 

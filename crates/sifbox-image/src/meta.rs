@@ -144,11 +144,27 @@ pub fn runscript(meta: &ImageMeta) -> String {
     )
 }
 
-/// Writes Apptainer's layout into the root file system `root`.
-pub fn write_layout(root: &Path, meta: &ImageMeta) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())?;
-    for d in [
+/// One entry of Apptainer's layout (see [`layout`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutEntry {
+    /// A directory, made with its parents unless there (`mkdir -p`).
+    Dir(&'static str),
+    /// An empty file, made unless an entry of that name is there.
+    EmptyFileIfMissing(&'static str),
+    /// A file with this text and mode, written anew.
+    File {
+        path: &'static str,
+        text: String,
+        mode: u32,
+    },
+}
+
+/// Apptainer's layout for `meta`, in the order it is written: the dirs
+/// Apptainer expects, empty `/etc/hosts` and `/etc/resolv.conf` where
+/// missing, then the files of `/.singularity.d` (env scripts, runscript,
+/// startscript, labels.json). Paths are relative to the image's root.
+pub fn layout(meta: &ImageMeta) -> std::io::Result<Vec<LayoutEntry>> {
+    let mut out: Vec<LayoutEntry> = [
         ".singularity.d/env",
         ".singularity.d/actions",
         ".singularity.d/libs",
@@ -160,37 +176,60 @@ pub fn write_layout(root: &Path, meta: &ImageMeta) -> std::io::Result<()> {
         "etc",
         "sys",
         "home",
+    ]
+    .into_iter()
+    .map(LayoutEntry::Dir)
+    .collect();
+    out.push(LayoutEntry::EmptyFileIfMissing("etc/hosts"));
+    out.push(LayoutEntry::EmptyFileIfMissing("etc/resolv.conf"));
+    let labels = serde_json::to_string_pretty(&meta.labels).map_err(std::io::Error::other)?;
+    for (path, text, mode) in [
+        (
+            ".singularity.d/env/01-base.sh",
+            "#!/bin/sh\n# Written by sifbox.\n".to_string(),
+            0o755,
+        ),
+        (
+            ".singularity.d/env/10-docker2singularity.sh",
+            docker2singularity_env(meta),
+            0o755,
+        ),
+        (
+            ".singularity.d/env/90-environment.sh",
+            "#!/bin/sh\n".into(),
+            0o755,
+        ),
+        (".singularity.d/env/99-base.sh", "#!/bin/sh\n".into(), 0o755),
+        (RUNSCRIPT, runscript(meta), 0o755),
+        (".singularity.d/startscript", "#!/bin/sh\n".into(), 0o755),
+        (".singularity.d/labels.json", labels, 0o644),
     ] {
-        dir.create_dir_all(d)?;
+        out.push(LayoutEntry::File { path, text, mode });
     }
-    for f in ["etc/hosts", "etc/resolv.conf"] {
-        if dir.symlink_metadata(f).is_err() {
-            dir.create(f)?;
+    Ok(out)
+}
+
+/// Writes Apptainer's layout ([`layout`]) into the root file system `root`.
+pub fn write_layout(root: &Path, meta: &ImageMeta) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Dir::open_ambient_dir(root, cap_std::ambient_authority())?;
+    for entry in layout(meta)? {
+        match entry {
+            LayoutEntry::Dir(d) => dir.create_dir_all(d)?,
+            LayoutEntry::EmptyFileIfMissing(f) => {
+                if dir.symlink_metadata(f).is_err() {
+                    dir.create(f)?;
+                }
+            }
+            LayoutEntry::File { path, text, mode } => {
+                let mut f = dir.create(path)?;
+                f.write_all(text.as_bytes())?;
+                f.set_permissions(cap_std::fs::Permissions::from_std(
+                    std::fs::Permissions::from_mode(mode),
+                ))?;
+            }
         }
     }
-    let write = |name: &str, text: &str, mode: u32| -> std::io::Result<()> {
-        let mut f = dir.create(name)?;
-        f.write_all(text.as_bytes())?;
-        f.set_permissions(cap_std::fs::Permissions::from_std(
-            std::fs::Permissions::from_mode(mode),
-        ))
-    };
-    write(
-        ".singularity.d/env/01-base.sh",
-        "#!/bin/sh\n# Written by sifbox.\n",
-        0o755,
-    )?;
-    write(
-        ".singularity.d/env/10-docker2singularity.sh",
-        &docker2singularity_env(meta),
-        0o755,
-    )?;
-    write(".singularity.d/env/90-environment.sh", "#!/bin/sh\n", 0o755)?;
-    write(".singularity.d/env/99-base.sh", "#!/bin/sh\n", 0o755)?;
-    write(RUNSCRIPT, &runscript(meta), 0o755)?;
-    write(".singularity.d/startscript", "#!/bin/sh\n", 0o755)?;
-    let labels = serde_json::to_string_pretty(&meta.labels).map_err(std::io::Error::other)?;
-    write(".singularity.d/labels.json", &labels, 0o644)?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! Squashfs (version 4.0, gzip) images: [`pack`] a directory tree into one,
-//! [`unpack`] one into a directory, [`verify_at`] one without unpacking it.
+//! [`unpack`] one into a directory, [`verify_at`] one without unpacking it,
+//! [`remix`] one into a new one with a few files changed, reusing its data.
 //!
 //! The format is implemented here rather than through a squashfs crate so
 //! that sifbox controls what matters to it: hard links stay links, output
@@ -21,6 +22,7 @@
 mod codec;
 mod format;
 mod pack;
+mod remix;
 mod unpack;
 mod verify;
 
@@ -271,4 +273,77 @@ pub fn verify_at(
     threads: usize,
 ) -> Result<VerifyStats, SquashError> {
     verify::verify(file, offset, len, threads)
+}
+
+/// A change [`remix`] makes to an image's tree. Paths are relative to the
+/// image's root (`a/b`; a leading `/` is ignored), plain names only; no
+/// symlink on the way is followed (one there makes the edit
+/// [`SquashError::Unsupported`], as does a file where a directory must be).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// A directory, made (0755, with its missing parents) unless there.
+    Dir { path: String },
+    /// A regular file holding `data`, with permission bits `mode`: an
+    /// existing regular file gets them in place (every name of it, its
+    /// owner kept), as writing through it would; else a new file is made
+    /// (missing parents too).
+    File {
+        path: String,
+        data: Vec<u8>,
+        mode: u16,
+    },
+    /// An empty regular file (0644), unless an entry of that name is there.
+    FileIfMissing { path: String },
+}
+
+/// How [`remix`] writes the new image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemixOptions {
+    /// The time of what the edits make or change (and of the directories
+    /// they add entries to), the image's own time, and the newest time any
+    /// entry keeps (newer ones get it, as [`PackOptions::clamp_mtime`]).
+    pub time: u32,
+    /// The (uid, gid) of entries the edits make.
+    pub owner: (u32, u32),
+    /// gzip level (0 to 9) of new data and the tables.
+    pub compression_level: u32,
+}
+
+/// What [`remix`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemixStats {
+    /// Inodes in the new image (hard links count once).
+    pub inodes: u32,
+    /// Bytes of the base's data region copied as they were.
+    pub copied_bytes: u64,
+    /// Bytes of file data the edits wrote (identical contents once).
+    pub new_bytes: u64,
+    /// Size of the image file, padded to 4 KiB.
+    pub image_bytes: u64,
+}
+
+/// Makes a new squashfs image at `out` from the one stored at
+/// `offset..offset+len` of `file` (a SIF partition, say) with `edits`
+/// applied, without decompressing or compressing its file data: the
+/// base's data blocks and fragments are copied as they are, the files the
+/// edits write are appended, and the tables are written anew. Everything
+/// the edits leave alone keeps its type, permission bits, owner, content
+/// and hard links; times are clamped to `opts.time`. The same base, edits
+/// and options give the same bytes.
+///
+/// # Errors
+///
+/// [`SquashError::Unsupported`] when the base or an edit is one this cannot
+/// do (not gzip, extended attributes, a symlink or file in an edit's way):
+/// pack the edited tree instead. The errors of [`unpack`] for a damaged
+/// base; [`SquashError::Io`] when `out` cannot be written.
+pub fn remix(
+    file: &File,
+    offset: u64,
+    len: u64,
+    edits: &[Edit],
+    opts: &RemixOptions,
+    out: &Path,
+) -> Result<RemixStats, SquashError> {
+    remix::remix(file, offset, len, edits, opts, out)
 }

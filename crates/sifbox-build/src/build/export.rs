@@ -59,9 +59,26 @@ impl Builder<'_> {
         self.store.make_once(&format!("build:{key}"), reuse, || {
             let started = Instant::now();
             self.progress.note("exporting the image");
-            let d = steps::export(&self.layers, &target.state, &meta, Some(clamp))?;
+            let remixed = match Self::unchanged_image(target) {
+                Some(base) => steps::remix(&self.layers, &target.state, base, &meta, clamp)?,
+                None => None,
+            };
+            let d = match remixed {
+                Some(d) => d,
+                None => steps::export(&self.layers, &target.state, &meta, Some(clamp))?,
+            };
             self.progress.done(false, started.elapsed());
             Ok(d)
+        })
+    }
+
+    /// The stored image whose file system the target stage has, unchanged
+    /// (its steps only set metadata: LABEL, ENV, CMD, a WORKDIR that
+    /// exists...): no layer on it, and the state still the one named after
+    /// the image.
+    fn unchanged_image(target: &StageResult) -> Option<&Digest> {
+        target.image.as_ref().filter(|d| {
+            target.state.layers.is_empty() && target.state.key == chain_key("image", d.as_str())
         })
     }
 }

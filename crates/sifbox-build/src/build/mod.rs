@@ -86,6 +86,10 @@ struct StageResult {
     /// scratch): without SOURCE_DATE_EPOCH, the clamp for the times of
     /// what the stage's steps wrote (see [`Builder::clamp`]).
     time: u32,
+    /// The stored image the stage's file system started from (`None` for
+    /// scratch): while `state` is still that image's, with no layer on
+    /// it, the export remakes the image from that one's SIF.
+    image: Option<Digest>,
 }
 
 struct Builder<'a> {
@@ -300,6 +304,7 @@ impl Builder<'_> {
             },
             meta,
             time,
+            image: Some(digest),
         };
         self.images.insert(reference.to_string(), r.clone());
         Ok(r)
@@ -325,6 +330,7 @@ impl Builder<'_> {
                 },
                 meta: ImageMeta::default(),
                 time: 0,
+                image: None,
             },
             Base::Stage(i) => results.get(i).cloned().ok_or_else(|| {
                 BuildError::bad(

@@ -22,16 +22,16 @@ use super::format::*;
 use super::{PackOptions, PackStats, SquashError};
 
 /// Index of an inode in [`Tree::inodes`].
-type Ino = usize;
+pub(super) type Ino = usize;
 
 #[derive(Debug)]
-struct Entry {
-    name: Vec<u8>,
-    inode: Ino,
+pub(super) struct Entry {
+    pub(super) name: Vec<u8>,
+    pub(super) inode: Ino,
 }
 
 #[derive(Debug)]
-enum Kind {
+pub(super) enum Kind {
     Dir {
         entries: Vec<Entry>,
         parent: Ino,
@@ -49,24 +49,28 @@ enum Kind {
 }
 
 #[derive(Debug)]
-struct Inode {
-    kind: Kind,
-    mode: u16,
-    uid: u32,
-    gid: u32,
-    mtime: u32,
+pub(super) struct Inode {
+    pub(super) kind: Kind,
+    pub(super) mode: u16,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) mtime: u32,
     /// Entries in the tree that name this inode.
-    links: u32,
+    pub(super) links: u32,
     /// 1-based inode number; 0 until numbered.
-    number: u32,
+    pub(super) number: u32,
 }
 
+/// The tree to write: inode 0 is the root directory.
 #[derive(Debug, Default)]
-struct Tree {
-    inodes: Vec<Inode>,
+pub(super) struct Tree {
+    pub(super) inodes: Vec<Inode>,
 }
 
-fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> SquashError + 'p {
+pub(super) fn io_err<'p>(
+    op: &'static str,
+    path: &'p Path,
+) -> impl FnOnce(io::Error) -> SquashError + 'p {
     move |source| SquashError::Io {
         op,
         path: path.to_path_buf(),
@@ -194,21 +198,21 @@ impl Tree {
         Ok(tree)
     }
 
-    fn entries(&self, dir: Ino) -> &[Entry] {
+    pub(super) fn entries(&self, dir: Ino) -> &[Entry] {
         match &self.inodes[dir].kind {
             Kind::Dir { entries, .. } => entries,
             _ => &[],
         }
     }
 
-    fn is_dir(&self, ino: Ino) -> bool {
+    pub(super) fn is_dir(&self, ino: Ino) -> bool {
         matches!(self.inodes[ino].kind, Kind::Dir { .. })
     }
 
     /// Numbers inodes in the order [`MetaBuilder`] writes them: for each
     /// directory, its subdirectories (recursively), then its other children
     /// in name order, then the directory itself. Returns that order.
-    fn number(&mut self) -> Vec<Ino> {
+    pub(super) fn number(&mut self) -> Vec<Ino> {
         let mut order = Vec::with_capacity(self.inodes.len());
         // Iterative post-order: (dir, next entry index, phase).
         let mut stack: Vec<(Ino, usize, bool)> = vec![(0, 0, false)];
@@ -251,12 +255,12 @@ impl Tree {
 
 /// Where a file's data went.
 #[derive(Debug, Default, Clone)]
-struct FileData {
+pub(super) struct FileData {
     /// Sequence numbers of its blocks, `None` for a hole (an all-zero block).
-    blocks: Vec<Option<usize>>,
+    pub(super) blocks: Vec<Option<usize>>,
     /// (fragment index, offset in the fragment block).
-    fragment: Option<(u32, u32)>,
-    size: u64,
+    pub(super) fragment: Option<(u32, u32)>,
+    pub(super) size: u64,
 }
 
 struct Job {
@@ -603,7 +607,7 @@ impl Ids {
     }
 }
 
-fn too_big(what: &str) -> SquashError {
+pub(super) fn too_big(what: &str) -> SquashError {
     SquashError::Input {
         path: PathBuf::new(),
         what: format!("{what} exceeds the squashfs limits"),
@@ -613,7 +617,7 @@ fn too_big(what: &str) -> SquashError {
 /// Builds the inode and directory tables.
 struct MetaBuilder<'t, 'd> {
     tree: &'t Tree,
-    files: &'t HashMap<Ino, (u64, Vec<u32>, FileData)>,
+    files: &'t Located,
     inodes: MetaWriter<'d>,
     dirs: MetaWriter<'d>,
     ids: Ids,
@@ -966,9 +970,9 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
     let Written {
         blocks,
         end: data_end,
-        out: mut w,
+        out: w,
     } = written;
-    let mut located: HashMap<Ino, (u64, Vec<u32>, FileData)> = HashMap::with_capacity(files.len());
+    let mut located: Located = HashMap::with_capacity(files.len());
     let mut data_bytes = 0u64;
     for (ino, data) in files {
         let mut start = None;
@@ -994,18 +998,78 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
         fragment_records.put_u32(0);
     }
 
-    let mut inode_deflater = Deflater::new(opts.compression_level);
-    let mut dir_deflater = Deflater::new(opts.compression_level);
+    let newest = tree.inodes.iter().map(|i| i.mtime).max().unwrap_or(0);
+    let layout = TableLayout {
+        level: opts.compression_level,
+        block_size,
+        mkfs_time: opts.mkfs_time.unwrap_or(newest),
+        extra_flags: 0,
+    };
+    let fragment_count =
+        u32::try_from(fragment_seqs.len()).map_err(|_| too_big("the fragment count"))?;
+    let padded = write_tables(
+        &tree,
+        inode_count,
+        &located,
+        (&fragment_records, fragment_count),
+        data_end,
+        w,
+        out,
+        &layout,
+    )?;
+    Ok(PackStats {
+        inodes: inode_count,
+        data_bytes,
+        image_bytes: padded,
+        fragments: fragment_count,
+    })
+}
+
+/// Where a regular file's data lies: its first block, the size words of
+/// its blocks (0 for a hole) and what [`FileData`] says of it.
+pub(super) type Located = HashMap<Ino, (u64, Vec<u32>, FileData)>;
+
+/// How [`write_tables`] writes the tables and the superblock.
+pub(super) struct TableLayout {
+    /// gzip level of the metadata blocks.
+    pub(super) level: u32,
+    pub(super) block_size: u32,
+    /// The superblock's modification time.
+    pub(super) mkfs_time: u32,
+    /// Superblock flags to set besides "no xattrs" and "duplicates".
+    pub(super) extra_flags: u16,
+}
+
+/// Appends the inode, directory, fragment and id tables of a numbered
+/// `tree` (see [`Tree::number`]) to `w`, which holds the superblock's room
+/// and the data up to `data_end`, pads the image to 4 KiB and writes the
+/// superblock. `fragments` are the fragment table's records (16 bytes
+/// each) and their count. Returns the padded size.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_tables(
+    tree: &Tree,
+    inode_count: u32,
+    located: &Located,
+    fragments: (&[u8], u32),
+    data_end: u64,
+    mut w: BufWriter<File>,
+    out: &Path,
+    layout: &TableLayout,
+) -> Result<u64, SquashError> {
+    let (fragment_records, fragment_count) = fragments;
+    let block_size = layout.block_size;
+    let mut inode_deflater = Deflater::new(layout.level);
+    let mut dir_deflater = Deflater::new(layout.level);
     let mut builder = MetaBuilder {
-        tree: &tree,
-        files: &located,
+        tree,
+        files: located,
         inodes: MetaWriter::new(&mut inode_deflater),
         dirs: MetaWriter::new(&mut dir_deflater),
         ids: Ids {
             list: Vec::new(),
             map: HashMap::new(),
         },
-        refs: HashMap::with_capacity(order.len()),
+        refs: HashMap::with_capacity(tree.inodes.len()),
         block_size,
     };
     builder.build(inode_count + 1)?;
@@ -1014,11 +1078,11 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
     let inode_table = builder.inodes.finish();
     let dir_table = builder.dirs.finish();
 
-    let mut deflater = Deflater::new(opts.compression_level);
+    let mut deflater = Deflater::new(layout.level);
     let inode_start = data_end;
     let dir_start = inode_start + inode_table.len() as u64;
     let frag_start = dir_start + dir_table.len() as u64;
-    let (frag_bytes, frag_index) = lookup_table(&fragment_records, frag_start, &mut deflater);
+    let (frag_bytes, frag_index) = lookup_table(fragment_records, frag_start, &mut deflater);
     let id_start = frag_start + frag_bytes.len() as u64;
     let mut id_records = Vec::with_capacity(ids.len() * 4);
     for id in &ids {
@@ -1033,16 +1097,14 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
     let pad = usize::try_from(padded - bytes_used).unwrap_or(0);
     w.write_all(&vec![0u8; pad]).map_err(io_err("write", out))?;
 
-    let newest = tree.inodes.iter().map(|i| i.mtime).max().unwrap_or(0);
     let sb = SuperBlock {
         inode_count,
-        mod_time: opts.mkfs_time.unwrap_or(newest),
+        mod_time: layout.mkfs_time,
         block_size,
-        fragment_count: u32::try_from(fragment_seqs.len())
-            .map_err(|_| too_big("the fragment count"))?,
+        fragment_count,
         compression: COMP_GZIP,
         block_log: u16::try_from(block_size.trailing_zeros()).unwrap_or(17),
-        flags: FLAG_NO_XATTRS | FLAG_DUPLICATES,
+        flags: FLAG_NO_XATTRS | FLAG_DUPLICATES | layout.extra_flags,
         id_count: u16::try_from(ids.len()).map_err(|_| too_big("the id count"))?,
         version_major: 4,
         version_minor: 0,
@@ -1058,12 +1120,7 @@ fn write_tree(mut tree: Tree, out: &Path, opts: &PackOptions) -> Result<PackStat
     w.seek(SeekFrom::Start(0)).map_err(io_err("seek", out))?;
     w.write_all(&sb.encode()).map_err(io_err("write", out))?;
     w.flush().map_err(io_err("write", out))?;
-    Ok(PackStats {
-        inodes: inode_count,
-        data_bytes,
-        image_bytes: padded,
-        fragments: sb.fragment_count,
-    })
+    Ok(padded)
 }
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ impl<'f> Image<'f> {
     }
 
     /// Reads `buf.len()` bytes at image offset `at`, which must lie within `bytes_used`.
-    fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), SquashError> {
+    pub(super) fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), SquashError> {
         let end = at.checked_add(buf.len() as u64);
         if end.is_none_or(|e| e > self.bytes_used()) {
             return Err(corrupt(format!(
@@ -388,12 +388,14 @@ impl Listing {
 
 #[derive(Debug, Clone)]
 pub(super) struct FileInfo {
-    start: u64,
+    pub(super) start: u64,
     pub(super) size: u64,
     /// Block size words (size | uncompressed bit; 0 is a hole).
-    blocks: Vec<u32>,
+    pub(super) blocks: Vec<u32>,
     /// (fragment block start, its size word, offset of the tail in it).
     fragment: Option<(u64, u32, u32)>,
+    /// (index in the fragment table, offset of the tail in that block).
+    pub(super) fragment_ref: Option<(u32, u32)>,
 }
 
 #[derive(Debug)]
@@ -410,10 +412,10 @@ pub(super) enum InodeKind {
 pub(super) struct InodeInfo {
     pub(super) kind: InodeKind,
     pub(super) basic_type: u16,
-    mode: u16,
-    uid: u32,
-    gid: u32,
-    mtime: u32,
+    pub(super) mode: u16,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) mtime: u32,
 }
 
 impl Image<'_> {
@@ -424,7 +426,12 @@ impl Image<'_> {
             .ok_or_else(|| corrupt(format!("id index {index} is outside the id table")))
     }
 
-    fn fragment(&self, meta: &mut Meta<'_, '_>, index: u32) -> Result<(u64, u32), SquashError> {
+    /// The fragment table's entry `index`: (start of the block, its size word).
+    pub(super) fn fragment(
+        &self,
+        meta: &mut Meta<'_, '_>,
+        index: u32,
+    ) -> Result<(u64, u32), SquashError> {
         if index >= self.sb.fragment_count {
             return Err(corrupt(format!(
                 "fragment {index} of {}",
@@ -529,11 +536,14 @@ impl Image<'_> {
                 for _ in 0..count {
                     blocks.push(c.u32(meta)?);
                 }
-                let fragment = if frag == INVALID_FRAG {
-                    None
+                let (fragment, fragment_ref) = if frag == INVALID_FRAG {
+                    (None, None)
                 } else {
                     let (fstart, fsize) = self.fragment(meta, frag)?;
-                    Some((fstart, fsize, frag_offset))
+                    (
+                        Some((fstart, fsize, frag_offset)),
+                        Some((frag, frag_offset)),
+                    )
                 };
                 (
                     InodeKind::File(FileInfo {
@@ -541,6 +551,7 @@ impl Image<'_> {
                         size,
                         blocks,
                         fragment,
+                        fragment_ref,
                     }),
                     T_FILE,
                 )

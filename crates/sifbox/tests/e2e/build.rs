@@ -763,6 +763,97 @@ RUN echo x > /x && mkdir -p /var/d && touch /var/d/y\nLABEL a=b\n";
         .stderr_has("SOURCE_DATE_EPOCH=yesterday: not a time");
 }
 
+/// `sifbox build --progress plain CONTEXT` of `env` with the builder's
+/// debug log on stderr (what the export did).
+fn build_logged(env: &Env) -> Output {
+    let ctx = env.ctx.path().display().to_string();
+    env.cmd(&["build", "--progress", "plain", &ctx])
+        .env("SIFBOX_LOG", "sifbox_build=debug")
+        .output()
+}
+
+/// The export's debug line of a build that remade the base's SIF.
+const REMIXED: &str = "export: metadata only, remade";
+/// The export's debug line of a build that packed a snapshot.
+const SNAPSHOT: &str = "export: snapshot unpacked";
+
+/// Issue 15: a target stage that only sets metadata on a stored image
+/// (LABEL, EXPOSE, ENV, CMD, a WORKDIR that exists) is exported by
+/// remaking the base's SIF, without a snapshot or a pack. The image runs,
+/// shows its metadata in `image inspect` and in `/.singularity.d`, keeps
+/// every file of its base as it was (modes, owners, sizes, times, hard
+/// links), and the same build in another store gives the same digest.
+#[test]
+fn metadata_only_builds_remake_the_base_image() {
+    let a = Env::new();
+    // A base with a hard link and a file of another owner, made by a
+    // step (a full export).
+    let base = a.build_ok(
+        "FROM busybox\nRUN echo x > /h1 && ln /h1 /h2 && mkdir -p /srv/d && ln /h1 /srv/d/h3 \
+         && echo own > /srv/own && chown 1000:1000 /srv/own && chmod 4750 /srv/own\n",
+        &["-t", "base"],
+    );
+    let df = "FROM base\nLABEL org.example.tier=fast other=\"two words\"\nEXPOSE 8080 53/udp\n\
+              ENV GREETING=hi\nWORKDIR /srv/d\nCMD [\"cat\", \"/.singularity.d/labels.json\"]\n";
+    a.file("Dockerfile", df);
+    let out = build_logged(&a);
+    out.success();
+    assert!(out.stderr.contains(REMIXED), "no remix: {}", out.stderr);
+    assert!(!out.stderr.contains(SNAPSHOT), "a snapshot: {}", out.stderr);
+    let d = digest_of(&out);
+    assert_ne!(d, base);
+
+    // The metadata, as sifbox and as Apptainer's files say it.
+    let c = a.config(&d);
+    assert_eq!(c["labels"]["org.example.tier"], "fast");
+    assert_eq!(c["labels"]["other"], "two words");
+    assert_eq!(
+        c["exposed_ports"],
+        serde_json::json!(["8080/tcp", "53/udp"])
+    );
+    assert_eq!(c["workdir"], "/srv/d");
+    let run = a.sifbox(&["run", &d]);
+    run.success();
+    let labels: Value = serde_json::from_str(&run.stdout).expect("labels.json");
+    assert_eq!(
+        labels,
+        serde_json::json!({"org.example.tier": "fast", "other": "two words"})
+    );
+    assert_eq!(
+        a.sh(
+            &d,
+            ". /.singularity.d/env/10-docker2singularity.sh; echo $GREETING; pwd"
+        ),
+        "hi\n/srv/d\n"
+    );
+    // Every file of the base, as the base has it.
+    let list = "find /bin /etc /h1 /h2 /srv -exec stat -c '%n %a %u:%g %s %Y %h %F' {} + | sort";
+    assert_eq!(a.sh(&d, list), a.sh(&base, list));
+    let got = inodes(&a, &d, &["/h1", "/h2", "/srv/d/h3"]);
+    assert!(
+        got.iter().all(|(i, h)| *i == got[0].0 && h == "3"),
+        "one inode with three names: {got:?}"
+    );
+
+    // Reproducible: the same in another store.
+    let b = Env::new();
+    let base_b = b.build_ok(
+        "FROM busybox\nRUN echo x > /h1 && ln /h1 /h2 && mkdir -p /srv/d && ln /h1 /srv/d/h3 \
+         && echo own > /srv/own && chown 1000:1000 /srv/own && chmod 4750 /srv/own\n",
+        &["-t", "base"],
+    );
+    assert_eq!(base_b, base);
+    assert_eq!(b.build_ok(df, &[]), d);
+
+    // A WORKDIR that makes a directory is a layer: the snapshot path.
+    a.file("Dockerfile", "FROM base\nWORKDIR /new/dir\nLABEL a=b\n");
+    let out = build_logged(&a);
+    out.success();
+    assert!(out.stderr.contains(SNAPSHOT), "{}", out.stderr);
+    assert!(!out.stderr.contains(REMIXED), "{}", out.stderr);
+    assert_eq!(a.sh(&digest_of(&out), "pwd"), "/new/dir\n");
+}
+
 /// The example tasks whose steps write no dates into files, each built
 /// twice into two stores: the same images.
 #[test]

@@ -795,14 +795,26 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
         ctx.to_str().unwrap_or_default(),
     ])
     .success();
-    // The group's trees (setid:1's and the one the build published) are
+    // A build that only sets metadata remakes the base's SIF (issue 15)
+    // and publishes the tree as well, which the group could not unpack.
+    std::fs::write(ctx.join("Dockerfile"), "FROM setid:1\nLABEL a=b\n").expect("write");
+    shared(&[
+        "build",
+        "-t",
+        "labelled:1",
+        "--progress",
+        "quiet",
+        ctx.to_str().unwrap_or_default(),
+    ])
+    .success();
+    // The group's trees (setid:1's and the ones the builds published) are
     // stripped.
     let trees: Vec<PathBuf> = std::fs::read_dir(store.join("rootfs"))
         .expect("rootfs/")
         .flatten()
         .map(|e| e.path())
         .collect();
-    assert_eq!(trees.len(), 2, "{trees:?}");
+    assert_eq!(trees.len(), 3, "{trees:?}");
     for t in &trees {
         assert_eq!(
             mode_of(&t.join("usr/bin/suid-decoy")),
@@ -836,6 +848,27 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
         out.stdout, "4755\n",
         "the built image keeps the base's bits"
     );
+    let labelled = top.path().join("labelled.sif");
+    shared(&[
+        "image",
+        "export",
+        "labelled:1",
+        labelled.to_str().unwrap_or_default(),
+    ])
+    .success();
+    let out = store_cmd(
+        &sb,
+        &mine,
+        &[
+            "run",
+            labelled.to_str().unwrap_or_default(),
+            "sh",
+            "-c",
+            "stat -c %a /usr/bin/suid-decoy; cat /.singularity.d/labels.json",
+        ],
+    );
+    out.success();
+    assert_eq!(out.stdout, "4755\n{\n  \"a\": \"b\"\n}");
 
     // The group (as root: sbtest's group owns the store) reads it and
     // runs its images, and reaches nothing but what running needs.
