@@ -86,6 +86,17 @@ impl Store {
         self.path().join("rootfs").join(digest.replace(':', "-"))
     }
 
+    /// Whether the store holds files this process may be unable to remove:
+    /// an unprivileged caller's builds and unpacks give files to its
+    /// subordinate ids.
+    fn may_hold_foreign_files(&self) -> bool {
+        !super::is_root()
+            && super::has_subid_range()
+            && ["rootfs", "layers", "build-cache"]
+                .iter()
+                .any(|d| !self.entries(d).is_empty())
+    }
+
     /// Removes every image and the build cache (whatever the commands'
     /// exit codes). Builds leave trees with files of the caller's subordinate ids, which
     /// only sifbox can remove: then the store's temp dir can go.
@@ -100,5 +111,17 @@ impl Store {
             }
         }
         let _ = quietly(&["gc", "--build-cache"]);
+    }
+}
+
+impl Drop for Store {
+    /// An unprivileged test's store keeps files of its subordinate ids,
+    /// which the temporary dir's removal cannot delete: sifbox removes
+    /// them first (else every run as that user leaked its stores in /tmp).
+    fn drop(&mut self) {
+        if self.may_hold_foreign_files() {
+            self.empty();
+            super::make_removable(self.path());
+        }
     }
 }
