@@ -208,6 +208,28 @@ pub(super) fn phases(
             }
         }
     }
+    // A compose service's own command, as its container's main process:
+    // started detached, it runs until the sandbox stops.
+    let service = c
+        .service
+        .as_ref()
+        .and_then(|s| s.argv(image.meta.entrypoint.as_deref()));
+    if let Some(argv) = service {
+        let req = ExecRequest::command(argv.clone())
+            .env_scripts(run.env_scripts)
+            .base_env(run.base_env.clone())
+            .cwd(Some(run.cwd.clone()))
+            .user(image_user.clone())
+            .isolate_net(run.sandbox_net == NetMode::Host && env_net == NetMode::None)
+            .build();
+        if let Err(e) = sb.exec_detached(req) {
+            return infra(r, "starting the compose service's command", &e);
+        }
+        r.notes.push(format!(
+            "the compose service's command runs detached in the sandbox: {}",
+            argv.join(" ")
+        ));
+    }
     r.timings_ms.setup += ms(t.elapsed());
     if let Some(h) = &c.healthcheck {
         let t = Instant::now();

@@ -47,6 +47,10 @@ pub struct Compose {
     pub image: Option<String>,
     /// Whether the service builds `environment/`'s Dockerfile.
     pub builds: bool,
+    /// `entrypoint` and `command`, as argvs (a string split into words as
+    /// compose splits it).
+    pub entrypoint: Option<Vec<String>>,
+    pub command: Option<Vec<String>>,
     pub unsupported: Vec<String>,
     pub warnings: Vec<String>,
 }
@@ -291,13 +295,8 @@ impl Service<'_> {
                     }
                     _ => return Err(self.wrong("user", v, "a user (NAME, UID or UID:GID)")),
                 },
-                "entrypoint" | "command" => {
-                    if !keep_alive(v) {
-                        self.unsupported(format!(
-                            "{k}: sifbox does not run a service's own command (the sandbox runs the agent and the verifier only); leave it out, or start what the task needs from [environment] setup_commands"
-                        ));
-                    }
-                }
+                "entrypoint" => self.c.entrypoint = Some(self.argv("entrypoint", v)?),
+                "command" => self.c.command = Some(self.argv("command", v)?),
                 "network_mode" => match v {
                     Value::String(m) if m == "none" => self.c.network = Some(NetworkMode::NoNetwork),
                     Value::String(m) if m == "host" || m == "bridge" || m == "default" => {
@@ -526,6 +525,43 @@ impl Service<'_> {
         Ok(())
     }
 
+    /// `entrypoint`/`command`: a list of strings, a string (split into
+    /// words, quotes removed), or null (none); interpolated as compose
+    /// does (`$$` is `$`, `${VAR}` sifbox's environment's value, empty
+    /// when unset).
+    fn argv(&self, key: &str, v: &Value) -> Result<Vec<String>> {
+        let words = self.words(key, v)?;
+        let lookup = |k: &str| std::env::var(k).ok();
+        words
+            .iter()
+            .map(|w| {
+                template::resolve(&braced(w), &lookup).map_err(|why| {
+                    bad(
+                        self.at(key),
+                        format!("service {} {key}: {why}", self.name),
+                        "write ${VAR}, ${VAR:-default}, or $$ for a literal $",
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn words(&self, key: &str, v: &Value) -> Result<Vec<String>> {
+        match v {
+            Value::Null => Ok(Vec::new()),
+            Value::String(s) if !s.contains('\0') => Ok(split_words(s)),
+            Value::Sequence(items) => items
+                .iter()
+                .map(|i| match i {
+                    Value::String(s) if !s.contains('\0') => Ok(s.clone()),
+                    Value::Number(n) => Ok(n.to_string()),
+                    other => Err(self.wrong(key, other, "a string")),
+                })
+                .collect(),
+            other => Err(self.wrong(key, other, "a command (a string or a list)")),
+        }
+    }
+
     fn cpus(&self, key: &str, v: &Value) -> Result<f64> {
         let n = match v {
             Value::Number(n) => n.as_f64(),
@@ -666,27 +702,65 @@ fn braced(s: &str) -> String {
     out
 }
 
-/// Whether a command only keeps the container alive (what Harbor's own
+/// Splits a command string into words as compose does (shell-like:
+/// whitespace, single and double quotes, backslash escapes; no
+/// expansion).
+fn split_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                word.extend(chars.by_ref().take_while(|&c| c != '\''));
+            }
+            '"' => {
+                in_word = true;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => match chars.next() {
+                            Some(n @ ('"' | '\\' | '$' | '`')) => word.push(n),
+                            Some(n) => {
+                                word.push('\\');
+                                word.push(n);
+                            }
+                            None => {}
+                        },
+                        c => word.push(c),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                if let Some(n) = chars.next() {
+                    word.push(n);
+                }
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+/// Whether an argv only keeps the container alive (what Harbor's own
 /// compose file runs in `main`): the sandbox stays up without it.
-fn keep_alive(v: &Value) -> bool {
-    let words: Vec<String> = match v {
-        Value::Null => return true,
-        Value::String(s) => s.split_whitespace().map(str::to_string).collect(),
-        Value::Sequence(items) => items
-            .iter()
-            .filter_map(|i| match i {
-                Value::String(s) => Some(s.clone()),
-                _ => None,
-            })
-            .flat_map(|s| s.split_whitespace().map(str::to_string).collect::<Vec<_>>())
-            .collect(),
-        _ => return false,
-    };
-    let joined = words
-        .iter()
-        .map(|w| w.trim_matches(|c| c == '"' || c == '\''))
-        .collect::<Vec<_>>()
-        .join(" ");
+pub fn keep_alive(argv: &[String]) -> bool {
+    let joined = argv.join(" ");
     let core = ["sh -c ", "bash -c ", "/bin/sh -c ", "/bin/bash -c "]
         .iter()
         .find_map(|p| joined.strip_prefix(p))
@@ -790,10 +864,6 @@ mod tests {
                 "services:\n  main:\n    build: .\n    network_mode: \"service:db\"\n",
                 "network_mode",
             ),
-            (
-                "services:\n  main:\n    build: .\n    command: python -m http.server\n",
-                "own command",
-            ),
             ("services:\n  main:\n    build: ./other\n", "context"),
             (
                 "services:\n  main:\n    build: {context: ., args: {A: 1}}\n",
@@ -828,11 +898,71 @@ mod tests {
     }
 
     #[test]
+    fn service_commands() {
+        let x = c("services:\n  main:\n    build: .\n    entrypoint: /start.sh\n    command: [\"sleep\", \"infinity\"]\n")
+            .expect("valid");
+        // Interpolated as compose does.
+        let y = c("services:\n  main:\n    command: sh -c 'echo $$(id -u) ${SIFBOX_NO_SUCH_VAR}.${SIFBOX_NO_SUCH_VAR:-d}'\n")
+            .expect("valid");
+        assert_eq!(
+            y.command.expect("command"),
+            ["sh", "-c", "echo $(id -u) .d"]
+        );
+        assert!(x.unsupported.is_empty(), "{:?}", x.unsupported);
+        let cmd = |e: Option<&[&str]>, c: Option<&[&str]>, image: Option<&[String]>| {
+            super::super::ServiceCommand {
+                entrypoint: e.map(|v| v.iter().map(|s| s.to_string()).collect()),
+                command: c.map(|v| v.iter().map(|s| s.to_string()).collect()),
+            }
+            .argv(image)
+        };
+        let image = ["/entry".to_string()];
+        // An entrypoint of the service replaces the image's, with the
+        // command after it (a keep-alive command too).
+        assert_eq!(
+            cmd(
+                Some(&["/start.sh"]),
+                Some(&["sleep", "infinity"]),
+                Some(&image)
+            ),
+            Some(vec![
+                "/start.sh".to_string(),
+                "sleep".into(),
+                "infinity".into()
+            ])
+        );
+        assert_eq!(
+            x.entrypoint.as_deref(),
+            Some(&["/start.sh".to_string()][..])
+        );
+        // A command alone follows the image's entrypoint; a keep-alive
+        // command alone runs nothing.
+        assert_eq!(
+            cmd(None, Some(&["nginx"]), Some(&image)),
+            Some(vec!["/entry".to_string(), "nginx".into()])
+        );
+        assert_eq!(
+            cmd(None, Some(&["sh", "-c", "sleep infinity"]), Some(&image)),
+            None
+        );
+        assert_eq!(
+            cmd(Some(&[]), Some(&["nginx"]), Some(&image)),
+            Some(vec!["nginx".to_string()])
+        );
+        assert_eq!(cmd(Some(&[]), None, Some(&image)), None);
+    }
+
+    #[test]
     fn keep_alive_commands() {
-        let v = |s: &str| serde_yaml_ng::from_str::<Value>(s).expect("yaml");
-        assert!(keep_alive(&v("[\"sh\", \"-c\", \"sleep infinity\"]")));
-        assert!(keep_alive(&v("tail -f /dev/null")));
-        assert!(!keep_alive(&v("[\"nginx\", \"-g\", \"daemon off;\"]")));
+        let w = |s: &str| split_words(s);
+        assert!(keep_alive(&w("sh -c 'sleep infinity'")));
+        assert!(keep_alive(&w("tail -f /dev/null")));
+        assert!(keep_alive(&[]));
+        assert!(!keep_alive(&w("nginx -g 'daemon off;'")));
+        assert_eq!(
+            w(r#"a "b c" 'd "e"' f\ g "h\"i" """#),
+            ["a", "b c", "d \"e\"", "f g", "h\"i", ""]
+        );
         assert_eq!(braced("a$B$$c${D}$"), "a${B-}$$c${D-}$");
         assert_eq!(braced("${A:-x}${B-y}$1"), "${A:-x}${B-y}$1");
     }

@@ -247,6 +247,37 @@ pub struct SetupCommand {
     pub host_lock: Option<String>,
 }
 
+/// A compose service's own `entrypoint`/`command`: under Harbor its
+/// container's main process, here a detached command started before the
+/// healthcheck, running until the sandbox stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceCommand {
+    pub entrypoint: Option<Vec<String>>,
+    pub command: Option<Vec<String>>,
+}
+
+impl ServiceCommand {
+    /// The argv to start, by Docker's rule (an entrypoint of the service
+    /// replaces the image's ENTRYPOINT and drops its CMD; a command alone
+    /// follows the image's ENTRYPOINT); None when there is nothing to run
+    /// but a keep-alive (`sleep infinity`), which a sandbox needs not.
+    pub fn argv(&self, image_entrypoint: Option<&[String]>) -> Option<Vec<String>> {
+        let command = self.command.clone().unwrap_or_default();
+        let argv: Vec<String> = match &self.entrypoint {
+            Some(e) if !e.is_empty() => e.iter().cloned().chain(command).collect(),
+            Some(_) => command,
+            None if compose::keep_alive(&command) => return None,
+            None => image_entrypoint
+                .unwrap_or_default()
+                .iter()
+                .cloned()
+                .chain(command)
+                .collect(),
+        };
+        (!argv.is_empty() && !compose::keep_alive(&argv)).then_some(argv)
+    }
+}
+
 /// A healthcheck, checked.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Healthcheck {
@@ -470,6 +501,8 @@ pub struct TaskConfig {
     /// The user of every command that names none, in place of the image's
     /// (a compose service's `user`).
     pub default_user: Option<String>,
+    /// A compose service's own command.
+    pub service: Option<ServiceCommand>,
     /// `[metadata.sifbox] allow_userns = true`: the task's commands may
     /// create user namespaces (bubblewrap, Chromium's sandbox). Kept under
     /// `[metadata]`, which Harbor and BenchFlow leave free-form.
@@ -1010,6 +1043,7 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         )?,
         verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
         default_user: None,
+        service: None,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
         setup_commands,
         unsupported,
@@ -1107,6 +1141,12 @@ fn apply_compose(config: &mut TaskConfig, c: compose::Compose) {
         config.workdir = c.workdir;
     }
     config.default_user = c.user;
+    if c.entrypoint.is_some() || c.command.is_some() {
+        config.service = Some(ServiceCommand {
+            entrypoint: c.entrypoint,
+            command: c.command,
+        });
+    }
     if config.limits.cpus.is_none() {
         config.limits.cpus = c.cpus;
     }

@@ -1698,7 +1698,8 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
     assert_eq!(t["agent_run"]["user"], "1000", "{t:#}");
     // A compose file of one service, the task's own: its environment (the
     // task.toml's env winning), working_dir and user reach the agent and
-    // the verifier; its ports are noted and ignored.
+    // the verifier, its command runs detached; its ports are noted and
+    // ignored.
     let t = r("compose-single");
     assert_eq!(outcome(&t), ok(1.0), "{t:#}");
     assert_eq!(t["agent_run"]["user"], "1000:1000", "{t:#}");
@@ -1706,6 +1707,10 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
         notes(&t)
             .iter()
             .any(|n| n.contains("docker-compose.yaml") && n.contains("ports")),
+        "{t:#}"
+    );
+    assert!(
+        notes(&t).iter().any(|n| n.contains("runs detached")),
         "{t:#}"
     );
     // Two services: not one sandbox.
