@@ -34,7 +34,7 @@ fn resolve_env(task: &Task) -> Result<TaskEnv> {
                     .map(|v| (k.clone(), v))
                     .map_err(|why| {
                         EvalError::bad(
-                            format!("{}/task.toml: {key}.{k}", task.dir.display()),
+                            format!("{}: {key}.{k}", task.config_file.display()),
                             why,
                             "export the variable before running sifbox eval, or give a default: ${VAR:-default}",
                         )

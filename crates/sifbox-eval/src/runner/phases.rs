@@ -131,7 +131,10 @@ pub(super) fn phases(
 ) {
     let c = &task.config;
     let sb = run.sandbox;
-    let image_user = image.meta.user.clone().filter(|u| !u.is_empty());
+    let image_user = c
+        .default_user
+        .clone()
+        .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty()));
     let agent_user = c.agent_user.clone().or_else(|| image_user.clone());
     let verifier_user = c.verifier_user.clone().or_else(|| image_user.clone());
     let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
@@ -205,6 +208,28 @@ pub(super) fn phases(
             }
         }
     }
+    // A compose service's own command, as its container's main process:
+    // started detached, it runs until the sandbox stops.
+    let service = c
+        .service
+        .as_ref()
+        .and_then(|s| s.argv(image.meta.entrypoint.as_deref()));
+    if let Some(argv) = service {
+        let req = ExecRequest::command(argv.clone())
+            .env_scripts(run.env_scripts)
+            .base_env(run.base_env.clone())
+            .cwd(Some(run.cwd.clone()))
+            .user(image_user.clone())
+            .isolate_net(run.sandbox_net == NetMode::Host && env_net == NetMode::None)
+            .build();
+        if let Err(e) = sb.exec_detached(req) {
+            return infra(r, "starting the compose service's command", &e);
+        }
+        r.notes.push(format!(
+            "the compose service's command runs detached in the sandbox: {}",
+            argv.join(" ")
+        ));
+    }
     r.timings_ms.setup += ms(t.elapsed());
     if let Some(h) = &c.healthcheck {
         let t = Instant::now();
@@ -250,7 +275,7 @@ pub(super) fn phases(
         return;
     }
     let t = Instant::now();
-    if let Err(e) = sb.upload(&task.instruction, "/instruction.md", agent_user.as_deref()) {
+    if let Err(e) = upload_instruction(sb, &task.instruction, agent_user.as_deref()) {
         return infra(r, "uploading instruction.md", &e);
     }
 
@@ -274,7 +299,7 @@ pub(super) fn phases(
             ))
         }
         Agent::Command(cmd) => {
-            let instruction = match std::fs::read_to_string(&task.instruction) {
+            let instruction = match task.instruction.text() {
                 Ok(s) => s,
                 Err(e) => return infra(r, "reading instruction.md", &e),
             };
@@ -781,6 +806,33 @@ fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, String> {
 /// `dst/script` executable, as Harbor's `chmod +x` does: the script is sent
 /// once more, as a file of its own with the execute bits added (the
 /// sandbox replaces the copy without them).
+/// /instruction.md: instruction.md as it is, or task.md's prompt as a
+/// file of its own (0644, the agent's).
+fn upload_instruction(
+    sb: &Sandbox,
+    instruction: &crate::task::Instruction,
+    owner: Option<&str>,
+) -> std::result::Result<(), String> {
+    let text = match instruction {
+        crate::task::Instruction::File(p) => {
+            return sb
+                .upload(p, "/instruction.md", owner)
+                .map_err(|e| e.to_string())
+        }
+        crate::task::Instruction::Text(t) => t.clone().into_bytes(),
+    };
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(text.len() as u64);
+    h.set_mode(0o644);
+    sb.upload_tar("/", owner, move |w| {
+        let mut b = tar::Builder::new(w);
+        b.append_data(&mut h, "instruction.md", text.as_slice())?;
+        std::io::Write::flush(&mut b.into_inner()?)
+    })
+    .map_err(|e| e.to_string())
+}
+
 fn upload_with_script(
     sb: &Sandbox,
     dir: &std::path::Path,

@@ -4,7 +4,10 @@
 //! TASK/
 //!   task.toml                 [environment] [agent] [verifier] [solution]
 //!   instruction.md            -> /instruction.md
+//!   task.md                   (BenchFlow's, instead of both: front matter
+//!                             and prompt, see [`document`]; it wins)
 //!   environment/Dockerfile    the build context (or [environment] docker_image)
+//!   environment/docker-compose.yaml   one service, see [`compose`]
 //!   solution/solve.sh         (or oracle/) -> /solution, for the oracle agent
 //!   tests/test.sh             (or verifier/) -> /tests
 //! ```
@@ -25,7 +28,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EvalError, Result};
 use crate::template;
 
+pub mod compose;
+pub mod document;
 mod keys;
+mod yaml;
+
+pub use document::TASK_MD;
 
 /// The agent's time limit when task.toml gives none.
 pub const DEFAULT_AGENT_TIMEOUT_SEC: f64 = 600.0;
@@ -237,6 +245,37 @@ pub struct SetupCommand {
     /// Rollouts of every sifbox process holding a lock of this name run
     /// the command one at a time.
     pub host_lock: Option<String>,
+}
+
+/// A compose service's own `entrypoint`/`command`: under Harbor its
+/// container's main process, here a detached command started before the
+/// healthcheck, running until the sandbox stops.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceCommand {
+    pub entrypoint: Option<Vec<String>>,
+    pub command: Option<Vec<String>>,
+}
+
+impl ServiceCommand {
+    /// The argv to start, by Docker's rule (an entrypoint of the service
+    /// replaces the image's ENTRYPOINT and drops its CMD; a command alone
+    /// follows the image's ENTRYPOINT); None when there is nothing to run
+    /// but a keep-alive (`sleep infinity`), which a sandbox needs not.
+    pub fn argv(&self, image_entrypoint: Option<&[String]>) -> Option<Vec<String>> {
+        let command = self.command.clone().unwrap_or_default();
+        let argv: Vec<String> = match &self.entrypoint {
+            Some(e) if !e.is_empty() => e.iter().cloned().chain(command).collect(),
+            Some(_) => command,
+            None if compose::keep_alive(&command) => return None,
+            None => image_entrypoint
+                .unwrap_or_default()
+                .iter()
+                .cloned()
+                .chain(command)
+                .collect(),
+        };
+        (!argv.is_empty() && !compose::keep_alive(&argv)).then_some(argv)
+    }
 }
 
 /// A healthcheck, checked.
@@ -459,6 +498,11 @@ pub struct TaskConfig {
     pub agent_user: Option<String>,
     pub verifier_timeout: Duration,
     pub verifier_user: Option<String>,
+    /// The user of every command that names none, in place of the image's
+    /// (a compose service's `user`).
+    pub default_user: Option<String>,
+    /// A compose service's own command.
+    pub service: Option<ServiceCommand>,
     /// `[metadata.sifbox] allow_userns = true`: the task's commands may
     /// create user namespaces (bubblewrap, Chromium's sandbox). Kept under
     /// `[metadata]`, which Harbor and BenchFlow leave free-form.
@@ -486,14 +530,35 @@ pub enum EnvSource {
     Sif(PathBuf),
 }
 
+/// The instruction a task gives its agent (/instruction.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Instruction {
+    /// instruction.md.
+    File(PathBuf),
+    /// task.md's prompt.
+    Text(String),
+}
+
+impl Instruction {
+    /// The text.
+    pub fn text(&self) -> std::io::Result<String> {
+        match self {
+            Instruction::File(p) => std::fs::read_to_string(p),
+            Instruction::Text(t) => Ok(t.clone()),
+        }
+    }
+}
+
 /// A task directory, loaded and checked.
 #[derive(Debug, Clone)]
 pub struct Task {
     pub name: String,
     /// Absolute.
     pub dir: PathBuf,
+    /// The file the config came from: task.md or task.toml.
+    pub config_file: PathBuf,
     pub config: TaskConfig,
-    pub instruction: PathBuf,
+    pub instruction: Instruction,
     pub environment: EnvSource,
     /// `solution/` (or `oracle/`), when there is one.
     pub solution: Option<PathBuf>,
@@ -977,6 +1042,8 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             file,
         )?,
         verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
+        default_user: None,
+        service: None,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
         setup_commands,
         unsupported,
@@ -1031,7 +1098,80 @@ fn first_dir(dir: &Path, names: &[&str]) -> Option<PathBuf> {
     names.iter().map(|n| dir.join(n)).find(|p| p.is_dir())
 }
 
-/// Loads the task in `dir` (which holds task.toml).
+/// Reads a task's small text file (task.toml, task.md): a regular file
+/// of at most 1 MiB, UTF-8.
+fn read_small(path: &Path, task: &str) -> Result<String> {
+    let file = path.display().to_string();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        bad(
+            format!("task {task}"),
+            format!("no readable {name} ({e})"),
+            "pass a task directory (with task.toml and instruction.md, or task.md; environment/ and tests/), or a directory of them",
+        )
+    })?;
+    if !meta.is_file() || meta.len() > MAX_TASK_TOML {
+        return Err(bad(
+            file,
+            "not a regular file of at most 1 MiB",
+            format!("make {name} a small text file"),
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| {
+        bad(
+            &file,
+            format!("cannot read it as UTF-8 text: {e}"),
+            format!("make {name} a UTF-8 text file"),
+        )
+    })
+}
+
+/// Lays a compose file's values under the task file's: the task file's
+/// env entries win over the service's of the same name, and its workdir
+/// and limits over the service's.
+fn apply_compose(config: &mut TaskConfig, c: compose::Compose) {
+    let mut env = c.env;
+    env.retain(|(k, _)| !config.env.iter().any(|(t, _)| t == k));
+    env.append(&mut config.env);
+    config.env = env;
+    if config.workdir.is_none() {
+        config.workdir = c.workdir;
+    }
+    config.default_user = c.user;
+    if c.entrypoint.is_some() || c.command.is_some() {
+        config.service = Some(ServiceCommand {
+            entrypoint: c.entrypoint,
+            command: c.command,
+        });
+    }
+    if config.limits.cpus.is_none() {
+        config.limits.cpus = c.cpus;
+    }
+    if config.limits.memory_mb.is_none() {
+        config.limits.memory_mb = c.memory_mb;
+    }
+    if let Some(n) = c.network {
+        // The service's network is the environment's when the task file
+        // says nothing of its own (the phases' follow it).
+        if config.network == NetworkMode::Public && n == NetworkMode::NoNetwork {
+            config.network = n;
+            if config.agent_network == NetworkMode::Public {
+                config.agent_network = n;
+            }
+            if config.verifier_network == NetworkMode::Public {
+                config.verifier_network = n;
+            }
+        }
+    }
+    config.unsupported.extend(c.unsupported);
+    config.warnings.extend(c.warnings);
+}
+
+/// Loads the task in `dir` (which holds task.md, or task.toml and
+/// instruction.md: task.md wins, as in BenchFlow).
 pub fn load(dir: &Path) -> Result<Task> {
     let dir = std::path::absolute(dir).map_err(|e| EvalError::io(dir.display().to_string(), e))?;
     let shown = dir.display().to_string();
@@ -1047,56 +1187,75 @@ pub fn load(dir: &Path) -> Result<Task> {
             "rename the directory with letters, digits, '.', '_' and '-' only (at most 100)",
         ));
     }
-    let toml_path = dir.join(TASK_TOML);
-    let file = toml_path.display().to_string();
-    let meta = std::fs::metadata(&toml_path).map_err(|e| {
-        bad(
-            format!("task {shown}"),
-            format!("no readable {TASK_TOML} ({e})"),
-            "pass a task directory (with task.toml, instruction.md, environment/ and tests/), or a directory of them",
-        )
-    })?;
-    if !meta.is_file() || meta.len() > MAX_TASK_TOML {
-        return Err(bad(
+    let md_path = dir.join(TASK_MD);
+    let (config_file, mut config, instruction, solution, tests, file) = if md_path.exists() {
+        let file = md_path.display().to_string();
+        let doc = document::parse(&read_small(&md_path, &shown)?, &file)?;
+        // BenchFlow's dirs: oracle/ before solution/, verifier/ before
+        // tests/, or the front matter's paths.
+        let solution = match &doc.oracle_dir {
+            Some(p) => Some(dir.join(p)).filter(|p| p.is_dir()),
+            None => first_dir(&dir, &["oracle", "solution"]),
+        };
+        let tests = match &doc.verifier_dir {
+            Some(p) => Some(dir.join(p)),
+            None => first_dir(&dir, &["verifier", "tests"]),
+        };
+        (
+            md_path,
+            doc.config,
+            Instruction::Text(doc.instruction),
+            solution,
+            tests,
             file,
-            "not a regular file of at most 1 MiB",
-            "make task.toml a small text file",
-        ));
-    }
-    let text = std::fs::read_to_string(&toml_path).map_err(|e| {
-        bad(
-            &file,
-            format!("cannot read it as UTF-8 text: {e}"),
-            "make task.toml a UTF-8 text file",
         )
-    })?;
-    let config = parse_config(&text, &file)?;
-    let instruction = dir.join(INSTRUCTION);
-    let solution = first_dir(&dir, &["solution", "oracle"]);
+    } else {
+        let toml_path = dir.join(TASK_TOML);
+        let file = toml_path.display().to_string();
+        let config = parse_config(&read_small(&toml_path, &shown)?, &file)?;
+        (
+            toml_path,
+            config,
+            Instruction::File(dir.join(INSTRUCTION)),
+            first_dir(&dir, &["solution", "oracle"]),
+            first_dir(&dir, &["tests", "verifier"]),
+            file,
+        )
+    };
+    let context = dir.join("environment");
+    let (compose_path, several) = compose::find(&context);
+    config.warnings.extend(several);
+    let mut compose_image = None;
+    if let Some(p) = &compose_path {
+        let c = compose::load(p, config.docker_image.as_deref())?;
+        compose_image = c.image.clone().filter(|_| !c.builds);
+        apply_compose(&mut config, c);
+    }
     if !config.unsupported.is_empty() {
         // Its rollouts end `unsupported` before anything runs: what it
         // needs (a Windows Dockerfile, a rubric instead of test.sh) is not
         // looked for.
         return Ok(Task {
             name,
-            environment: EnvSource::Dockerfile {
-                context: dir.join("environment"),
-            },
-            tests: first_dir(&dir, &["tests", "verifier"]).unwrap_or_else(|| dir.join("tests")),
+            environment: EnvSource::Dockerfile { context },
+            tests: tests.unwrap_or_else(|| dir.join("tests")),
             solution,
             dir,
+            config_file,
             config,
             instruction,
         });
     }
-    if !instruction.is_file() {
-        return Err(bad(
-            format!("task {shown}"),
-            format!("no {INSTRUCTION}"),
-            "write the task's instruction to instruction.md",
-        ));
+    if let Instruction::File(p) = &instruction {
+        if !p.is_file() {
+            return Err(bad(
+                format!("task {shown}"),
+                format!("no {INSTRUCTION}"),
+                "write the task's instruction to instruction.md (or write task.md, with the prompt)",
+            ));
+        }
     }
-    let environment = match &config.docker_image {
+    let environment = match config.docker_image.as_ref().or(compose_image.as_ref()) {
         Some(image) if is_sif_path(image) => {
             let path = dir.join(image);
             if !path.is_file() {
@@ -1110,25 +1269,24 @@ pub fn load(dir: &Path) -> Result<Task> {
         }
         Some(image) => EnvSource::Image(image.clone()),
         None => {
-            let context = dir.join("environment");
             if !context.join("Dockerfile").is_file() {
-                let why = if context.join("docker-compose.yaml").is_file()
-                    || context.join("docker-compose.yml").is_file()
-                {
-                    "environment/ has a docker-compose file, which sifbox does not run".to_string()
-                } else {
-                    "no environment/Dockerfile and no [environment] docker_image".to_string()
+                let why = match &compose_path {
+                    Some(p) => format!(
+                        "{} neither builds environment/Dockerfile (there is none) nor names an image",
+                        p.display()
+                    ),
+                    None => "no environment/Dockerfile and no [environment] docker_image".to_string(),
                 };
                 return Err(bad(
                     format!("task {shown}"),
                     why,
-                    "add environment/Dockerfile, or set docker_image in task.toml",
+                    "add environment/Dockerfile, or set docker_image in the task's file",
                 ));
             }
             EnvSource::Dockerfile { context }
         }
     };
-    let tests = first_dir(&dir, &["tests", "verifier"]).ok_or_else(|| {
+    let tests = tests.ok_or_else(|| {
         bad(
             format!("task {shown}"),
             "no tests/ (or verifier/) directory",
@@ -1142,10 +1300,17 @@ pub fn load(dir: &Path) -> Result<Task> {
             "add test.sh, which writes the reward to /logs/verifier/reward.txt",
         ));
     }
+    if tests.join("verifier.md").is_file() {
+        config.warnings.push(format!(
+            "{}: sifbox reads no verifier strategy documents; it runs test.sh",
+            tests.join("verifier.md").display()
+        ));
+    }
     Ok(Task {
         name,
         solution,
         dir,
+        config_file,
         config,
         instruction,
         environment,
@@ -1231,7 +1396,7 @@ fn task_dirs(
         return Ok(*had);
     }
     seen.insert(canon.clone(), false);
-    if dir.join(TASK_TOML).exists() {
+    if dir.join(TASK_TOML).is_file() || dir.join(TASK_MD).is_file() {
         out.push(dir.to_path_buf());
         seen.insert(canon, true);
         return Ok(true);
@@ -1284,8 +1449,8 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<Task>> {
         if !task_dirs(p, 0, &mut seen, &mut found)? {
             return Err(bad(
                 format!("task {shown}"),
-                format!("no {TASK_TOML} in it or below it"),
-                "pass a task directory (with task.toml), or a directory of them",
+                format!("no {TASK_TOML} or {TASK_MD} in it or below it"),
+                "pass a task directory (with task.toml or task.md), or a directory of them",
             ));
         }
         for d in found {
@@ -1952,6 +2117,96 @@ env = { HINT = "h" }
         assert!(t.solve_script().is_some());
         std::fs::remove_file(a.join("solution/solve.sh")).expect("rm");
         assert!(t.solve_script().is_none());
+    }
+
+    #[test]
+    fn task_md_and_compose_files() {
+        let root = tempfile::tempdir().expect("tempdir");
+        // task.md alone is a task, found by discovery; it wins over a
+        // task.toml beside it, and its dirs are BenchFlow's (oracle/ and
+        // verifier/ before solution/ and tests/).
+        let d = root.path().join("md");
+        write(
+            &d,
+            "task.md",
+            "---\nimage: busybox\nagent: {timeout_sec: 5}\n---\n## prompt\nDo it.\n",
+        );
+        write(&d, "task.toml", "[environment]\ndocker_image = \"other\"\n");
+        write(&d, "verifier/test.sh", "true");
+        write(&d, "tests/test.sh", "true");
+        write(&d, "oracle/solve.sh", "true");
+        write(&d, "solution/solve.sh", "true");
+        let tasks = discover(&[root.path().to_path_buf()]).expect("discover");
+        assert_eq!(tasks.len(), 1);
+        let t = &tasks[0];
+        assert_eq!(t.environment, EnvSource::Image("busybox".into()));
+        assert_eq!(t.instruction, Instruction::Text("Do it.".into()));
+        assert_eq!(t.config_file, d.join("task.md"));
+        assert_eq!(t.tests, d.join("verifier"));
+        assert_eq!(t.solution.as_deref(), Some(d.join("oracle").as_path()));
+        // A compose file of one service: under task.toml's values.
+        let c = make_task(root.path(), "composed", "solution", "tests");
+        write(
+            &c,
+            "task.toml",
+            "[environment]\nenv = { A = \"toml\" }\nmemory_mb = 100\n",
+        );
+        write(
+            &c,
+            "environment/docker-compose.yaml",
+            "services:\n  main:\n    build: .\n    environment: {A: compose, B: b}\n    working_dir: /w\n    user: agent\n    mem_limit: 1g\n    cpus: 2\n",
+        );
+        let t = load(&c).expect("compose");
+        assert_eq!(
+            t.config.env,
+            [
+                ("B".to_string(), "b".to_string()),
+                ("A".into(), "toml".into())
+            ]
+        );
+        assert_eq!(t.config.workdir.as_deref(), Some("/w"));
+        assert_eq!(t.config.default_user.as_deref(), Some("agent"));
+        assert_eq!(
+            (t.config.limits.memory_mb, t.config.limits.cpus),
+            (Some(100), Some(2.0))
+        );
+        assert!(
+            t.config.unsupported.is_empty(),
+            "{:?}",
+            t.config.unsupported
+        );
+        // Two services: unsupported, not bad input, also without a
+        // Dockerfile; a malformed compose file is bad input.
+        std::fs::remove_file(c.join("environment/Dockerfile")).expect("rm");
+        write(
+            &c,
+            "environment/compose.yaml",
+            "services:\n  main: {build: .}\n  db: {image: pg}\n",
+        );
+        std::fs::remove_file(c.join("environment/docker-compose.yaml")).expect("rm");
+        let t = load(&c).expect("unsupported loads");
+        assert!(
+            t.config.unsupported[0].contains("multi-service compose"),
+            "{:?}",
+            t.config.unsupported
+        );
+        write(&c, "environment/compose.yaml", "services: [\n");
+        let e = load(&c).expect_err("malformed");
+        assert!(
+            e.is_bad_input() && e.to_string().contains("compose.yaml:"),
+            "{e}"
+        );
+        // A service naming an image and no build, without a Dockerfile or
+        // docker_image: the task's image.
+        write(
+            &c,
+            "environment/compose.yaml",
+            "services:\n  main: {image: busybox}\n",
+        );
+        assert_eq!(
+            load(&c).expect("image").environment,
+            EnvSource::Image("busybox".into())
+        );
     }
 
     proptest::proptest! {

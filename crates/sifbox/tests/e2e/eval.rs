@@ -1689,11 +1689,37 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
             "{t:#}"
         );
     }
+    // BenchFlow's task.md: its front matter (BenchFlow's shorthands and
+    // spellings) and its `## prompt` alone as /instruction.md; it wins
+    // over the task.toml beside it, whose image does not exist.
+    let t = r("task-md");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(t["limits"]["storage_mb"], 64, "{t:#}");
+    assert_eq!(t["agent_run"]["user"], "1000", "{t:#}");
+    // A compose file of one service, the task's own: its environment (the
+    // task.toml's env winning), working_dir and user reach the agent and
+    // the verifier, its command runs detached; its ports are noted and
+    // ignored.
+    let t = r("compose-single");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(t["agent_run"]["user"], "1000:1000", "{t:#}");
+    assert!(
+        notes(&t)
+            .iter()
+            .any(|n| n.contains("docker-compose.yaml") && n.contains("ports")),
+        "{t:#}"
+    );
+    assert!(
+        notes(&t).iter().any(|n| n.contains("runs detached")),
+        "{t:#}"
+    );
+    // Two services: not one sandbox.
+    unsupported("compose-multi", "multi-service compose");
 
     let s = env.json("j/summary.json");
-    assert_eq!(s["rollouts"], 20, "each task once: {s:#}");
+    assert_eq!(s["rollouts"], 23, "each task once: {s:#}");
     assert_eq!(s["infra_errors"], 0, "{s:#}");
-    assert_eq!(s["failures"]["unsupported"], 6, "{s:#}");
+    assert_eq!(s["failures"]["unsupported"], 7, "{s:#}");
     let keys = s["tasks"]
         .as_array()
         .expect("tasks")
@@ -1711,6 +1737,48 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
         .output()
         .success();
     assert_eq!(outcome(&env.result("nop", "no-solution__1")), ok(1.0));
+    // The nop agent on the task.md task: its verifier finds nothing done.
+    let md = tasks.join("task-md").display().to_string();
+    env.eval(&["--job", "nop-md", "--agent", "nop", &md])
+        .output()
+        .success();
+    assert_eq!(outcome(&env.result("nop-md", "task-md__1")), ok(0.0));
+}
+
+#[test]
+fn a_malformed_task_md_refuses_the_whole_job() {
+    let env = Env::new();
+    let good = env.task(
+        "good",
+        "",
+        "#!/bin/sh\ntrue\n",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let cases = [
+        (
+            "---\nagent:\n  timeout_sec: [1,\n---\n## prompt\nx\n",
+            "bad/task.md:",
+            "not valid YAML",
+        ),
+        (
+            "---\nimage: busybox\nagent:\n  user: x\n  timeout_sec: soon\n---\nx\n",
+            "bad/task.md:5",
+            "agent.timeout_sec",
+        ),
+        ("---\nimage: busybox\n", "bad/task.md:1", "closing ---"),
+        ("no front matter\n", "bad/task.md:1", "must start"),
+        ("---\nprofile: nope\n---\nx\n", "bad/task.md:2", "profile"),
+    ];
+    for (md, at, needle) in cases {
+        env.write("tasks/bad/task.md", md);
+        env.write("tasks/bad/tests/test.sh", "#!/bin/sh\n");
+        let tasks = env.path("tasks").display().to_string();
+        let out_dir = env.out().display().to_string();
+        let out = env.cmd(&["eval", "--out", &out_dir, &tasks]).output();
+        out.sifbox_error().stderr_has(needle).stderr_has(at);
+        assert!(!env.out().exists(), "{md:?} left {}", env.out().display());
+    }
+    let _ = good;
 }
 
 #[test]
