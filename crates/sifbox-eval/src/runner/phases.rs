@@ -115,6 +115,9 @@ fn as_mode(n: NetMode) -> NetworkMode {
     }
 }
 
+/// The phases of a rollout in `run`'s sandbox, up to the verifier, which
+/// runs here too unless the task's verifier is separate: true then, when
+/// it is to run (in its own sandbox, after this one stops).
 #[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
 #[allow(clippy::too_many_lines, reason = "the phases of a rollout, in order")]
 pub(super) fn phases(
@@ -128,16 +131,16 @@ pub(super) fn phases(
     env_net: NetMode,
     agent_net: NetMode,
     verifier_net: NetMode,
-) {
+) -> bool {
     let c = &task.config;
     let sb = run.sandbox;
     let image_user = image.meta.user.clone().filter(|u| !u.is_empty());
     let agent_user = c.agent_user.clone().or_else(|| image_user.clone());
-    let verifier_user = c.verifier_user.clone().or_else(|| image_user.clone());
     let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
         if !interrupted(ctx, r) {
             r.fail(ErrorClass::Infra, format!("{what}: {e}"));
         }
+        false
     };
     // The agent's log, made while agent/ is still the caller's (after the
     // chown below, an unprivileged caller could not create files there).
@@ -199,7 +202,7 @@ pub(super) fn phases(
                             st.code()
                         ),
                     );
-                    return;
+                    return false;
                 }
                 Err(e) => return infra(r, "creating the workdir", &e),
             }
@@ -216,12 +219,12 @@ pub(super) fn phases(
                 if !interrupted(ctx, r) {
                     r.fail(ErrorClass::StartFailed, e);
                 }
-                return;
+                return false;
             }
         }
     }
     if interrupted(ctx, r) {
-        return;
+        return false;
     }
     if let Some(out) = &setup_out {
         let t = Instant::now();
@@ -242,12 +245,12 @@ pub(super) fn phases(
                         format!("{e} (see {SETUP_LOG}){tail}"),
                     );
                 }
-                return;
+                return false;
             }
         }
     }
     if interrupted(ctx, r) {
-        return;
+        return false;
     }
     let t = Instant::now();
     if let Err(e) = sb.upload(&task.instruction, "/instruction.md", agent_user.as_deref()) {
@@ -261,7 +264,7 @@ pub(super) fn phases(
             // The rollout checked there is one before it started.
             let (Some(solution), Some(script)) = (&task.solution, task.solve_script()) else {
                 r.fail(ErrorClass::Unsupported, "the task has no solution");
-                return;
+                return false;
             };
             if let Err(e) =
                 upload_with_script(sb, solution, "/solution", "solve.sh", agent_user.as_deref())
@@ -289,7 +292,7 @@ pub(super) fn phases(
     r.timings_ms.setup += ms(t.elapsed());
     if let (Some((argv, agent_env)), Some(out)) = (agent, agent_out) {
         if interrupted(ctx, r) {
-            return;
+            return false;
         }
         let ran = run.measured_exec(
             &run.cwd,
@@ -314,7 +317,7 @@ pub(super) fn phases(
                     // As Harbor (MemoryLimitExceededError: not graded),
                     // the verifier does not run: what the agent left is
                     // the work of a process tree cut short.
-                    return;
+                    return false;
                 }
                 note_oom_survived(r, "agent", &used);
                 match st {
@@ -342,26 +345,80 @@ pub(super) fn phases(
         }
     }
 
-    // The verifier.
+    // The verifier: here, or (separate) in a sandbox of its own once this
+    // one has stopped.
     if interrupted(ctx, r) {
-        return;
+        return false;
     }
     let t = Instant::now();
     // verifier/ afresh: whatever the agent left there (reward files, a
-    // symlink out of the rollout dir, planted files) goes, unfollowed.
+    // symlink out of the rollout dir, planted files) goes, unfollowed;
+    // files of the sandbox's other ids by its root. (A separate verifier
+    // has it made once more after this sandbox stops.)
     let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
-    match rollout_dir::remake_verifier(logs.dir.as_fd(), &remove_inside) {
+    if !remake_verifier(ctx, logs, r, &remove_inside) {
+        return false;
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+    if task.separate_verifier.is_some() {
+        return true;
+    }
+    verify(ctx, task, env, logs, image, run, r, verifier_net);
+    false
+}
+
+/// Makes `verifier/` of the rollout dir afresh (see
+/// [`rollout_dir::remake_verifier`]); false when it failed (`r` says why).
+pub(super) fn remake_verifier(
+    ctx: &Ctx<'_>,
+    logs: &mut LogsDir,
+    r: &mut RolloutResult,
+    remove_inside: &dyn Fn(&str) -> std::result::Result<(), String>,
+) -> bool {
+    match rollout_dir::remake_verifier(logs.dir.as_fd(), remove_inside) {
         Ok(remade) => {
             logs.verifier = remade.dir;
-            r.notes.extend(remade.notes);
+            for n in remade.notes {
+                if !r.notes.contains(&n) {
+                    r.notes.push(n);
+                }
+            }
+            true
         }
         Err(e) => {
             if !interrupted(ctx, r) {
                 r.fail(ErrorClass::VerifierFailed, e);
             }
-            return;
+            false
         }
     }
+}
+
+/// The verifier in `run`'s sandbox, whose image is `image` (the agent's,
+/// or a separate verifier's), with `verifier/` of the rollout dir fresh
+/// at /logs/verifier; then the reward it wrote.
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+#[allow(clippy::too_many_lines, reason = "the verifier's steps, in order")]
+pub(super) fn verify(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    image: &Image,
+    run: &Running<'_>,
+    r: &mut RolloutResult,
+    verifier_net: NetMode,
+) {
+    let c = &task.config;
+    let sb = run.sandbox;
+    let image_user = image.meta.user.clone().filter(|u| !u.is_empty());
+    let verifier_user = c.verifier_user.clone().or_else(|| image_user.clone());
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+        }
+    };
+    let t = Instant::now();
     // The verifier's log, made while the new dir is the caller's.
     let out = match rollout_dir::create_file(logs.verifier.as_fd(), "test-stdout.txt") {
         Ok(f) => f,
@@ -372,19 +429,44 @@ pub(super) fn phases(
             return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
         }
     }
-    if let Err(e) = upload_with_script(
-        sb,
-        &task.tests,
-        "/tests",
-        "test.sh",
-        verifier_user.as_deref(),
-    ) {
-        return infra(r, "uploading the tests", &e);
-    }
+    // A separate verifier's own image holds its tests at /tests (Harbor's
+    // bundled tests): nothing is uploaded; as Harbor, the script is made
+    // executable by root (where it can be) and executed.
+    let bundled = task
+        .separate_verifier
+        .as_ref()
+        .is_some_and(|v| v.bundled_tests);
+    let argv = if bundled {
+        let chmod = vec!["chmod".into(), "+x".into(), "/tests/test.sh".into()];
+        let made = run.exec(
+            "/",
+            chmod,
+            run.base_env.clone(),
+            Some("0".into()),
+            Duration::from_secs(30),
+            verifier_net,
+            &run.null,
+        );
+        if let Err(e) = made {
+            return infra(r, "making /tests/test.sh executable", &e);
+        }
+        vec!["/tests/test.sh".to_string()]
+    } else {
+        if let Err(e) = upload_with_script(
+            sb,
+            &task.tests,
+            "/tests",
+            "test.sh",
+            verifier_user.as_deref(),
+        ) {
+            return infra(r, "uploading the tests", &e);
+        }
+        crate::task::script_argv(&task.tests.join("test.sh"), "/tests/test.sh")
+    };
     r.timings_ms.setup += ms(t.elapsed());
     let ran = run.measured_exec(
         &run.cwd,
-        crate::task::script_argv(&task.tests.join("test.sh"), "/tests/test.sh"),
+        argv,
         with_env(&run.base_env, &[&env.verifier]),
         verifier_user.clone(),
         c.verifier_timeout,

@@ -192,6 +192,34 @@ pub struct RawVerifier {
     /// BenchFlow's: `test-script` (the default) or `llm-judge`.
     #[serde(rename = "type")]
     pub kind: Option<String>,
+    /// Harbor's; BenchFlow spells it `sandbox_mode`.
+    #[serde(alias = "sandbox_mode")]
+    pub environment_mode: Option<VerifierMode>,
+    /// `[verifier.environment]` (BenchFlow: `[verifier.sandbox]`): the
+    /// verifier's own environment; implies `environment_mode = "separate"`.
+    #[serde(alias = "sandbox")]
+    pub environment: Option<RawVerifierEnvironment>,
+}
+
+/// Where the verifier runs (Harbor's `environment_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierMode {
+    /// In the agent's sandbox (the default).
+    Shared,
+    /// In a fresh sandbox of its own image.
+    Separate,
+}
+
+/// `[verifier.environment]` as written: Harbor's `[environment]` schema,
+/// of which sifbox reads the image (the other keys are warned about).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RawVerifierEnvironment {
+    /// BenchFlow also spells it `image`.
+    #[serde(alias = "image")]
+    pub docker_image: Option<String>,
+    pub os: Option<String>,
 }
 
 /// `[solution]` (BenchFlow: `[oracle]`) as written.
@@ -466,6 +494,12 @@ pub struct TaskConfig {
     /// BenchFlow's setup commands, run in order after the healthcheck and
     /// before the agent.
     pub setup_commands: Vec<SetupCommand>,
+    /// Where the verifier runs: Harbor's `environment_mode`, else
+    /// `separate` when `[verifier.environment]` is there, else `shared`.
+    pub verifier_mode: VerifierMode,
+    /// `[verifier.environment] docker_image`: the separate verifier's
+    /// image (which holds its tests at /tests).
+    pub verifier_image: Option<String>,
     /// What of the task sifbox cannot honour, one line each naming the
     /// field: such a task's rollouts end `unsupported` (and run nothing).
     pub unsupported: Vec<String>,
@@ -499,6 +533,20 @@ pub struct Task {
     pub solution: Option<PathBuf>,
     /// `tests/` (or `verifier/`), holding test.sh.
     pub tests: PathBuf,
+    /// The verifier's own environment, when it runs separately.
+    pub separate_verifier: Option<SeparateVerifier>,
+}
+
+/// A separate verifier's environment (Harbor's
+/// `resolve_verifier_environment_definition`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeparateVerifier {
+    /// `[verifier.environment] docker_image`, else `tests/Dockerfile`
+    /// (built with tests/ as its context), else the task's environment.
+    pub environment: EnvSource,
+    /// The image holds the tests at /tests (the first two): sifbox
+    /// uploads none. With the task's environment they are uploaded.
+    pub bundled_tests: bool,
 }
 
 impl Task {
@@ -726,6 +774,52 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             ))
         }
     }
+    // Harbor's rule (verifier_mode.py): the mode written, else separate
+    // when the verifier has an environment of its own, else shared.
+    let verifier_mode = match (raw.verifier.environment_mode, &raw.verifier.environment) {
+        (Some(VerifierMode::Shared), Some(_)) => {
+            return Err(bad(
+                format!("{file}: [verifier] environment_mode = \"shared\""),
+                "a shared verifier runs in the agent's sandbox, yet [verifier.environment] gives it one of its own",
+                "leave out [verifier.environment], or set environment_mode = \"separate\"",
+            ))
+        }
+        (Some(m), _) => m,
+        (None, Some(_)) => VerifierMode::Separate,
+        (None, None) => VerifierMode::Shared,
+    };
+    let verifier_image = match raw.verifier.environment.as_ref() {
+        None => None,
+        Some(v) => {
+            match v.os.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None | Some("linux") => {}
+                Some("windows") => unsupported.push(
+                    "[verifier.environment] os = \"windows\": sifbox runs Linux sandboxes only"
+                        .to_string(),
+                ),
+                Some(_) => {
+                    return Err(bad(
+                        format!(
+                            "{file}: [verifier.environment] os = {:?}",
+                            v.os.clone().unwrap_or_default()
+                        ),
+                        "not an operating system Harbor knows",
+                        "write os = \"linux\" (the default) or leave it out",
+                    ))
+                }
+            }
+            match v.docker_image.clone() {
+                Some(i) if i.trim().is_empty() || i.chars().any(char::is_control) => {
+                    return Err(bad(
+                        format!("{file}: [verifier.environment] docker_image = {i:?}"),
+                        "not an image reference",
+                        "name the verifier's image (a store name, docker://REF or a .sif file), or leave it out to build tests/Dockerfile",
+                    ))
+                }
+                other => other,
+            }
+        }
+    };
     match raw.verifier.kind.as_deref() {
         None | Some("test-script") => {}
         Some("llm-judge") => unsupported.push(
@@ -979,6 +1073,8 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
         setup_commands,
+        verifier_mode,
+        verifier_image,
         unsupported,
         warnings: Vec::new(),
     })
@@ -1087,6 +1183,7 @@ pub fn load(dir: &Path) -> Result<Task> {
             dir,
             config,
             instruction,
+            separate_verifier: None,
         });
     }
     if !instruction.is_file() {
@@ -1135,7 +1232,42 @@ pub fn load(dir: &Path) -> Result<Task> {
             "add tests/test.sh, which writes the reward to /logs/verifier/reward.txt",
         )
     })?;
-    if !tests.join("test.sh").is_file() {
+    let separate_verifier = match config.verifier_mode {
+        VerifierMode::Shared => None,
+        VerifierMode::Separate => Some(match &config.verifier_image {
+            Some(image) if is_sif_path(image) => {
+                let path = dir.join(image);
+                if !path.is_file() {
+                    return Err(bad(
+                        format!("{file}: [verifier.environment] docker_image = {image:?}"),
+                        format!("no such SIF file: {}", path.display()),
+                        "name a .sif file relative to the task's directory (or absolute), or an image of the store",
+                    ));
+                }
+                SeparateVerifier {
+                    environment: EnvSource::Sif(path),
+                    bundled_tests: true,
+                }
+            }
+            Some(image) => SeparateVerifier {
+                environment: EnvSource::Image(image.clone()),
+                bundled_tests: true,
+            },
+            None if tests.join("Dockerfile").is_file() => SeparateVerifier {
+                environment: EnvSource::Dockerfile {
+                    context: tests.clone(),
+                },
+                bundled_tests: true,
+            },
+            None => SeparateVerifier {
+                environment: environment.clone(),
+                bundled_tests: false,
+            },
+        }),
+    };
+    // A verifier image that holds its tests needs no test.sh here.
+    let bundled = separate_verifier.as_ref().is_some_and(|v| v.bundled_tests);
+    if !bundled && !tests.join("test.sh").is_file() {
         return Err(bad(
             format!("task {shown}"),
             format!("no test.sh in {}", tests.display()),
@@ -1150,6 +1282,7 @@ pub fn load(dir: &Path) -> Result<Task> {
         instruction,
         environment,
         tests,
+        separate_verifier,
     })
 }
 
@@ -1844,6 +1977,87 @@ env = { HINT = "h" }
             "echo 1 > /logs/verifier/reward.txt",
         );
         d
+    }
+
+    #[test]
+    fn verifier_modes_are_harbors() {
+        // Default: shared. An environment implies separate.
+        let c = parse("").expect("empty");
+        assert_eq!(c.verifier_mode, VerifierMode::Shared);
+        let c = parse("[verifier.environment]\ndocker_image = \"v\"\n").expect("env");
+        assert_eq!(c.verifier_mode, VerifierMode::Separate);
+        assert_eq!(c.verifier_image.as_deref(), Some("v"));
+        let c = parse("[verifier]\nenvironment_mode = \"separate\"\n").expect("separate");
+        assert_eq!(
+            (c.verifier_mode, c.verifier_image),
+            (VerifierMode::Separate, None)
+        );
+        // BenchFlow's spellings.
+        let c =
+            parse("[verifier]\nsandbox_mode = \"separate\"\n[verifier.sandbox]\nimage = \"w\"\n")
+                .expect("benchflow");
+        assert_eq!(c.verifier_image.as_deref(), Some("w"));
+        // Shared with an environment of its own is Harbor's ValueError.
+        let e = parse("[verifier]\nenvironment_mode = \"shared\"\n[verifier.environment]\n")
+            .expect_err("shared + env");
+        assert!(
+            e.to_string().contains("environment_mode = \"shared\""),
+            "{e}"
+        );
+        for bad in [
+            "[verifier]\nenvironment_mode = \"apart\"\n",
+            "[verifier.environment]\ndocker_image = \" \"\n",
+            "[verifier.environment]\nos = \"plan9\"\n",
+        ] {
+            parse(bad).expect_err(bad);
+        }
+        let c = parse("[verifier.environment]\nos = \"windows\"\n").expect("windows");
+        assert!(
+            c.unsupported[0].contains("[verifier.environment] os"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn a_separate_verifiers_image_by_harbors_precedence() {
+        let root = tempfile::tempdir().expect("tempdir");
+        // The task's environment, tests uploaded.
+        let d = make_task(root.path(), "a", "solution", "tests");
+        write(
+            &d,
+            "task.toml",
+            "[verifier]\nenvironment_mode = \"separate\"\n",
+        );
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(v.environment, t.environment);
+        assert!(!v.bundled_tests);
+        // tests/Dockerfile: built from tests/, which holds the tests.
+        write(&d, "tests/Dockerfile", "FROM base\nCOPY . /tests\n");
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(
+            v.environment,
+            EnvSource::Dockerfile {
+                context: d.join("tests")
+            }
+        );
+        assert!(v.bundled_tests);
+        // [verifier.environment] docker_image comes first; no test.sh
+        // is needed on the host then.
+        write(
+            &d,
+            "task.toml",
+            "[verifier.environment]\ndocker_image = \"grader\"\n",
+        );
+        std::fs::remove_file(d.join("tests/test.sh")).expect("rm");
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(v.environment, EnvSource::Image("grader".into()));
+        assert!(v.bundled_tests);
+        // A shared verifier still needs test.sh.
+        write(&d, "task.toml", "");
+        load(&d).expect_err("no test.sh");
     }
 
     #[test]

@@ -1520,6 +1520,175 @@ fn not_executable(dir: &Path) {
     }
 }
 
+/// Harbor's separate verifier (`[verifier] environment_mode = "separate"`):
+/// a fresh sandbox of its own image (tests/Dockerfile, which holds the
+/// tests; `[verifier.environment] docker_image`; else the task's image
+/// with the tests uploaded), started after the agent's stopped, given
+/// /logs/artifacts (read-only) and a fresh /logs/verifier and nothing else
+/// of the agent's; both sandboxes in the result. A verifier image that
+/// cannot be built is `build_failed`, before the agent runs.
+#[test]
+fn separate_verifier_runs_in_its_own_sandbox_and_image() {
+    let env = Env::new();
+    let base = env.path("busybox-rootfs");
+    copy_rootfs(&base);
+    env.store
+        .import(&base, "busybox")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    // A grader image of the store, its tests in it.
+    let grader = env.path("grader-rootfs");
+    copy_rootfs(&grader);
+    std::fs::write(grader.join("etc/image-of"), "grader\n").expect("write");
+    std::fs::create_dir_all(grader.join("tests")).expect("mkdir");
+    std::fs::write(
+        grader.join("tests/test.sh"),
+        "#!/bin/sh\n[ \"$(cat /etc/image-of)\" = grader ] && [ \"$(cat /logs/artifacts/result)\" = handed ] && [ ! -e /logs/agent/secret ] && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    .expect("write");
+    env.store
+        .import(&grader, "grader")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let tasks = env.path("tasks");
+    std::fs::create_dir_all(&tasks).expect("mkdir");
+    for t in [
+        "separate-verifier",
+        "separate-verifier-task-image",
+        "separate-verifier-build-fails",
+    ] {
+        run_tool(
+            Command::new("cp")
+                .arg("-a")
+                .arg(corpus().join(t))
+                .arg(&tasks),
+        );
+    }
+    not_executable(&tasks);
+    // [verifier.environment] (BenchFlow's spelling), no test.sh here.
+    env.write(
+        "tasks/separate-verifier-store-image/task.toml",
+        "[environment]\ndocker_image = \"busybox\"\n[verifier.sandbox]\nimage = \"grader\"\n",
+    );
+    env.write("tasks/separate-verifier-store-image/instruction.md", "x\n");
+    env.write(
+        "tasks/separate-verifier-store-image/solution/solve.sh",
+        "#!/bin/sh\necho handed > /logs/artifacts/result\necho secret > /logs/agent/secret\n",
+    );
+    std::fs::create_dir_all(tasks.join("separate-verifier-store-image/tests")).expect("mkdir");
+    let t = tasks.display().to_string();
+    let out = env
+        .eval(&["--job", "j", "--jobs", "2", &t])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    assert!(
+        !out.stderr.contains("not honoured"),
+        "separate verifiers are honoured: {}",
+        out.stderr
+    );
+    let r = |t: &str| env.result("j", &format!("{t}__1"));
+
+    let t = r("separate-verifier");
+    let stdout = std::fs::read_to_string(
+        env.out()
+            .join("j/separate-verifier__1/verifier/test-stdout.txt"),
+    )
+    .unwrap_or_default();
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}\n{stdout}");
+    let vs = &t["verifier_sandbox"];
+    assert_eq!(
+        vs["image"]["reference"], "eval/separate-verifier-verifier",
+        "{t:#}"
+    );
+    assert_ne!(vs["image"]["digest"], t["image"]["digest"], "{t:#}");
+    assert_ne!(vs["sandbox"], t["sandbox"], "{t:#}");
+    assert_eq!(
+        vs["handed_over"],
+        serde_json::json!(["/logs/artifacts"]),
+        "{t:#}"
+    );
+    assert_eq!(vs["build_log"], "verifier-build.log", "{t:#}");
+    assert!(
+        env.out()
+            .join("j/separate-verifier__1/verifier-build.log")
+            .is_file()
+            && env
+                .out()
+                .join("j/builds/separate-verifier.verifier.log")
+                .is_file(),
+        "{t:#}"
+    );
+    // Both sandboxes' parts are in the timings.
+    let timing = |k: &str| t["timings_ms"][k].as_u64().expect("ms");
+    for (part, of_verifier) in [
+        ("build", "build_ms"),
+        ("start", "start_ms"),
+        ("stop", "stop_ms"),
+    ] {
+        assert!(
+            timing(part) >= vs[of_verifier].as_u64().expect("ms"),
+            "{part}: {t:#}"
+        );
+    }
+    assert!(vs["start_ms"].as_u64().expect("ms") > 0, "{t:#}");
+    // The reward the agent planted went before the verifier ran.
+    assert!(
+        notes(&t)
+            .iter()
+            .any(|n| n.contains("a reward file was there")),
+        "{t:#}"
+    );
+    // The agent's record stays: its logs, its artifacts (the verifier
+    // could not write there).
+    let job = env.out().join("j/separate-verifier__1");
+    assert_eq!(
+        std::fs::read_to_string(job.join("agent/secret")).expect("secret"),
+        "secret\n"
+    );
+    assert!(!job.join("artifacts/mine").exists());
+
+    let t = r("separate-verifier-task-image");
+    let stdout = std::fs::read_to_string(
+        env.out()
+            .join("j/separate-verifier-task-image__1/verifier/test-stdout.txt"),
+    )
+    .unwrap_or_default();
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}\n{stdout}");
+    assert_eq!(
+        t["verifier_sandbox"]["image"]["digest"], t["image"]["digest"],
+        "the task's image: {t:#}"
+    );
+    assert_ne!(t["verifier_sandbox"]["sandbox"], t["sandbox"], "{t:#}");
+
+    let t = r("separate-verifier-store-image");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(
+        t["verifier_sandbox"]["image"]["reference"], "grader",
+        "{t:#}"
+    );
+
+    let t = r("separate-verifier-build-fails");
+    assert_eq!(outcome(&t), failed("build_failed", None), "{t:#}");
+    let e = t["error"].as_str().expect("error");
+    assert!(e.contains("the verifier's image"), "{e}");
+    assert!(
+        t["agent_run"].is_null() && t["verifier_run"].is_null(),
+        "{t:#}"
+    );
+    assert!(
+        std::fs::read_to_string(
+            env.out()
+                .join("j/separate-verifier-build-fails__1/verifier-build.log")
+        )
+        .expect("log")
+        .contains("the grader cannot be built"),
+        "{t:#}"
+    );
+}
+
 #[test]
 fn task_corpus_gives_each_field_its_reward_and_class() {
     let env = Env::new();
@@ -1690,8 +1859,22 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
         );
     }
 
+    // Separate verifiers: in their own image (tests/Dockerfile) or a fresh
+    // sandbox of the task's, given the artifacts and nothing else of the
+    // agent's; an image that cannot be built is build_failed.
+    for t in ["separate-verifier", "separate-verifier-task-image"] {
+        let res = r(t);
+        assert_eq!(outcome(&res), ok(1.0), "{t}: {res:#}");
+        assert_ne!(
+            res["verifier_sandbox"]["sandbox"], res["sandbox"],
+            "{res:#}"
+        );
+    }
+    let t = r("separate-verifier-build-fails");
+    assert_eq!(outcome(&t), failed("build_failed", None), "{t:#}");
+
     let s = env.json("j/summary.json");
-    assert_eq!(s["rollouts"], 20, "each task once: {s:#}");
+    assert_eq!(s["rollouts"], 23, "each task once: {s:#}");
     assert_eq!(s["infra_errors"], 0, "{s:#}");
     assert_eq!(s["failures"]["unsupported"], 6, "{s:#}");
     let keys = s["tasks"]
