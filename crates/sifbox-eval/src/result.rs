@@ -210,6 +210,26 @@ pub struct VerifierSandbox {
     pub handed_over: Vec<String>,
 }
 
+/// One step of a multi-step task's rollout.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub step: String,
+    /// Its headline reward, and all of them (as reward.json had them).
+    pub reward: Option<f64>,
+    #[serde(default)]
+    pub rewards: Option<serde_json::Value>,
+    #[serde(default)]
+    pub reward_source: Option<String>,
+    #[serde(default)]
+    pub error_class: Option<ErrorClass>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub agent_run: Option<Phase>,
+    #[serde(default)]
+    pub verifier_run: Option<Phase>,
+}
+
 /// `result.json` of a rollout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RolloutResult {
@@ -251,6 +271,10 @@ pub struct RolloutResult {
     pub finished_at: String,
     #[serde(default)]
     pub sandbox: Option<String>,
+    /// A multi-step task's steps, in the order they ran (those after a
+    /// step that stopped the rollout are not there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
     /// The verifier's own sandbox, when it ran separately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verifier_sandbox: Option<VerifierSandbox>,
@@ -299,6 +323,7 @@ impl RolloutResult {
             limits_applied: Vec::new(),
             build_log: None,
             verifier_sandbox: None,
+            steps: Vec::new(),
             notes: Vec::new(),
             sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
         }

@@ -21,7 +21,7 @@ use crate::rollout_dir;
 use crate::task::{NetworkMode, Task};
 
 use super::environment::Image;
-use super::phases::{phases, remake_verifier, verify, Running};
+use super::phases::{phases, remake_verifier, task_verifier, verify, Running, STEPS_ARCHIVE};
 use super::{ms, set_env, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
@@ -35,7 +35,7 @@ fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
 /// A rollout's dir, fresh: what an earlier, unfinished run left is
 /// removed (or, when a sandbox left files this user cannot remove, moved
 /// to `.trash/`).
-fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
+pub(super) fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
     if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
         let trash = job_dir.join(".trash");
         std::fs::create_dir_all(&trash)?;
@@ -131,7 +131,16 @@ fn run_rollout(
         r.fail(ErrorClass::Unsupported, task.config.unsupported.join("; "));
         return;
     }
-    if ctx.opts.agent == Agent::Oracle && task.solve_script().is_none() {
+    let no_solution = if task.steps.is_empty() {
+        task.solve_script().is_none()
+    } else {
+        task.steps.iter().any(|s| {
+            s.solution
+                .as_ref()
+                .is_none_or(|d| !d.join("solve.sh").is_file())
+        })
+    };
+    if ctx.opts.agent == Agent::Oracle && no_solution {
         r.fail(
             ErrorClass::Unsupported,
             "--agent oracle: the task has no solution/solve.sh (or oracle/solve.sh) to run; add one, or run the task with another --agent",
@@ -291,8 +300,33 @@ fn run_rollout(
     // As Harbor, the agent's sandbox stops before a separate verifier
     // starts: nothing of the agent runs while it is graded.
     stop(ctx, sandbox, kill_id, r, None);
+    if !task.steps.is_empty() {
+        keep_steps(ctx, logs, r);
+    }
     if let (true, Some(vimage)) = (verify_apart, verifier_image) {
         separate_verifier(ctx, task, env, logs, &vimage, r, verifier_net);
+    }
+}
+
+/// Moves a multi-step rollout's steps' outputs, kept out of its sandbox's
+/// sight while it ran, to its dir's `steps/` (the sandbox has stopped).
+fn keep_steps(ctx: &Ctx<'_>, logs: &LogsDir, r: &mut RolloutResult) {
+    let root = ctx.dir.join(STEPS_ARCHIVE);
+    let Ok(fd) = rollout_dir::open_dir_nofollow(&root) else {
+        return;
+    };
+    match rustix::fs::renameat_with(
+        fd.as_fd(),
+        r.rollout.as_str(),
+        logs.dir.as_fd(),
+        "steps",
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => r.notes.push(format!(
+            "the steps' outputs could not move to steps/ ({e}; did the agent leave /logs/steps?): they are in {}",
+            root.join(&r.rollout).display()
+        )),
     }
 }
 
@@ -504,7 +538,16 @@ fn separate_verifier(
     }
     .unwrap_or_else(|| "/".into());
     match running(&sandbox, image, env, ca_env, cwd, verifier_net) {
-        Ok(run) => verify(ctx, task, env, logs, image, &run, r, verifier_net),
+        Ok(run) => verify(
+            ctx,
+            task,
+            logs,
+            image,
+            &run,
+            r,
+            verifier_net,
+            &task_verifier(task, env),
+        ),
         Err(e) => r.fail(ErrorClass::Infra, e),
     }
     let before = r.timings_ms.stop;

@@ -51,7 +51,19 @@ const VERIFIER_ENVIRONMENT: &[(&str, Key)] = &[
     ("tpu", Key::Ignored(VERIFIER_SANDBOX)),
     ("skills_dir", Key::Ignored(VERIFIER_SANDBOX)),
 ];
-const STEPS: &str = "sifbox runs single-step tasks only; multi-step tasks are not supported yet";
+/// `[[steps]]`: what a step may set (what sifbox cannot honour there is
+/// refused per task by the parser).
+const STEP: &[(&str, Key)] = &[
+    ("name", Key::Used),
+    ("agent", Key::Table(AGENT)),
+    ("verifier", Key::Table(VERIFIER)),
+    ("min_reward", Key::Used),
+    ("healthcheck", Key::Used),
+    (
+        "artifacts",
+        Key::Ignored("sifbox collects no artifacts: the agent writes them to /logs/artifacts"),
+    ),
+];
 
 const HEALTHCHECK: &[(&str, Key)] = &[
     ("command", Key::Used),
@@ -163,8 +175,8 @@ const TOP: &[(&str, Key)] = &[
     ("verifier", Key::Table(VERIFIER)),
     ("solution", Key::Table(SOLUTION)),
     ("oracle", Key::Table(SOLUTION)),
-    ("steps", Key::Ignored(STEPS)),
-    ("multi_step_reward_strategy", Key::Ignored(STEPS)),
+    ("steps", Key::Tables(STEP)),
+    ("multi_step_reward_strategy", Key::Used),
     (
         "artifacts",
         Key::Ignored("sifbox collects no artifacts: the agent writes them to /logs/artifacts"),
@@ -316,8 +328,12 @@ mod tests {
             w[0].contains("[verifier.sandbox.cpus] is not honoured"),
             "{w:?}"
         );
-        let w = warn("[verifier]\nenvironment_mode = \"separate\"\n[[steps]]\nname = \"a\"\n");
+        let w = warn("multi_step_reward_strategy = \"final\"\n[[steps]]\nname = \"a\"\nmin_reward = 1\n[steps.agent]\ntimeout_sec = 5\n[[steps]]\nname = \"b\"\nartifacts = [\"/x\"]\n");
         assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("[steps[1]]") || w[0].contains("artifacts"),
+            "{w:?}"
+        );
         assert!(
             w.iter().all(|l| l.contains("is not honoured by sifbox")),
             "{w:?}"

@@ -233,6 +233,54 @@ pub struct RawSolution {
     pub rest: BTreeMap<String, toml::Value>,
 }
 
+/// A `[[steps]]` entry as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RawStep {
+    pub name: Option<String>,
+    pub agent: RawAgent,
+    pub verifier: RawVerifier,
+    pub min_reward: Option<RawMinReward>,
+    pub healthcheck: Option<toml::Value>,
+}
+
+/// `min_reward`: a number (gating `reward`) or a table of numbers by key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawMinReward {
+    One(f64),
+    Keys(BTreeMap<String, f64>),
+}
+
+/// How a multi-step task's reward comes from its steps' (Harbor's
+/// `multi_step_reward_strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewardStrategy {
+    /// Each key's mean over the steps that have rewards (a key missing in
+    /// a step counts 0).
+    #[default]
+    Mean,
+    /// The last step run's rewards.
+    Final,
+}
+
+/// One step of a multi-step task, checked (its own values, else the
+/// task's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub agent_timeout: Duration,
+    pub agent_user: Option<String>,
+    pub verifier_timeout: Duration,
+    pub verifier_user: Option<String>,
+    /// Env templates, unresolved: on top of `[verifier] env`.
+    pub verifier_env: Vec<(String, String)>,
+    /// The remaining steps are not run when one of these rewards (a
+    /// number's: `reward`) is below its threshold or missing.
+    pub min_reward: Option<BTreeMap<String, f64>>,
+}
+
 /// task.toml as written (unknown keys are warned about and ignored, as
 /// newer schema versions may add some; see [`keys`]).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -250,6 +298,8 @@ pub struct RawTaskToml {
     /// BenchFlow's legacy reward-expression metadata: recorded nowhere
     /// and read by nothing, in BenchFlow as here.
     pub reward: Option<toml::Table>,
+    pub steps: Option<Vec<RawStep>>,
+    pub multi_step_reward_strategy: Option<RewardStrategy>,
 }
 
 /// One setup command (BenchFlow's `setup_commands`), checked.
@@ -500,6 +550,9 @@ pub struct TaskConfig {
     /// `[verifier.environment] docker_image`: the separate verifier's
     /// image (which holds its tests at /tests).
     pub verifier_image: Option<String>,
+    /// `[[steps]]`: none for a single-step task.
+    pub steps: Vec<Step>,
+    pub reward_strategy: RewardStrategy,
     /// What of the task sifbox cannot honour, one line each naming the
     /// field: such a task's rollouts end `unsupported` (and run nothing).
     pub unsupported: Vec<String>,
@@ -535,6 +588,24 @@ pub struct Task {
     pub tests: PathBuf,
     /// The verifier's own environment, when it runs separately.
     pub separate_verifier: Option<SeparateVerifier>,
+    /// A multi-step task's steps' files, in `config.steps`' order.
+    pub steps: Vec<StepFiles>,
+}
+
+/// The files of one step (Harbor's `steps/NAME/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFiles {
+    /// `steps/NAME/instruction.md`.
+    pub instruction: PathBuf,
+    /// Uploaded to /tests in this order, merged: `tests/` (when there is
+    /// one), then `steps/NAME/tests/` (when there is one).
+    pub tests: Vec<PathBuf>,
+    /// The test.sh that runs (at /tests/test.sh): the step's, else the
+    /// task's.
+    pub test_script: PathBuf,
+    /// The oracle's: `steps/NAME/solution/` when there is one, else the
+    /// task's.
+    pub solution: Option<PathBuf>,
 }
 
 /// A separate verifier's environment (Harbor's
@@ -1034,6 +1105,112 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             }
         }
     }
+    let agent_timeout = timeout(
+        raw.agent.timeout_sec,
+        DEFAULT_AGENT_TIMEOUT_SEC,
+        "[agent] timeout_sec",
+        file,
+    )?;
+    let agent_user = check_user(raw.agent.user, "[agent] user", file)?;
+    let verifier_timeout = timeout(
+        raw.verifier.timeout_sec,
+        DEFAULT_VERIFIER_TIMEOUT_SEC,
+        "[verifier] timeout_sec",
+        file,
+    )?;
+    let verifier_user = check_user(raw.verifier.user, "[verifier] user", file)?;
+    let mut steps = Vec::new();
+    for (i, st) in raw.steps.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("[[steps]] {}", i + 1);
+        let name = st.name.ok_or_else(|| {
+            bad(
+                format!("{file}: {key}"),
+                "no name",
+                "give each step a name = \"...\" (its directory under steps/)",
+            )
+        })?;
+        if !valid_step_name(&name) {
+            return Err(bad(
+                format!("{file}: {key} name = {name:?}"),
+                "not a portable directory name",
+                "name the step without '/', '\\', control characters, <>:\"|?*, a trailing dot or space, or a Windows device name (at most 255 bytes)",
+            ));
+        }
+        if steps
+            .iter()
+            .any(|s: &Step| s.name.to_lowercase() == name.to_lowercase())
+        {
+            return Err(bad(
+                format!("{file}: {key} name = {name:?}"),
+                "another step has this name (names are compared without case)",
+                "give each step a name of its own",
+            ));
+        }
+        let key = format!("[[steps]] {name:?}");
+        for (what, set) in [
+            ("[agent] network_mode", st.agent.network_mode.is_some()),
+            (
+                "[verifier] network_mode",
+                st.verifier.network_mode.is_some(),
+            ),
+            (
+                "[verifier] environment_mode or environment",
+                st.verifier.environment_mode.is_some() || st.verifier.environment.is_some(),
+            ),
+            ("[verifier] type", st.verifier.kind.is_some()),
+            ("healthcheck", st.healthcheck.is_some()),
+        ] {
+            if set {
+                unsupported.push(format!(
+                    "{key} {what}: sifbox runs every step in the task's sandbox, network and verifier; a step cannot set its own"
+                ));
+            }
+        }
+        let min_reward = match st.min_reward {
+            None => None,
+            Some(RawMinReward::One(v)) => Some(BTreeMap::from([("reward".to_string(), v)])),
+            Some(RawMinReward::Keys(k)) => Some(k),
+        };
+        if let Some((k, v)) = min_reward.iter().flatten().find(|(_, v)| !v.is_finite()) {
+            return Err(bad(
+                format!("{file}: {key} min_reward {k} = {v}"),
+                "not a finite number",
+                "set min_reward to a number, or a table of numbers by reward key",
+            ));
+        }
+        steps.push(Step {
+            agent_timeout: match st.agent.timeout_sec {
+                None => agent_timeout,
+                t => timeout(
+                    t,
+                    DEFAULT_AGENT_TIMEOUT_SEC,
+                    &format!("{key} [agent] timeout_sec"),
+                    file,
+                )?,
+            },
+            agent_user: check_user(st.agent.user, &format!("{key} [agent] user"), file)?
+                .or_else(|| agent_user.clone()),
+            verifier_timeout: match st.verifier.timeout_sec {
+                None => verifier_timeout,
+                t => timeout(
+                    t,
+                    DEFAULT_VERIFIER_TIMEOUT_SEC,
+                    &format!("{key} [verifier] timeout_sec"),
+                    file,
+                )?,
+            },
+            verifier_user: check_user(st.verifier.user, &format!("{key} [verifier] user"), file)?
+                .or_else(|| verifier_user.clone()),
+            verifier_env: check_env(st.verifier.env, &format!("{key} [verifier] env"), file)?,
+            min_reward,
+            name,
+        });
+    }
+    if !steps.is_empty() && verifier_mode == VerifierMode::Separate {
+        unsupported.push(
+            "[[steps]] with a separate verifier: sifbox runs a multi-step task's verifiers in its sandbox only".to_string(),
+        );
+    }
     Ok(TaskConfig {
         build_timeout: timeout(
             e.build_timeout_sec,
@@ -1057,24 +1234,16 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         solution_env: check_env(solution_env, "[solution] env", file)?,
         workdir,
         healthcheck,
-        agent_timeout: timeout(
-            raw.agent.timeout_sec,
-            DEFAULT_AGENT_TIMEOUT_SEC,
-            "[agent] timeout_sec",
-            file,
-        )?,
-        agent_user: check_user(raw.agent.user, "[agent] user", file)?,
-        verifier_timeout: timeout(
-            raw.verifier.timeout_sec,
-            DEFAULT_VERIFIER_TIMEOUT_SEC,
-            "[verifier] timeout_sec",
-            file,
-        )?,
-        verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
+        agent_timeout,
+        agent_user,
+        verifier_timeout,
+        verifier_user,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
         setup_commands,
         verifier_mode,
         verifier_image,
+        steps,
+        reward_strategy: raw.multi_step_reward_strategy.unwrap_or_default(),
         unsupported,
         warnings: Vec::new(),
     })
@@ -1108,6 +1277,29 @@ fn sifbox_flag(metadata: &toml::Table, key: &str, file: &str) -> Result<bool> {
         Some(toml::Value::Boolean(b)) => Ok(*b),
         Some(_) => Err(wrong(&format!("{key} must be true or false"))),
     }
+}
+
+/// Whether `name` is a step name Harbor takes (`validate_step_name`): one
+/// portable directory name.
+pub fn valid_step_name(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or("").trim_end_matches(' ');
+    let upper = stem.to_ascii_uppercase();
+    let device = matches!(
+        upper.as_str(),
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$"
+    ) || ((upper.starts_with("COM") || upper.starts_with("LPT"))
+        && upper.len() == 4
+        && upper.as_bytes()[3].is_ascii_digit()
+        && upper.as_bytes()[3] != b'0');
+    !name.trim().is_empty()
+        && name != "."
+        && name != ".."
+        && !name.ends_with(['.', ' '])
+        && !name
+            .chars()
+            .any(|c| c.is_control() || "<>:\"/\\|?*".contains(c))
+        && !device
+        && name.len() <= 255
 }
 
 /// Whether `name` is usable as a task name (a path component of results,
@@ -1166,7 +1358,15 @@ pub fn load(dir: &Path) -> Result<Task> {
             "make task.toml a UTF-8 text file",
         )
     })?;
-    let config = parse_config(&text, &file)?;
+    let mut config = parse_config(&text, &file)?;
+    for step in &config.steps {
+        if dir.join("steps").join(&step.name).join("workdir").is_dir() {
+            config.unsupported.push(format!(
+                "steps/{}/workdir/: sifbox does not stage a step's workdir (nor run its setup.sh)",
+                step.name
+            ));
+        }
+    }
     let instruction = dir.join(INSTRUCTION);
     let solution = first_dir(&dir, &["solution", "oracle"]);
     if !config.unsupported.is_empty() {
@@ -1184,9 +1384,11 @@ pub fn load(dir: &Path) -> Result<Task> {
             config,
             instruction,
             separate_verifier: None,
+            steps: Vec::new(),
         });
     }
-    if !instruction.is_file() {
+    // A multi-step task's instructions are its steps'.
+    if config.steps.is_empty() && !instruction.is_file() {
         return Err(bad(
             format!("task {shown}"),
             format!("no {INSTRUCTION}"),
@@ -1225,13 +1427,19 @@ pub fn load(dir: &Path) -> Result<Task> {
             EnvSource::Dockerfile { context }
         }
     };
-    let tests = first_dir(&dir, &["tests", "verifier"]).ok_or_else(|| {
-        bad(
-            format!("task {shown}"),
-            "no tests/ (or verifier/) directory",
-            "add tests/test.sh, which writes the reward to /logs/verifier/reward.txt",
-        )
-    })?;
+    let steps = step_files(&dir, &config, solution.as_ref())?;
+    let tests = match first_dir(&dir, &["tests", "verifier"]) {
+        Some(t) => t,
+        // Every step has its own tests.
+        None if !steps.is_empty() => dir.join("tests"),
+        None => {
+            return Err(bad(
+                format!("task {shown}"),
+                "no tests/ (or verifier/) directory",
+                "add tests/test.sh, which writes the reward to /logs/verifier/reward.txt",
+            ))
+        }
+    };
     let separate_verifier = match config.verifier_mode {
         VerifierMode::Shared => None,
         VerifierMode::Separate => Some(match &config.verifier_image {
@@ -1267,7 +1475,7 @@ pub fn load(dir: &Path) -> Result<Task> {
     };
     // A verifier image that holds its tests needs no test.sh here.
     let bundled = separate_verifier.as_ref().is_some_and(|v| v.bundled_tests);
-    if !bundled && !tests.join("test.sh").is_file() {
+    if !bundled && steps.is_empty() && !tests.join("test.sh").is_file() {
         return Err(bad(
             format!("task {shown}"),
             format!("no test.sh in {}", tests.display()),
@@ -1283,7 +1491,69 @@ pub fn load(dir: &Path) -> Result<Task> {
         environment,
         tests,
         separate_verifier,
+        steps,
     })
+}
+
+/// The files of `config`'s steps in the task `dir` (Harbor's
+/// `TaskPaths.step_*`): each step's instruction.md, its tests (merged over
+/// the task's) and its solution (else the task's). A step's dir must stay
+/// in the task (no symlink out of it).
+fn step_files(
+    dir: &Path,
+    config: &TaskConfig,
+    solution: Option<&PathBuf>,
+) -> Result<Vec<StepFiles>> {
+    let shown = dir.display();
+    let task_real = std::fs::canonicalize(dir).map_err(|e| EvalError::io(shown.to_string(), e))?;
+    let shared_tests = first_dir(dir, &["tests", "verifier"]);
+    let mut out = Vec::new();
+    for step in &config.steps {
+        let step_dir = dir.join("steps").join(&step.name);
+        let within = std::fs::canonicalize(&step_dir)
+            .map(|p| p.starts_with(&task_real))
+            .unwrap_or(false);
+        if !within {
+            return Err(bad(
+                format!("task {shown}: step {:?}", step.name),
+                format!("no directory steps/{} in the task", step.name),
+                "make steps/NAME/ (with instruction.md, and tests/test.sh unless tests/test.sh serves every step) for each [[steps]] name",
+            ));
+        }
+        let instruction = step_dir.join(INSTRUCTION);
+        if !instruction.is_file() {
+            return Err(bad(
+                format!("task {shown}: step {:?}", step.name),
+                format!("no steps/{}/{INSTRUCTION}", step.name),
+                "write the step's instruction to steps/NAME/instruction.md",
+            ));
+        }
+        let own_tests = Some(step_dir.join("tests")).filter(|t| t.is_dir());
+        let test_script = [own_tests.as_ref(), shared_tests.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|t| t.join("test.sh"))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                bad(
+                    format!("task {shown}: step {:?}", step.name),
+                    format!("no steps/{}/tests/test.sh and no tests/test.sh", step.name),
+                    "add the step's test.sh (or one in tests/ for every step), which writes the reward to /logs/verifier/reward.txt",
+                )
+            })?;
+        out.push(StepFiles {
+            instruction,
+            tests: [shared_tests.clone(), own_tests]
+                .into_iter()
+                .flatten()
+                .collect(),
+            test_script,
+            solution: Some(step_dir.join("solution"))
+                .filter(|s| s.is_dir())
+                .or_else(|| solution.cloned()),
+        });
+    }
+    Ok(out)
 }
 
 /// Whether `docker_image` names a SIF file on the host (`*.sif`) rather
@@ -2015,6 +2285,111 @@ env = { HINT = "h" }
         assert!(
             c.unsupported[0].contains("[verifier.environment] os"),
             "{c:?}"
+        );
+    }
+
+    #[test]
+    fn steps_are_parsed_as_harbor_writes_them() {
+        let c = parse(
+            "multi_step_reward_strategy = \"final\"\n[agent]\ntimeout_sec = 9\nuser = \"u\"\n[[steps]]\nname = \"one\"\nmin_reward = 1\n[[steps]]\nname = \"two\"\nmin_reward = { reward = 0.5, acc = 0 }\n[steps.agent]\ntimeout_sec = 3\n[steps.verifier]\nuser = 7\nenv = { K = \"v\" }\n",
+        )
+        .expect("steps");
+        assert_eq!(c.reward_strategy, RewardStrategy::Final);
+        assert_eq!(c.steps.len(), 2);
+        let (one, two) = (&c.steps[0], &c.steps[1]);
+        assert_eq!(one.name, "one");
+        // The task's values where a step sets none.
+        assert_eq!(one.agent_timeout, Duration::from_secs(9));
+        assert_eq!(one.agent_user.as_deref(), Some("u"));
+        assert_eq!(
+            one.min_reward,
+            Some(BTreeMap::from([("reward".into(), 1.0)]))
+        );
+        assert_eq!(two.agent_timeout, Duration::from_secs(3));
+        assert_eq!(two.verifier_user.as_deref(), Some("7"));
+        assert_eq!(two.verifier_env, vec![("K".into(), "v".into())]);
+        assert_eq!(
+            two.min_reward,
+            Some(BTreeMap::from([
+                ("reward".into(), 0.5),
+                ("acc".into(), 0.0)
+            ]))
+        );
+        assert!(c.unsupported.is_empty() && c.warnings.is_empty(), "{c:?}");
+        // Mean by default.
+        let c = parse("[[steps]]\nname = \"a\"\n").expect("default");
+        assert_eq!(c.reward_strategy, RewardStrategy::Mean);
+        // Harbor's refusals: no name, a name that is no portable dir name,
+        // a name twice (without case), a bad strategy or threshold.
+        for bad in [
+            "[[steps]]\nmin_reward = 1\n",
+            "[[steps]]\nname = \"a/b\"\n",
+            "[[steps]]\nname = \"..\"\n",
+            "[[steps]]\nname = \"x.\"\n",
+            "[[steps]]\nname = \"CON\"\n",
+            "[[steps]]\nname = \"a\"\n[[steps]]\nname = \"A\"\n",
+            "multi_step_reward_strategy = \"max\"\n[[steps]]\nname = \"a\"\n",
+            "[[steps]]\nname = \"a\"\nmin_reward = \"high\"\n",
+            "[[steps]]\nname = \"a\"\n[steps.agent]\ntimeout_sec = 0\n",
+        ] {
+            parse(bad).expect_err(bad);
+        }
+        assert!(
+            valid_step_name("setup.v2") && valid_step_name("com0") && !valid_step_name("lpt1.txt")
+        );
+        // What a step cannot set here is refused per task.
+        let c = parse("[[steps]]\nname = \"a\"\n[steps.healthcheck]\ncommand = \"true\"\n")
+            .expect("healthcheck");
+        assert!(
+            c.unsupported[0].contains("[[steps]] \"a\" healthcheck"),
+            "{c:?}"
+        );
+        let c = parse("[verifier]\nenvironment_mode = \"separate\"\n[[steps]]\nname = \"a\"\n")
+            .expect("separate");
+        assert!(c.unsupported[0].contains("separate verifier"), "{c:?}");
+    }
+
+    #[test]
+    fn a_steps_files_are_its_own_else_the_tasks() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let d = make_task(root.path(), "m", "solution", "tests");
+        write(
+            &d,
+            "task.toml",
+            "[[steps]]\nname = \"a\"\n[[steps]]\nname = \"b\"\n",
+        );
+        std::fs::remove_file(d.join("instruction.md")).expect("rm");
+        // No steps/a/instruction.md: refused, naming the step.
+        let e = load(&d).expect_err("no step dir");
+        assert!(e.to_string().contains("step \"a\""), "{e}");
+        write(&d, "steps/a/instruction.md", "do a");
+        write(
+            &d,
+            "steps/a/tests/test.sh",
+            "echo 1 > /logs/verifier/reward.txt",
+        );
+        write(&d, "steps/a/solution/solve.sh", "true");
+        write(&d, "steps/b/instruction.md", "do b");
+        let t = load(&d).expect("load");
+        let (a, b) = (&t.steps[0], &t.steps[1]);
+        assert_eq!(a.tests, [d.join("tests"), d.join("steps/a/tests")]);
+        assert_eq!(a.test_script, d.join("steps/a/tests/test.sh"));
+        assert_eq!(a.solution, Some(d.join("steps/a/solution")));
+        assert_eq!(b.tests, [d.join("tests")]);
+        assert_eq!(b.test_script, d.join("tests/test.sh"));
+        assert_eq!(b.solution, Some(d.join("solution")));
+        // No test.sh for b at all: refused.
+        std::fs::remove_file(d.join("tests/test.sh")).expect("rm");
+        let e = load(&d).expect_err("no test for b");
+        assert!(e.to_string().contains("step \"b\""), "{e}");
+        // A step's workdir/ is not staged: the task is unsupported.
+        write(&d, "tests/test.sh", "true");
+        write(&d, "steps/b/workdir/setup.sh", "true");
+        let t = load(&d).expect("load");
+        assert!(
+            t.config.unsupported[0].contains("steps/b/workdir/"),
+            "{:?}",
+            t.config
         );
     }
 

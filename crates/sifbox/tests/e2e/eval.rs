@@ -1689,6 +1689,106 @@ fn separate_verifier_runs_in_its_own_sandbox_and_image() {
     );
 }
 
+/// Harbor's multi-step tasks (`[[steps]]`, `steps/NAME/`): the steps run in
+/// order in one sandbox, each with its instruction, solution, tests (merged
+/// over tests/) and verifier env; each step's logs are its own and out of
+/// the later steps' sight; result.json has each step's reward and the
+/// rollout's by the strategy (mean by default, or final); a step below its
+/// `min_reward` ends the rollout.
+#[test]
+fn multi_step_tasks_run_their_steps_and_combine_their_rewards() {
+    let env = Env::new();
+    let base = env.path("busybox-rootfs");
+    copy_rootfs(&base);
+    env.store
+        .import(&base, "busybox")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let tasks = env.path("tasks");
+    std::fs::create_dir_all(&tasks).expect("mkdir");
+    for t in ["multi-step", "multi-step-min-reward"] {
+        run_tool(
+            Command::new("cp")
+                .arg("-a")
+                .arg(corpus().join(t))
+                .arg(&tasks),
+        );
+    }
+    not_executable(&tasks);
+    let t = tasks.display().to_string();
+    let out = env
+        .eval(&["--job", "j", &t])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    assert!(!out.stderr.contains("not honoured"), "{}", out.stderr);
+    let dir = env.out().join("j/multi-step__1");
+    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).unwrap_or_default();
+
+    let t = env.result("j", "multi-step__1");
+    let steps: Vec<(String, Option<f64>)> = t["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().expect("name").to_string(),
+                s["reward"].as_f64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("a".to_string(), Some(1.0)),
+            ("b".to_string(), Some(1.0)),
+            ("c".to_string(), Some(0.25))
+        ],
+        "{t:#}\n{}",
+        read("steps/b/verifier/test-stdout.txt")
+    );
+    // Mean: each key over the steps, a missing one counting 0.
+    assert_eq!(outcome(&t), ok(0.75), "{t:#}");
+    assert_eq!(t["reward_source"], "steps (mean)", "{t:#}");
+    assert!(
+        (t["rewards"]["b_only"].as_f64().expect("b_only") - 1.0 / 3.0).abs() < 1e-9,
+        "{t:#}"
+    );
+    assert_eq!(t["steps"][1]["rewards"]["b_only"], 1, "{t:#}");
+    assert!(t["steps"][0]["agent_run"]["duration_ms"].is_u64(), "{t:#}");
+    // Each step's outputs (the agent's user's), in steps/NAME/ after the
+    // sandbox stopped.
+    assert_eq!(read("steps/a/agent/a-log"), "log\n");
+    assert_eq!(read("steps/a/verifier/reward.txt"), "1\n");
+    assert_eq!(read("steps/c/verifier/reward.txt"), "0.25\n");
+    assert!(dir.join("steps/b/agent/oracle.txt").is_file());
+    assert_eq!(t["steps"][0]["agent_run"]["user"], "1000:1000", "{t:#}");
+    assert!(!env.out().join("j/.steps/multi-step__1").exists());
+
+    let t = env.result("j", "multi-step-min-reward__1");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["step"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["first", "gate"], "{t:#}");
+    // Final: the last step run's reward.
+    assert_eq!(outcome(&t), ok(0.25), "{t:#}");
+    assert_eq!(t["reward_source"], "steps (final)", "{t:#}");
+    assert!(
+        notes(&t).iter().any(|n| n.contains(
+            "step gate: reward = 0.25 is below min_reward 0.5: the remaining steps were not run"
+        )),
+        "{t:#}"
+    );
+    assert!(!env
+        .out()
+        .join("j/multi-step-min-reward__1/steps/never")
+        .exists());
+}
+
 #[test]
 fn task_corpus_gives_each_field_its_reward_and_class() {
     let env = Env::new();
@@ -1872,9 +1972,17 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
     }
     let t = r("separate-verifier-build-fails");
     assert_eq!(outcome(&t), failed("build_failed", None), "{t:#}");
+    // Multi-step tasks: the steps' mean, or the last step run's.
+    assert_eq!(outcome(&r("multi-step")), ok(0.75), "{:#}", r("multi-step"));
+    assert_eq!(
+        outcome(&r("multi-step-min-reward")),
+        ok(0.25),
+        "{:#}",
+        r("multi-step-min-reward")
+    );
 
     let s = env.json("j/summary.json");
-    assert_eq!(s["rollouts"], 23, "each task once: {s:#}");
+    assert_eq!(s["rollouts"], 25, "each task once: {s:#}");
     assert_eq!(s["infra_errors"], 0, "{s:#}");
     assert_eq!(s["failures"]["unsupported"], 6, "{s:#}");
     let keys = s["tasks"]
