@@ -16,6 +16,7 @@ pub mod result;
 pub mod reward;
 pub mod rollout_dir;
 pub mod runner;
+pub mod steps;
 pub mod task;
 pub mod template;
 

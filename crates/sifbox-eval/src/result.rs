@@ -184,6 +184,52 @@ pub struct ImageInfo {
     pub digest: Option<String>,
 }
 
+/// A separate verifier's sandbox (Harbor's `environment_mode =
+/// "separate"`): its own image, started after the agent's sandbox stopped.
+/// Its parts are also counted in the rollout's `build`, `start` and
+/// `stop` timings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifierSandbox {
+    pub sandbox: String,
+    pub image: ImageInfo,
+    /// Its image's build log, relative to the rollout's dir.
+    #[serde(default)]
+    pub build_log: Option<String>,
+    /// Waiting for its image.
+    #[serde(default)]
+    pub build_ms: u64,
+    /// Starting it until it answers.
+    #[serde(default)]
+    pub start_ms: u64,
+    /// Stopping and removing it.
+    #[serde(default)]
+    pub stop_ms: u64,
+    /// What of the agent's sandbox it was given: `/logs/artifacts`
+    /// (read-only), when the agent left that directory.
+    #[serde(default)]
+    pub handed_over: Vec<String>,
+}
+
+/// One step of a multi-step task's rollout.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepResult {
+    pub step: String,
+    /// Its headline reward, and all of them (as reward.json had them).
+    pub reward: Option<f64>,
+    #[serde(default)]
+    pub rewards: Option<serde_json::Value>,
+    #[serde(default)]
+    pub reward_source: Option<String>,
+    #[serde(default)]
+    pub error_class: Option<ErrorClass>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub agent_run: Option<Phase>,
+    #[serde(default)]
+    pub verifier_run: Option<Phase>,
+}
+
 /// `result.json` of a rollout.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RolloutResult {
@@ -225,6 +271,13 @@ pub struct RolloutResult {
     pub finished_at: String,
     #[serde(default)]
     pub sandbox: Option<String>,
+    /// A multi-step task's steps, in the order they ran (those after a
+    /// step that stopped the rollout are not there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepResult>,
+    /// The verifier's own sandbox, when it ran separately.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verifier_sandbox: Option<VerifierSandbox>,
     /// What the task asked for, after sifbox's defaults and the job's
     /// overrides.
     #[serde(default)]
@@ -269,6 +322,8 @@ impl RolloutResult {
             limits: RolloutLimits::default(),
             limits_applied: Vec::new(),
             build_log: None,
+            verifier_sandbox: None,
+            steps: Vec::new(),
             notes: Vec::new(),
             sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
         }

@@ -147,6 +147,30 @@ pub struct Remade {
     pub notes: Vec<String>,
 }
 
+/// Moves `sub` of the rollout dir `dir` (whatever is there: a dir, a
+/// file, a symlink, unfollowed) into `to` under the same name, and makes
+/// a fresh, empty `sub` (0755, the caller's), opened `O_NOFOLLOW`. For a
+/// multi-step rollout's step outputs; `to` is out of the sandbox's sight.
+pub fn move_out_and_remake(
+    dir: BorrowedFd<'_>,
+    sub: &str,
+    to: BorrowedFd<'_>,
+) -> Result<OwnedFd, String> {
+    match rustix::fs::renameat_with(dir, sub, to, sub, RenameFlags::NOREPLACE) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(format!("moving {sub}/ out of the rollout dir: {e}")),
+    }
+    rustix::fs::mkdirat(dir, sub, Mode::from_raw_mode(0o755))
+        .map_err(|e| format!("re-making {sub}/ in the rollout dir: {e}"))?;
+    open_subdir(dir, sub).map_err(|e| format!("opening {sub}/ in the rollout dir: {e}"))
+}
+
+/// Makes the dir `name` in `dir` (which must not have it) and opens it.
+pub fn make_subdir(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<OwnedFd> {
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))?;
+    Ok(open_subdir(dir, name)?)
+}
+
 /// Re-makes `verifier/` in the rollout dir `dir` before the verifier runs.
 /// Whatever is there (a dir with planted files, a reward file, a symlink, a
 /// file) is renamed aside and removed without following any symlink, and

@@ -14,7 +14,7 @@ use sifbox_image::store::Digest;
 
 use crate::cancel;
 use crate::result::now_rfc3339;
-use crate::task::{EnvSource, Task};
+use crate::task::{EnvSource, SeparateVerifier, Task};
 
 use super::Ctx;
 
@@ -43,11 +43,63 @@ pub(super) struct NoImage {
 
 pub(super) type Slot = Arc<OnceLock<std::result::Result<Arc<Image>, NoImage>>>;
 
+/// Whose image: the agent's (the task's environment) or a separate
+/// verifier's. A built one is tagged, and logged, by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    Agent,
+    Verifier,
+}
+
+impl Role {
+    /// `eval/TASK`, or `eval/TASK-verifier`.
+    fn tag(self, task: &Task) -> String {
+        match self {
+            Role::Agent => format!("eval/{}", task.name.to_lowercase()),
+            Role::Verifier => format!("eval/{}-verifier", task.name.to_lowercase()),
+        }
+    }
+
+    /// In `builds/`: `TASK.log`, or `TASK.verifier.log`.
+    fn log_name(self, task: &Task) -> String {
+        match self {
+            Role::Agent => format!("{}.log", task.name),
+            Role::Verifier => format!("{}.verifier.log", task.name),
+        }
+    }
+
+    /// What the progress lines call the build.
+    fn shown(self, task: &Task) -> String {
+        match self {
+            Role::Agent => task.name.clone(),
+            Role::Verifier => format!("{} (verifier)", task.name),
+        }
+    }
+}
+
 impl Ctx<'_> {
     /// The image of `task`'s environment: built (or resolved) by the first
     /// rollout that asks, shared by the others.
     pub(super) fn image(&self, task: &Task) -> std::result::Result<Arc<Image>, NoImage> {
-        let key = match &task.environment {
+        self.image_of(task, &task.environment, Role::Agent)
+    }
+
+    /// The image of `task`'s separate verifier (`v`), made as the agent's.
+    pub(super) fn verifier_image(
+        &self,
+        task: &Task,
+        v: &SeparateVerifier,
+    ) -> std::result::Result<Arc<Image>, NoImage> {
+        self.image_of(task, &v.environment, Role::Verifier)
+    }
+
+    fn image_of(
+        &self,
+        task: &Task,
+        source: &EnvSource,
+        role: Role,
+    ) -> std::result::Result<Arc<Image>, NoImage> {
+        let key = match source {
             EnvSource::Dockerfile { context } => format!("build:{}", context.display()),
             EnvSource::Image(r) => format!("image:{r}"),
             EnvSource::Sif(p) => format!("sif:{}", p.display()),
@@ -60,19 +112,24 @@ impl Ctx<'_> {
                 .or_default(),
         );
         let image = slot
-            .get_or_init(|| self.make_image(task).map(Arc::new))
+            .get_or_init(|| self.make_image(task, source, role).map(Arc::new))
             .clone();
         self.sched.ready(&task.name);
         image
     }
 
-    fn make_image(&self, task: &Task) -> std::result::Result<Image, NoImage> {
+    fn make_image(
+        &self,
+        task: &Task,
+        source: &EnvSource,
+        role: Role,
+    ) -> std::result::Result<Image, NoImage> {
         let fail = |message: String, log: Option<PathBuf>| NoImage {
             message,
             log,
             interrupted: self.cancel.is_cancelled(),
         };
-        let (digest, log) = match &task.environment {
+        let (digest, log) = match source {
             EnvSource::Image(reference) => {
                 let d = (self.resolve.image)(reference)
                     .map_err(|e| fail(format!("image {reference}: {e}"), None))?;
@@ -84,14 +141,14 @@ impl Ctx<'_> {
                 (d, None)
             }
             EnvSource::Dockerfile { context } => {
-                let d = self.build(task, context)?;
+                let d = self.build(task, context, role)?;
                 (d.0, Some(d.1))
             }
         };
-        let reference = match &task.environment {
+        let reference = match source {
             EnvSource::Image(r) => r.clone(),
             EnvSource::Sif(p) => p.display().to_string(),
-            EnvSource::Dockerfile { .. } => format!("eval/{}", task.name.to_lowercase()),
+            EnvSource::Dockerfile { .. } => role.tag(task),
         };
         let pin = self
             .store
@@ -119,9 +176,10 @@ impl Ctx<'_> {
         &self,
         task: &Task,
         context: &Path,
+        role: Role,
     ) -> std::result::Result<(Digest, PathBuf), NoImage> {
         let builds = self.dir.join("builds");
-        let log = builds.join(format!("{}.log", task.name));
+        let log = builds.join(role.log_name(task));
         let fail = |message: String| NoImage {
             message,
             log: Some(log.clone()),
@@ -164,7 +222,8 @@ impl Ctx<'_> {
             // The job's Cancel kills the step's sandbox; the build then fails.
             interrupted: None,
         };
-        self.observer.build_started(&task.name);
+        let shown = role.shown(task);
+        self.observer.build_started(&shown);
         let started = Instant::now();
         let limit = task.config.build_timeout;
         // A watchdog ends the build at its time limit: it kills the build
@@ -192,7 +251,7 @@ impl Ctx<'_> {
         let took = started.elapsed();
         let result = match built {
             Ok(b) => {
-                let tag = format!("eval/{}", task.name.to_lowercase());
+                let tag = role.tag(task);
                 if let Err(e) = self.store.tag(&tag, &b.digest) {
                     tracing::debug!("tagging {tag}: {e}");
                 }
@@ -217,7 +276,7 @@ impl Ctx<'_> {
             }
         };
         self.observer.build_finished(
-            &task.name,
+            &shown,
             result.as_ref().err().map(|e| e.message.as_str()),
             took,
         );

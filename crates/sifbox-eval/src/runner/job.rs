@@ -53,6 +53,17 @@ fn resolve_env(task: &Task) -> Result<TaskEnv> {
             .enumerate()
             .map(|(i, c)| one(&c.env, &format!("[environment] setup_commands[{i}] env")))
             .collect::<Result<_>>()?,
+        steps_verifier: task
+            .config
+            .steps
+            .iter()
+            .map(|st| {
+                one(
+                    &st.verifier_env,
+                    &format!("[[steps]] {:?} [verifier] env", st.name),
+                )
+            })
+            .collect::<Result<_>>()?,
     })
 }
 

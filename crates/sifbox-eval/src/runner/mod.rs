@@ -228,6 +228,8 @@ struct TaskEnv {
     solution: Vec<(String, String)>,
     /// Each setup command's.
     setup: Vec<Vec<(String, String)>>,
+    /// Each step's verifier env (on top of `verifier`).
+    steps_verifier: Vec<Vec<(String, String)>>,
 }
 
 /// Everything the workers share.

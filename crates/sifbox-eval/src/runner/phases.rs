@@ -1,10 +1,12 @@
 //! The phases of a rollout in its running sandbox: set-up, the
 //! healthcheck, the setup commands, the agent, the verifier and the
-//! reward, each command measured and judged (time limit, killed for
+//! reward (or, for a multi-step task, each step's agent, verifier and
+//! reward), each command measured and judged (time limit, killed for
 //! memory).
 
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sifbox_engine::evidence::LogsDir;
@@ -12,10 +14,10 @@ use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::spec::NetMode;
 use sifbox_engine::{ExecStatus, Sandbox, Usage};
 
-use crate::result::{one_line, ErrorClass, Phase, RolloutResult};
+use crate::result::{one_line, ErrorClass, Phase, RolloutResult, StepResult};
 use crate::reward::{self, Reward};
 use crate::rollout_dir;
-use crate::task::{NetworkMode, RolloutLimits, Task};
+use crate::task::{NetworkMode, RewardStrategy, RolloutLimits, Task};
 
 use super::environment::Image;
 use super::rollout::{how_name, interrupted};
@@ -115,6 +117,9 @@ fn as_mode(n: NetMode) -> NetworkMode {
     }
 }
 
+/// The phases of a rollout in `run`'s sandbox, up to the verifier, which
+/// runs here too unless the task's verifier is separate: true then, when
+/// it is to run (in its own sandbox, after this one stops).
 #[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
 #[allow(clippy::too_many_lines, reason = "the phases of a rollout, in order")]
 pub(super) fn phases(
@@ -128,7 +133,7 @@ pub(super) fn phases(
     env_net: NetMode,
     agent_net: NetMode,
     verifier_net: NetMode,
-) {
+) -> bool {
     let c = &task.config;
     let sb = run.sandbox;
     let image_user = c
@@ -136,11 +141,11 @@ pub(super) fn phases(
         .clone()
         .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty()));
     let agent_user = c.agent_user.clone().or_else(|| image_user.clone());
-    let verifier_user = c.verifier_user.clone().or_else(|| image_user.clone());
     let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
         if !interrupted(ctx, r) {
             r.fail(ErrorClass::Infra, format!("{what}: {e}"));
         }
+        false
     };
     // The agent's log, made while agent/ is still the caller's (after the
     // chown below, an unprivileged caller could not create files there).
@@ -202,7 +207,7 @@ pub(super) fn phases(
                             st.code()
                         ),
                     );
-                    return;
+                    return false;
                 }
                 Err(e) => return infra(r, "creating the workdir", &e),
             }
@@ -241,12 +246,12 @@ pub(super) fn phases(
                 if !interrupted(ctx, r) {
                     r.fail(ErrorClass::StartFailed, e);
                 }
-                return;
+                return false;
             }
         }
     }
     if interrupted(ctx, r) {
-        return;
+        return false;
     }
     if let Some(out) = &setup_out {
         let t = Instant::now();
@@ -267,15 +272,103 @@ pub(super) fn phases(
                         format!("{e} (see {SETUP_LOG}){tail}"),
                     );
                 }
-                return;
+                return false;
             }
         }
     }
     if interrupted(ctx, r) {
-        return;
+        return false;
+    }
+    if !c.steps.is_empty() {
+        run_steps(
+            ctx,
+            task,
+            env,
+            logs,
+            image,
+            run,
+            r,
+            agent_net,
+            verifier_net,
+            (agent_log, agent_out),
+        );
+        return false;
+    }
+    let plan = AgentPlan {
+        instruction: &task.instruction,
+        solution: task.solution.as_deref(),
+        user: agent_user,
+        timeout: c.agent_timeout,
+        fresh: false,
+    };
+    if !agent(ctx, env, run, r, &plan, agent_net, agent_out) {
+        return false;
+    }
+
+    // The verifier: here, or (separate) in a sandbox of its own once this
+    // one has stopped.
+    if interrupted(ctx, r) {
+        return false;
     }
     let t = Instant::now();
-    if let Err(e) = upload_instruction(sb, &task.instruction, agent_user.as_deref()) {
+    // verifier/ afresh: whatever the agent left there (reward files, a
+    // symlink out of the rollout dir, planted files) goes, unfollowed;
+    // files of the sandbox's other ids by its root. (A separate verifier
+    // has it made once more after this sandbox stops.)
+    let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
+    if !remake_verifier(ctx, logs, r, &remove_inside) {
+        return false;
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+    if task.separate_verifier.is_some() {
+        return true;
+    }
+    verify(
+        ctx,
+        task,
+        logs,
+        image,
+        run,
+        r,
+        verifier_net,
+        &task_verifier(task, env),
+    );
+    false
+}
+
+/// What the agent of a rollout (or of one step) runs with.
+struct AgentPlan<'p> {
+    /// Uploaded to /instruction.md.
+    instruction: &'p crate::task::Instruction,
+    /// The oracle's: uploaded to /solution, runs solve.sh.
+    solution: Option<&'p Path>,
+    user: Option<String>,
+    timeout: Duration,
+    /// What an earlier step left at /solution goes first.
+    fresh: bool,
+}
+
+/// The instruction, then the agent's command; false when the verifier is
+/// not to run (`r` says why).
+fn agent(
+    ctx: &Ctx<'_>,
+    env: &TaskEnv,
+    run: &Running<'_>,
+    r: &mut RolloutResult,
+    plan: &AgentPlan<'_>,
+    agent_net: NetMode,
+    agent_out: Option<File>,
+) -> bool {
+    let sb = run.sandbox;
+    let agent_user = &plan.user;
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+        }
+        false
+    };
+    let t = Instant::now();
+    if let Err(e) = upload_instruction(sb, plan.instruction, agent_user.as_deref()) {
         return infra(r, "uploading instruction.md", &e);
     }
 
@@ -284,10 +377,16 @@ pub(super) fn phases(
         Agent::Nop => None,
         Agent::Oracle => {
             // The rollout checked there is one before it started.
-            let (Some(solution), Some(script)) = (&task.solution, task.solve_script()) else {
+            let Some(solution) = plan.solution else {
                 r.fail(ErrorClass::Unsupported, "the task has no solution");
-                return;
+                return false;
             };
+            let script = solution.join("solve.sh");
+            if plan.fresh {
+                if let Err(e) = sb.remove("/solution") {
+                    return infra(r, "removing the last step's /solution", &e);
+                }
+            }
             if let Err(e) =
                 upload_with_script(sb, solution, "/solution", "solve.sh", agent_user.as_deref())
             {
@@ -299,7 +398,7 @@ pub(super) fn phases(
             ))
         }
         Agent::Command(cmd) => {
-            let instruction = match task.instruction.text() {
+            let instruction = match plan.instruction.text() {
                 Ok(s) => s,
                 Err(e) => return infra(r, "reading instruction.md", &e),
             };
@@ -314,21 +413,21 @@ pub(super) fn phases(
     r.timings_ms.setup += ms(t.elapsed());
     if let (Some((argv, agent_env)), Some(out)) = (agent, agent_out) {
         if interrupted(ctx, r) {
-            return;
+            return false;
         }
         let ran = run.measured_exec(
             &run.cwd,
             argv,
             agent_env,
             agent_user.clone(),
-            c.agent_timeout,
+            plan.timeout,
             agent_net,
             &out,
         );
         match ran {
             Ok((st, took, used)) => {
                 r.timings_ms.agent = ms(took);
-                r.agent_run = Some(phase(&st, took, agent_net, &agent_user, &used));
+                r.agent_run = Some(phase(&st, took, agent_net, agent_user, &used));
                 if killed_for_memory(&st, &used) {
                     if !interrupted(ctx, r) {
                         r.fail(
@@ -339,7 +438,7 @@ pub(super) fn phases(
                     // As Harbor (MemoryLimitExceededError: not graded),
                     // the verifier does not run: what the agent left is
                     // the work of a process tree cut short.
-                    return;
+                    return false;
                 }
                 note_oom_survived(r, "agent", &used);
                 match st {
@@ -349,7 +448,7 @@ pub(super) fn phases(
                         ErrorClass::AgentTimeout,
                         format!(
                             "the agent ran past its time limit ({} s) and was killed",
-                            c.agent_timeout.as_secs_f64()
+                            plan.timeout.as_secs_f64()
                         ),
                     ),
                     ExecStatus::Exited { code: 0, .. } => {}
@@ -367,26 +466,285 @@ pub(super) fn phases(
         }
     }
 
-    // The verifier.
-    if interrupted(ctx, r) {
-        return;
+    true
+}
+
+/// What a verifier runs with.
+pub(super) struct VerifierPlan {
+    /// Uploaded to /tests, merged in order (unless the image holds them).
+    tests: Vec<PathBuf>,
+    /// The test.sh that runs, at /tests/test.sh.
+    script: PathBuf,
+    user: Option<String>,
+    timeout: Duration,
+    env: Vec<(String, String)>,
+    /// What an earlier step left at /tests goes first.
+    fresh: bool,
+}
+
+/// The verifier of a single-step task.
+pub(super) fn task_verifier(task: &Task, env: &TaskEnv) -> VerifierPlan {
+    VerifierPlan {
+        tests: vec![task.tests.clone()],
+        script: task.tests.join("test.sh"),
+        user: task.config.verifier_user.clone(),
+        timeout: task.config.verifier_timeout,
+        env: env.verifier.clone(),
+        fresh: false,
     }
-    let t = Instant::now();
-    // verifier/ afresh: whatever the agent left there (reward files, a
-    // symlink out of the rollout dir, planted files) goes, unfollowed.
-    let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
-    match rollout_dir::remake_verifier(logs.dir.as_fd(), &remove_inside) {
+}
+
+/// A multi-step task's steps, as Harbor's `MultiStepTrial` runs them: in
+/// order in this one sandbox, each its instruction, its agent, then its
+/// verifier; each step's `agent/`, `verifier/` and `artifacts/` then move
+/// to `JOB/.steps/ROLLOUT/STEP/` (out of the sandbox's sight; the rollout
+/// moves them to `steps/` once the sandbox stopped) and are made afresh,
+/// as /tests and /solution are. A step that failed without a reward, or
+/// whose rewards are below its `min_reward`, ends the rollout; its reward
+/// comes from the steps' by the task's strategy.
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+#[allow(clippy::too_many_lines, reason = "the steps, in order")]
+fn run_steps(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    image: &Image,
+    run: &Running<'_>,
+    r: &mut RolloutResult,
+    agent_net: NetMode,
+    verifier_net: NetMode,
+    (agent_log, mut first_out): (Option<&str>, Option<File>),
+) {
+    let c = &task.config;
+    let sb = run.sandbox;
+    let image_user = image.meta.user.clone().filter(|u| !u.is_empty());
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+        }
+    };
+    let archive = match steps_archive(ctx, &r.rollout) {
+        Ok(fd) => fd,
+        Err(e) => return infra(r, "making the steps' archive", &e),
+    };
+    let mut got = Vec::new();
+    for (i, (step, files)) in c.steps.iter().zip(&task.steps).enumerate() {
+        if interrupted(ctx, r) {
+            return;
+        }
+        let mut sr = RolloutResult::new(&task.name, r.attempt, &r.job, &r.agent);
+        sr.limits = r.limits.clone();
+        let agent_user = step.agent_user.clone().or_else(|| image_user.clone());
+        // The agent's log, made while agent/ is the caller's (the first
+        // step's before the rollout's set-up gave agent/ away), then the
+        // fresh dirs to the step's agent user.
+        let out = if i == 0 {
+            first_out.take()
+        } else {
+            match agent_log
+                .map(|name| rollout_dir::create_file(logs.agent.as_fd(), name))
+                .transpose()
+            {
+                Ok(f) => f,
+                Err(e) => return infra(r, "creating the agent's log", &e),
+            }
+        };
+        for sub in ["agent", "artifacts"] {
+            if let Some(u) = &agent_user {
+                if let Err(e) = sb.chown(&format!("/logs/{sub}"), u) {
+                    return infra(r, &format!("giving /logs/{sub} to the user {u}"), &e);
+                }
+            }
+        }
+        let plan = AgentPlan {
+            instruction: &files.instruction,
+            solution: files.solution.as_deref(),
+            user: agent_user,
+            timeout: step.agent_timeout,
+            fresh: i > 0,
+        };
+        let graded = agent(ctx, env, run, &mut sr, &plan, agent_net, out) && !interrupted(ctx, r);
+        if graded {
+            let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
+            if remake_verifier(ctx, logs, &mut sr, &remove_inside) {
+                let vplan = VerifierPlan {
+                    tests: files.tests.clone(),
+                    script: files.test_script.clone(),
+                    user: step.verifier_user.clone(),
+                    timeout: step.verifier_timeout,
+                    env: with_env(&env.verifier, &[&env.steps_verifier[i]]),
+                    fresh: true,
+                };
+                verify(ctx, task, logs, image, run, &mut sr, verifier_net, &vplan);
+            }
+        }
+        let rewards = crate::steps::rewards_of(sr.reward, sr.rewards.as_ref());
+        // The step's record, and its part of the rollout's.
+        r.timings_ms.setup += sr.timings_ms.setup;
+        r.timings_ms.agent += sr.timings_ms.agent;
+        r.timings_ms.verifier += sr.timings_ms.verifier;
+        for n in &sr.notes {
+            r.notes.push(format!("step {}: {n}", step.name));
+        }
+        if let (Some(class), Some(e)) = (sr.error_class, &sr.error) {
+            r.fail(class, format!("step {}: {e}", step.name));
+        }
+        r.steps.push(StepResult {
+            step: step.name.clone(),
+            reward: sr.reward,
+            rewards: sr.rewards.clone(),
+            reward_source: sr.reward_source.clone(),
+            error_class: sr.error_class,
+            error: sr.error.clone(),
+            agent_run: sr.agent_run.clone(),
+            verifier_run: sr.verifier_run.clone(),
+        });
+        got.push(rewards.clone());
+        if sr.status == crate::result::Status::Interrupted || interrupted(ctx, r) {
+            return;
+        }
+        // Its outputs, out of the next steps' sight.
+        if let Err(e) = archive_step(sb, logs, archive.as_fd(), &step.name) {
+            return infra(r, &format!("keeping step {}'s outputs", step.name), &e);
+        }
+        let last = i + 1 == c.steps.len();
+        if sr.error_class.is_some() && rewards.is_none() {
+            if !last {
+                r.notes.push(format!(
+                    "step {} failed without a reward: the remaining steps were not run",
+                    step.name
+                ));
+            }
+            break;
+        }
+        if let Some(why) = step
+            .min_reward
+            .as_ref()
+            .and_then(|m| crate::steps::below_min(rewards.as_ref(), m))
+        {
+            if !last {
+                r.notes.push(format!(
+                    "step {}: {why}: the remaining steps were not run",
+                    step.name
+                ));
+            }
+            break;
+        }
+    }
+    // The rollout's reward, by the task's strategy.
+    let strategy = match c.reward_strategy {
+        RewardStrategy::Mean => "mean",
+        RewardStrategy::Final => "final",
+    };
+    match crate::steps::combine(c.reward_strategy, &got) {
+        Some(all) => {
+            r.reward = crate::steps::headline(&all);
+            r.rewards = serde_json::to_value(&all).ok();
+            r.reward_source = Some(format!("steps ({strategy})"));
+        }
+        None => {
+            if r.error_class.is_none() {
+                r.fail(ErrorClass::VerifierFailed, "no step left a reward");
+            }
+        }
+    }
+}
+
+/// `JOB/.steps/ROLLOUT/`, fresh and opened: where a multi-step rollout's
+/// steps' outputs wait, out of its sandbox's sight, until it stops.
+fn steps_archive(ctx: &Ctx<'_>, rollout: &str) -> std::result::Result<OwnedFd, String> {
+    let root = ctx.dir.join(STEPS_ARCHIVE);
+    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    let dir = root.join(rollout);
+    super::rollout::fresh_dir(&ctx.dir, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let fd =
+        rollout_dir::open_dir_nofollow(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    rollout_dir::make_subdir(fd.as_fd(), rollout).map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// The dir of the job that holds [`steps_archive`]s.
+pub(super) const STEPS_ARCHIVE: &str = ".steps";
+
+/// Moves a step's `agent/`, `verifier/` and `artifacts/` into `archive`'s
+/// `STEP/`, and makes them afresh in the rollout dir.
+fn archive_step(
+    sb: &Sandbox,
+    logs: &mut LogsDir,
+    archive: BorrowedFd<'_>,
+    step: &str,
+) -> std::result::Result<(), String> {
+    // Moving a dir to another parent needs write access to it: each goes
+    // back to the sandbox's root (the caller) first, unfollowed.
+    for sub in ["agent", "verifier", "artifacts"] {
+        sb.chown(&format!("/logs/{sub}"), "0")
+            .map_err(|e| format!("giving /logs/{sub} back to root: {e}"))?;
+    }
+    let to = rollout_dir::make_subdir(archive, step).map_err(|e| format!("{step}/: {e}"))?;
+    logs.agent = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "agent", to.as_fd())?;
+    logs.verifier = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "verifier", to.as_fd())?;
+    logs.artifacts = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "artifacts", to.as_fd())?;
+    Ok(())
+}
+
+/// Makes `verifier/` of the rollout dir afresh (see
+/// [`rollout_dir::remake_verifier`]); false when it failed (`r` says why).
+pub(super) fn remake_verifier(
+    ctx: &Ctx<'_>,
+    logs: &mut LogsDir,
+    r: &mut RolloutResult,
+    remove_inside: &dyn Fn(&str) -> std::result::Result<(), String>,
+) -> bool {
+    match rollout_dir::remake_verifier(logs.dir.as_fd(), remove_inside) {
         Ok(remade) => {
             logs.verifier = remade.dir;
-            r.notes.extend(remade.notes);
+            for n in remade.notes {
+                if !r.notes.contains(&n) {
+                    r.notes.push(n);
+                }
+            }
+            true
         }
         Err(e) => {
             if !interrupted(ctx, r) {
                 r.fail(ErrorClass::VerifierFailed, e);
             }
-            return;
+            false
         }
     }
+}
+
+/// The verifier in `run`'s sandbox, whose image is `image` (the agent's,
+/// or a separate verifier's), with `verifier/` of the rollout dir fresh
+/// at /logs/verifier; then the reward it wrote.
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+#[allow(clippy::too_many_lines, reason = "the verifier's steps, in order")]
+pub(super) fn verify(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    logs: &mut LogsDir,
+    image: &Image,
+    run: &Running<'_>,
+    r: &mut RolloutResult,
+    verifier_net: NetMode,
+    plan: &VerifierPlan,
+) {
+    let sb = run.sandbox;
+    // The compose service's user (in the task's own sandbox), else the
+    // image's.
+    let image_user = task
+        .config
+        .default_user
+        .clone()
+        .filter(|_| task.separate_verifier.is_none())
+        .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty()));
+    let verifier_user = plan.user.clone().or_else(|| image_user.clone());
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        if !interrupted(ctx, r) {
+            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+        }
+    };
+    let t = Instant::now();
     // The verifier's log, made while the new dir is the caller's.
     let out = match rollout_dir::create_file(logs.verifier.as_fd(), "test-stdout.txt") {
         Ok(f) => f,
@@ -397,22 +755,46 @@ pub(super) fn phases(
             return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
         }
     }
-    if let Err(e) = upload_with_script(
-        sb,
-        &task.tests,
-        "/tests",
-        "test.sh",
-        verifier_user.as_deref(),
-    ) {
-        return infra(r, "uploading the tests", &e);
-    }
+    // A separate verifier's own image holds its tests at /tests (Harbor's
+    // bundled tests): nothing is uploaded; as Harbor, the script is made
+    // executable by root (where it can be) and executed.
+    let bundled = task
+        .separate_verifier
+        .as_ref()
+        .is_some_and(|v| v.bundled_tests);
+    let argv = if bundled {
+        let chmod = vec!["chmod".into(), "+x".into(), "/tests/test.sh".into()];
+        let made = run.exec(
+            "/",
+            chmod,
+            run.base_env.clone(),
+            Some("0".into()),
+            Duration::from_secs(30),
+            verifier_net,
+            &run.null,
+        );
+        if let Err(e) = made {
+            return infra(r, "making /tests/test.sh executable", &e);
+        }
+        vec!["/tests/test.sh".to_string()]
+    } else {
+        if plan.fresh {
+            if let Err(e) = sb.remove("/tests") {
+                return infra(r, "removing the last step's /tests", &e);
+            }
+        }
+        if let Err(e) = upload_tests(sb, &plan.tests, &plan.script, verifier_user.as_deref()) {
+            return infra(r, "uploading the tests", &e);
+        }
+        crate::task::script_argv(&plan.script, "/tests/test.sh")
+    };
     r.timings_ms.setup += ms(t.elapsed());
     let ran = run.measured_exec(
         &run.cwd,
-        crate::task::script_argv(&task.tests.join("test.sh"), "/tests/test.sh"),
-        with_env(&run.base_env, &[&env.verifier]),
+        argv,
+        with_env(&run.base_env, &[&plan.env]),
         verifier_user.clone(),
-        c.verifier_timeout,
+        plan.timeout,
         verifier_net,
         &out,
     );
@@ -441,7 +823,7 @@ pub(super) fn phases(
                 ErrorClass::VerifierTimeout,
                 format!(
                     "the verifier ran past its time limit ({} s) and was killed",
-                    c.verifier_timeout.as_secs_f64()
+                    plan.timeout.as_secs_f64()
                 ),
             );
             return;
@@ -833,6 +1215,33 @@ fn upload_instruction(
     .map_err(|e| e.to_string())
 }
 
+/// Uploads the test dirs `dirs` to /tests, merged in order (the first
+/// makes it, the others' contents go into it), then `script` (the
+/// test.sh that runs, in one of them) once more as /tests/test.sh with
+/// the execute bits added.
+fn upload_tests(
+    sb: &Sandbox,
+    dirs: &[PathBuf],
+    script: &Path,
+    owner: Option<&str>,
+) -> std::result::Result<(), String> {
+    for (i, dir) in dirs.iter().enumerate() {
+        if i == 0 {
+            sb.upload(dir, "/tests", owner).map_err(|e| e.to_string())?;
+        } else {
+            let dir = dir.clone();
+            sb.upload_tar("/tests", owner, move |w| {
+                let mut b = tar::Builder::new(w);
+                b.follow_symlinks(false);
+                b.append_dir_all(".", &dir)?;
+                std::io::Write::flush(&mut b.into_inner()?)
+            })
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    upload_script(sb, script, "/tests", "test.sh", owner)
+}
+
 fn upload_with_script(
     sb: &Sandbox,
     dir: &std::path::Path,
@@ -840,17 +1249,27 @@ fn upload_with_script(
     script: &str,
     owner: Option<&str>,
 ) -> std::result::Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     sb.upload(dir, dst, owner).map_err(|e| e.to_string())?;
-    let host = dir.join(script);
-    let meta = std::fs::metadata(&host).map_err(|e| format!("{}: {e}", host.display()))?;
-    let data = std::fs::read(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+    upload_script(sb, &dir.join(script), dst, script, owner)
+}
+
+/// `host` uploaded once more as `dst/name`, with the execute bits added.
+fn upload_script(
+    sb: &Sandbox,
+    host: &Path,
+    dst: &str,
+    name: &str,
+    owner: Option<&str>,
+) -> std::result::Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(host).map_err(|e| format!("{}: {e}", host.display()))?;
+    let data = std::fs::read(host).map_err(|e| format!("{}: {e}", host.display()))?;
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Regular);
     h.set_size(data.len() as u64);
     h.set_mode((meta.mode() & 0o7777) | 0o111);
     h.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
-    let name = script.to_string();
+    let name = name.to_string();
     sb.upload_tar(dst, owner, move |w| {
         let mut b = tar::Builder::new(w);
         b.append_data(&mut h, &name, data.as_slice())?;

@@ -1,6 +1,7 @@
 //! One rollout: its fresh dir and result.json, the sandbox started with the
-//! rollout's dir at /logs and stopped at the end, and the record of which
-//! limits the sandbox enforces and how.
+//! rollout's dir at /logs and stopped at the end (then a separate
+//! verifier's own sandbox), and the record of which limits the sandbox
+//! enforces and how.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,12 +15,13 @@ use sifbox_engine::{Sandbox, SandboxSpec, StartOptions};
 
 use crate::result::{
     now_rfc3339, now_unix_ms, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status,
-    RESULT_FILE,
+    VerifierSandbox, RESULT_FILE,
 };
 use crate::rollout_dir;
 use crate::task::{NetworkMode, Task};
 
-use super::phases::{phases, Running};
+use super::environment::Image;
+use super::phases::{phases, remake_verifier, task_verifier, verify, Running, STEPS_ARCHIVE};
 use super::{ms, set_env, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
@@ -33,7 +35,7 @@ fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
 /// A rollout's dir, fresh: what an earlier, unfinished run left is
 /// removed (or, when a sandbox left files this user cannot remove, moved
 /// to `.trash/`).
-fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
+pub(super) fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
     if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
         let trash = job_dir.join(".trash");
         std::fs::create_dir_all(&trash)?;
@@ -129,7 +131,16 @@ fn run_rollout(
         r.fail(ErrorClass::Unsupported, task.config.unsupported.join("; "));
         return;
     }
-    if ctx.opts.agent == Agent::Oracle && task.solve_script().is_none() {
+    let no_solution = if task.steps.is_empty() {
+        task.solve_script().is_none()
+    } else {
+        task.steps.iter().any(|s| {
+            s.solution
+                .as_ref()
+                .is_none_or(|d| !d.join("solve.sh").is_file())
+        })
+    };
+    if ctx.opts.agent == Agent::Oracle && no_solution {
         r.fail(
             ErrorClass::Unsupported,
             "--agent oracle: the task has no solution/solve.sh (or oracle/solve.sh) to run; add one, or run the task with another --agent",
@@ -168,6 +179,57 @@ fn run_rollout(
         return;
     }
 
+    // A separate verifier's image, made before the agent runs: one that
+    // cannot be made fails the rollout (build_failed) without spending an
+    // agent run on it.
+    let verifier_image = match &task.separate_verifier {
+        None => None,
+        Some(v) => {
+            let t = Instant::now();
+            let made = ctx.verifier_image(task, v);
+            let build_ms = ms(t.elapsed());
+            r.timings_ms.build += build_ms;
+            let mut vs = VerifierSandbox {
+                build_ms,
+                ..VerifierSandbox::default()
+            };
+            let log = match &made {
+                Ok(i) => i.log.clone(),
+                Err(e) => e.log.clone(),
+            };
+            if let Some(log) = log {
+                if rollout_dir::copy_in(logs.dir.as_fd(), VERIFIER_BUILD_LOG, &log).is_ok() {
+                    vs.build_log = Some(VERIFIER_BUILD_LOG.into());
+                }
+            }
+            match made {
+                Ok(i) => {
+                    vs.image = ImageInfo {
+                        reference: i.reference.clone(),
+                        digest: Some(i.digest.to_string()),
+                    };
+                    r.verifier_sandbox = Some(vs);
+                    Some(i)
+                }
+                Err(e) => {
+                    r.verifier_sandbox = Some(vs);
+                    if e.interrupted || interrupted(ctx, r) {
+                        r.status = Status::Interrupted;
+                    } else {
+                        r.fail(
+                            ErrorClass::BuildFailed,
+                            format!("the verifier's image: {}", e.message),
+                        );
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    if interrupted(ctx, r) {
+        return;
+    }
+
     // The sandbox.
     let c = &task.config;
     let cli = ctx.opts.net;
@@ -176,14 +238,18 @@ fn run_rollout(
         phase_net(cli, c.agent_network),
         phase_net(cli, c.verifier_network),
     );
-    let sandbox_net = if [env_net, agent_net, verifier_net].contains(&NetMode::Host) {
+    // A separate verifier's network is its own sandbox's.
+    let shared_nets: &[NetMode] = if task.separate_verifier.is_some() {
+        &[env_net, agent_net]
+    } else {
+        &[env_net, agent_net, verifier_net]
+    };
+    let sandbox_net = if shared_nets.contains(&NetMode::Host) {
         NetMode::Host
     } else {
         NetMode::None
     };
-    let n = ctx.seq.fetch_add(1, Ordering::SeqCst);
-    let short: String = task.name.chars().take(60).collect();
-    let name = format!("eval-{short}-{:x}-{n}", std::process::id());
+    let name = sandbox_name(ctx, task);
     r.sandbox = Some(name.clone());
     let dir = logs.path.clone();
     let mut binds = ctx.opts.binds.clone();
@@ -193,18 +259,126 @@ fn run_rollout(
         dst: PathBuf::from("/logs").join(RESULT_FILE),
         readonly: true,
     });
+    let t = Instant::now();
+    let started = start_sandbox(ctx, task, &image, name, sandbox_net, binds, Some(dir), r);
+    r.timings_ms.start += ms(t.elapsed());
+    let Some(Started {
+        sandbox,
+        kill_id,
+        ca_env,
+    }) = started
+    else {
+        return;
+    };
+    record_limits(r, sandbox.limits());
+    let cwd = c
+        .workdir
+        .clone()
+        .or_else(|| image.meta.workdir.clone().filter(|w| !w.is_empty()))
+        .unwrap_or_else(|| "/".into());
+    let running = match running(&sandbox, &image, env, ca_env, cwd, sandbox_net) {
+        Ok(run) => run,
+        Err(e) => {
+            r.fail(ErrorClass::Infra, e);
+            stop(ctx, sandbox, kill_id, r, None);
+            return;
+        }
+    };
+    let verify_apart = phases(
+        ctx,
+        task,
+        env,
+        logs,
+        &image,
+        &running,
+        r,
+        env_net,
+        agent_net,
+        verifier_net,
+    );
+    drop(running);
+    // As Harbor, the agent's sandbox stops before a separate verifier
+    // starts: nothing of the agent runs while it is graded.
+    stop(ctx, sandbox, kill_id, r, None);
+    if !task.steps.is_empty() {
+        keep_steps(ctx, logs, r);
+    }
+    if let (true, Some(vimage)) = (verify_apart, verifier_image) {
+        separate_verifier(ctx, task, env, logs, &vimage, r, verifier_net);
+    }
+}
+
+/// Moves a multi-step rollout's steps' outputs, kept out of its sandbox's
+/// sight while it ran, to its dir's `steps/` (the sandbox has stopped).
+fn keep_steps(ctx: &Ctx<'_>, logs: &LogsDir, r: &mut RolloutResult) {
+    let root = ctx.dir.join(STEPS_ARCHIVE);
+    let Ok(fd) = rollout_dir::open_dir_nofollow(&root) else {
+        return;
+    };
+    match rustix::fs::renameat_with(
+        fd.as_fd(),
+        r.rollout.as_str(),
+        logs.dir.as_fd(),
+        "steps",
+        rustix::fs::RenameFlags::NOREPLACE,
+    ) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => r.notes.push(format!(
+            "the steps' outputs could not move to steps/ ({e}; did the agent leave /logs/steps?): they are in {}",
+            root.join(&r.rollout).display()
+        )),
+    }
+}
+
+/// The build log of a separate verifier's image, in the rollout dir.
+const VERIFIER_BUILD_LOG: &str = "verifier-build.log";
+
+/// A fresh sandbox name for a rollout of `task`.
+fn sandbox_name(ctx: &Ctx<'_>, task: &Task) -> String {
+    let n = ctx.seq.fetch_add(1, Ordering::SeqCst);
+    let short: String = task.name.chars().take(60).collect();
+    format!("eval-{short}-{:x}-{n}", std::process::id())
+}
+
+/// A sandbox of a rollout, started.
+struct Started {
+    sandbox: Sandbox,
+    /// Its registration with the job's cancellation.
+    kill_id: Option<u64>,
+    /// The host CA bundle's variables.
+    ca_env: Vec<(String, String)>,
+}
+
+/// Starts a sandbox `name` of `image` for a rollout of `task`, with
+/// `binds` (and the host's CA bundle, whose variables come back), until it
+/// answers; registered with the job's cancellation. None when it did not
+/// start (`r` says why).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "what a sandbox of a rollout is made of"
+)]
+fn start_sandbox(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    image: &Image,
+    name: String,
+    net: NetMode,
+    mut binds: Vec<spec::Bind>,
+    evidence_dir: Option<PathBuf>,
+    r: &mut RolloutResult,
+) -> Option<Started> {
     // The host's CA bundle: a bind, and its variables in the base env
-    // below (where the image and the task set none of their own).
+    // (where the image and the task set none of their own).
     let mut ca_env = Vec::new();
     if let Some(ca) = &ctx.opts.sandbox_host_ca {
         if let Err(e) = sifbox_build::inputs::show_host_ca(ca, &mut binds, &mut ca_env) {
             r.fail(ErrorClass::Infra, e.to_string());
-            return;
+            return None;
         }
     }
-    let mut spec = SandboxSpec::new(name.clone(), image.rootfs.clone(), ctx.ids.clone());
+    let mut spec = SandboxSpec::new(name, image.rootfs.clone(), ctx.ids.clone());
     spec.hostname = spec::hostname_for(&task.name);
-    spec.net = sandbox_net;
+    spec.net = net;
     spec.writable = match &ctx.scratch {
         Some(scratch) => Writable::Disk {
             size_mib: r.limits.storage_mib(),
@@ -220,7 +394,7 @@ fn run_rollout(
     let opts = StartOptions {
         oneshot: true,
         fork_when_possible: false,
-        evidence_dir: Some(dir.clone()),
+        evidence_dir,
         image: Some(ImageRef {
             reference: image.reference.clone(),
             digest: Some(image.digest.to_string()),
@@ -229,29 +403,35 @@ fn run_rollout(
         holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
         ..StartOptions::new(ctx.opts.exe.clone())
     };
-    let t = Instant::now();
-    let sandbox = match Sandbox::launch(spec, &opts).and_then(|sb| sb.wait_ready().map(|()| sb)) {
-        Ok(sb) => sb,
+    match Sandbox::launch(spec, &opts).and_then(|sb| sb.wait_ready().map(|()| sb)) {
+        Ok(sb) => {
+            let kill_id = sb.kill_handle().map(|h| ctx.cancel.register(h));
+            Some(Started {
+                sandbox: sb,
+                kill_id,
+                ca_env,
+            })
+        }
         Err(e) => {
-            r.timings_ms.start = ms(t.elapsed());
             if !interrupted(ctx, r) {
                 r.fail(ErrorClass::Infra, format!("starting the sandbox: {e}"));
             }
-            return;
+            None
         }
-    };
-    let kill_id = sandbox.kill_handle().map(|h| ctx.cancel.register(h));
-    r.timings_ms.start = ms(t.elapsed());
-    record_limits(r, sandbox.limits());
+    }
+}
 
-    let null = match File::open("/dev/null") {
-        Ok(f) => f,
-        Err(e) => {
-            r.fail(ErrorClass::Infra, format!("opening /dev/null: {e}"));
-            stop(ctx, sandbox, kill_id, r);
-            return;
-        }
-    };
+/// What the phases need of a started sandbox: its base env (the image's,
+/// the task's, the CA's), `cwd`, and /dev/null for stdin.
+fn running<'a>(
+    sandbox: &'a Sandbox,
+    image: &Image,
+    env: &TaskEnv,
+    ca_env: Vec<(String, String)>,
+    cwd: String,
+    sandbox_net: NetMode,
+) -> Result<Running<'a>, String> {
+    let null = File::open("/dev/null").map_err(|e| format!("opening /dev/null: {e}"))?;
     let mut base_env = spec::clean_env(std::env::vars(), &image.meta.env_pairs());
     for (k, v) in &env.env {
         set_env(&mut base_env, k, v);
@@ -261,43 +441,143 @@ fn run_rollout(
             base_env.push((k, v));
         }
     }
-    let running = Running {
-        sandbox: &sandbox,
+    Ok(Running {
+        sandbox,
         base_env,
-        cwd: c
-            .workdir
-            .clone()
-            .or_else(|| image.meta.workdir.clone().filter(|w| !w.is_empty()))
-            .unwrap_or_else(|| "/".into()),
+        cwd,
         env_scripts: image.env_scripts,
         sandbox_net,
         null,
-    };
-    phases(
-        ctx,
-        task,
-        env,
-        logs,
-        &image,
-        &running,
-        r,
-        env_net,
-        agent_net,
-        verifier_net,
-    );
-    stop(ctx, sandbox, kill_id, r);
+    })
 }
 
-fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutResult) {
+/// The verifier in a sandbox of its own `image` (Harbor's separate
+/// verifier), started once the agent's has stopped. It gets what Harbor
+/// hands over: the rollout's `verifier/` (fresh) at /logs/verifier and
+/// the agent's `/logs/artifacts`, read-only; nothing else of the agent's
+/// sandbox (not /logs/agent, not its files, not `--bind`s).
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+fn separate_verifier(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &mut LogsDir,
+    image: &Image,
+    r: &mut RolloutResult,
+    verifier_net: NetMode,
+) {
+    if interrupted(ctx, r) {
+        return;
+    }
+    let t = Instant::now();
+    // verifier/ afresh once more, by the host alone: the agent's sandbox
+    // has stopped, so nothing of it can touch the rollout dir now.
+    let host_only = |_: &str| Err("the agent's sandbox has stopped".to_string());
+    if !remake_verifier(ctx, logs, r, &host_only) {
+        return;
+    }
+    let dir = logs.path.clone();
+    let mut binds = vec![spec::Bind {
+        src: dir.join("verifier"),
+        dst: PathBuf::from("/logs/verifier"),
+        readonly: false,
+    }];
+    let mut handed_over = Vec::new();
+    // Only a real directory (not a symlink the agent left in its place);
+    // nothing runs that could swap it now.
+    let artifacts_dir = rustix::fs::statat(
+        logs.dir.as_fd(),
+        "artifacts",
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir());
+    if artifacts_dir {
+        binds.push(spec::Bind {
+            src: dir.join("artifacts"),
+            dst: PathBuf::from("/logs/artifacts"),
+            readonly: true,
+        });
+        handed_over.push("/logs/artifacts".to_string());
+    } else {
+        r.notes.push(
+            "the agent left no directory at /logs/artifacts: the separate verifier got none"
+                .to_string(),
+        );
+    }
+    r.timings_ms.setup += ms(t.elapsed());
+    let name = sandbox_name(ctx, task);
+    if let Some(vs) = &mut r.verifier_sandbox {
+        vs.sandbox = name.clone();
+        vs.handed_over = handed_over;
+    }
+    let t = Instant::now();
+    let started = start_sandbox(ctx, task, image, name, verifier_net, binds, None, r);
+    let start_ms = ms(t.elapsed());
+    r.timings_ms.start += start_ms;
+    if let Some(vs) = &mut r.verifier_sandbox {
+        vs.start_ms = start_ms;
+    }
+    let Some(Started {
+        sandbox,
+        kill_id,
+        ca_env,
+    }) = started
+    else {
+        return;
+    };
+    // Its image holds the tests (and names its workdir); with the task's
+    // environment, the agent's workdir rule.
+    let bundled = task
+        .separate_verifier
+        .as_ref()
+        .is_some_and(|v| v.bundled_tests);
+    let image_workdir = image.meta.workdir.clone().filter(|w| !w.is_empty());
+    let cwd = if bundled {
+        image_workdir
+    } else {
+        task.config.workdir.clone().or(image_workdir)
+    }
+    .unwrap_or_else(|| "/".into());
+    match running(&sandbox, image, env, ca_env, cwd, verifier_net) {
+        Ok(run) => verify(
+            ctx,
+            task,
+            logs,
+            image,
+            &run,
+            r,
+            verifier_net,
+            &task_verifier(task, env),
+        ),
+        Err(e) => r.fail(ErrorClass::Infra, e),
+    }
+    let before = r.timings_ms.stop;
+    stop(ctx, sandbox, kill_id, r, Some("the verifier's sandbox"));
+    let stop_ms = r.timings_ms.stop - before;
+    if let Some(vs) = &mut r.verifier_sandbox {
+        vs.stop_ms = stop_ms;
+    }
+}
+
+/// Stops `sandbox` (`which`: None for the agent's), counted in the
+/// rollout's `stop` time.
+fn stop(
+    ctx: &Ctx<'_>,
+    sandbox: Sandbox,
+    kill_id: Option<u64>,
+    r: &mut RolloutResult,
+    which: Option<&str>,
+) {
     let t = Instant::now();
     let stopped = sandbox.stop(Duration::ZERO);
     if let Some(id) = kill_id {
         ctx.cancel.unregister(id);
     }
-    r.timings_ms.stop = ms(t.elapsed());
+    r.timings_ms.stop += ms(t.elapsed());
     if let Err(e) = stopped {
         if !interrupted(ctx, r) {
-            r.fail(ErrorClass::Infra, format!("stopping the sandbox: {e}"));
+            let which = which.unwrap_or("the sandbox");
+            r.fail(ErrorClass::Infra, format!("stopping {which}: {e}"));
         }
     }
 }

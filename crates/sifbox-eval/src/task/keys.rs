@@ -21,9 +21,49 @@ enum Key {
     Tables(&'static [(&'static str, Key)]),
 }
 
-const SEPARATE_VERIFIER: &str =
-    "sifbox runs the verifier in the agent's sandbox; separate verifier environments are not supported yet";
-const STEPS: &str = "sifbox runs single-step tasks only; multi-step tasks are not supported yet";
+const VERIFIER_SANDBOX: &str =
+    "the separate verifier's sandbox gets the image and the rollout's limits, network and env; this key is not read";
+
+/// `[verifier.environment]`: the image is read; the rest of Harbor's
+/// `[environment]` schema is known but not honoured there.
+const VERIFIER_ENVIRONMENT: &[(&str, Key)] = &[
+    ("docker_image", Key::Used),
+    ("image", Key::Used),
+    ("os", Key::Used),
+    ("build_timeout_sec", Key::Ignored(VERIFIER_SANDBOX)),
+    ("cpus", Key::Ignored(VERIFIER_SANDBOX)),
+    ("memory_mb", Key::Ignored(VERIFIER_SANDBOX)),
+    ("storage_mb", Key::Ignored(VERIFIER_SANDBOX)),
+    ("memory", Key::Ignored(VERIFIER_SANDBOX)),
+    ("storage", Key::Ignored(VERIFIER_SANDBOX)),
+    ("gpus", Key::Ignored(VERIFIER_SANDBOX)),
+    ("gpu_types", Key::Ignored(VERIFIER_SANDBOX)),
+    ("network_mode", Key::Ignored(VERIFIER_SANDBOX)),
+    ("allow_internet", Key::Ignored(VERIFIER_SANDBOX)),
+    ("allowed_hosts", Key::Ignored(VERIFIER_SANDBOX)),
+    ("blocked_urls", Key::Ignored(VERIFIER_SANDBOX)),
+    ("blocked_hosts", Key::Ignored(VERIFIER_SANDBOX)),
+    ("env", Key::Ignored(VERIFIER_SANDBOX)),
+    ("workdir", Key::Ignored(VERIFIER_SANDBOX)),
+    ("healthcheck", Key::Ignored(VERIFIER_SANDBOX)),
+    ("mcp_servers", Key::Ignored(VERIFIER_SANDBOX)),
+    ("setup_commands", Key::Ignored(VERIFIER_SANDBOX)),
+    ("tpu", Key::Ignored(VERIFIER_SANDBOX)),
+    ("skills_dir", Key::Ignored(VERIFIER_SANDBOX)),
+];
+/// `[[steps]]`: what a step may set (what sifbox cannot honour there is
+/// refused per task by the parser).
+const STEP: &[(&str, Key)] = &[
+    ("name", Key::Used),
+    ("agent", Key::Table(AGENT)),
+    ("verifier", Key::Table(VERIFIER)),
+    ("min_reward", Key::Used),
+    ("healthcheck", Key::Used),
+    (
+        "artifacts",
+        Key::Ignored("sifbox collects no artifacts: the agent writes them to /logs/artifacts"),
+    ),
+];
 
 const HEALTHCHECK: &[(&str, Key)] = &[
     ("command", Key::Used),
@@ -95,10 +135,10 @@ const VERIFIER: &[(&str, Key)] = &[
     ("network_mode", Key::Used),
     ("allowed_hosts", Key::Used),
     ("type", Key::Used),
-    ("environment_mode", Key::Ignored(SEPARATE_VERIFIER)),
-    ("environment", Key::Ignored(SEPARATE_VERIFIER)),
-    ("sandbox_mode", Key::Ignored(SEPARATE_VERIFIER)),
-    ("sandbox", Key::Ignored(SEPARATE_VERIFIER)),
+    ("environment_mode", Key::Used),
+    ("environment", Key::Table(VERIFIER_ENVIRONMENT)),
+    ("sandbox_mode", Key::Used),
+    ("sandbox", Key::Table(VERIFIER_ENVIRONMENT)),
     (
         "collect",
         Key::Ignored("collect hooks run in compose services, which sifbox does not run"),
@@ -135,8 +175,8 @@ const TOP: &[(&str, Key)] = &[
     ("verifier", Key::Table(VERIFIER)),
     ("solution", Key::Table(SOLUTION)),
     ("oracle", Key::Table(SOLUTION)),
-    ("steps", Key::Ignored(STEPS)),
-    ("multi_step_reward_strategy", Key::Ignored(STEPS)),
+    ("steps", Key::Tables(STEP)),
+    ("multi_step_reward_strategy", Key::Used),
     (
         "artifacts",
         Key::Ignored("sifbox collects no artifacts: the agent writes them to /logs/artifacts"),
@@ -278,8 +318,22 @@ mod tests {
     fn known_keys_are_quiet_or_said_to_be_ignored() {
         let quiet = "schema_version = \"1.1\"\n[task]\nname = \"a/b\"\n[metadata]\nanything = 1\n[environment]\ndocker_image = \"x\"\nenv = { ODD_KEY = \"v\" }\n[solution]\nAPI_TOKEN = \"x\"\n[reward]\nexpr = \"a\"\n[verifier.judge]\nmodel = \"m\"\n";
         assert!(warn(quiet).is_empty(), "{:?}", warn(quiet));
-        let w = warn("[verifier]\nenvironment_mode = \"separate\"\n[[steps]]\nname = \"a\"\n");
-        assert_eq!(w.len(), 2, "{w:?}");
+        // A separate verifier is honoured: quiet, but for what of its
+        // environment's schema is not read.
+        let w = warn("[verifier]\nenvironment_mode = \"separate\"\n[verifier.environment]\ndocker_image = \"v\"\nos = \"linux\"\n");
+        assert!(w.is_empty(), "{w:?}");
+        let w = warn("[verifier]\nsandbox_mode = \"separate\"\n[verifier.sandbox]\nimage = \"v\"\ncpus = 2\n");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("[verifier.sandbox.cpus] is not honoured"),
+            "{w:?}"
+        );
+        let w = warn("multi_step_reward_strategy = \"final\"\n[[steps]]\nname = \"a\"\nmin_reward = 1\n[steps.agent]\ntimeout_sec = 5\n[[steps]]\nname = \"b\"\nartifacts = [\"/x\"]\n");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("[steps[1]]") || w[0].contains("artifacts"),
+            "{w:?}"
+        );
         assert!(
             w.iter().all(|l| l.contains("is not honoured by sifbox")),
             "{w:?}"

@@ -200,6 +200,34 @@ pub struct RawVerifier {
     /// BenchFlow's: `test-script` (the default) or `llm-judge`.
     #[serde(rename = "type")]
     pub kind: Option<String>,
+    /// Harbor's; BenchFlow spells it `sandbox_mode`.
+    #[serde(alias = "sandbox_mode")]
+    pub environment_mode: Option<VerifierMode>,
+    /// `[verifier.environment]` (BenchFlow: `[verifier.sandbox]`): the
+    /// verifier's own environment; implies `environment_mode = "separate"`.
+    #[serde(alias = "sandbox")]
+    pub environment: Option<RawVerifierEnvironment>,
+}
+
+/// Where the verifier runs (Harbor's `environment_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifierMode {
+    /// In the agent's sandbox (the default).
+    Shared,
+    /// In a fresh sandbox of its own image.
+    Separate,
+}
+
+/// `[verifier.environment]` as written: Harbor's `[environment]` schema,
+/// of which sifbox reads the image (the other keys are warned about).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RawVerifierEnvironment {
+    /// BenchFlow also spells it `image`.
+    #[serde(alias = "image")]
+    pub docker_image: Option<String>,
+    pub os: Option<String>,
 }
 
 /// `[solution]` (BenchFlow: `[oracle]`) as written.
@@ -211,6 +239,54 @@ pub struct RawSolution {
     /// with a string) as env; anything else is warned about.
     #[serde(flatten)]
     pub rest: BTreeMap<String, toml::Value>,
+}
+
+/// A `[[steps]]` entry as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RawStep {
+    pub name: Option<String>,
+    pub agent: RawAgent,
+    pub verifier: RawVerifier,
+    pub min_reward: Option<RawMinReward>,
+    pub healthcheck: Option<toml::Value>,
+}
+
+/// `min_reward`: a number (gating `reward`) or a table of numbers by key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawMinReward {
+    One(f64),
+    Keys(BTreeMap<String, f64>),
+}
+
+/// How a multi-step task's reward comes from its steps' (Harbor's
+/// `multi_step_reward_strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewardStrategy {
+    /// Each key's mean over the steps that have rewards (a key missing in
+    /// a step counts 0).
+    #[default]
+    Mean,
+    /// The last step run's rewards.
+    Final,
+}
+
+/// One step of a multi-step task, checked (its own values, else the
+/// task's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub name: String,
+    pub agent_timeout: Duration,
+    pub agent_user: Option<String>,
+    pub verifier_timeout: Duration,
+    pub verifier_user: Option<String>,
+    /// Env templates, unresolved: on top of `[verifier] env`.
+    pub verifier_env: Vec<(String, String)>,
+    /// The remaining steps are not run when one of these rewards (a
+    /// number's: `reward`) is below its threshold or missing.
+    pub min_reward: Option<BTreeMap<String, f64>>,
 }
 
 /// task.toml as written (unknown keys are warned about and ignored, as
@@ -230,6 +306,8 @@ pub struct RawTaskToml {
     /// BenchFlow's legacy reward-expression metadata: recorded nowhere
     /// and read by nothing, in BenchFlow as here.
     pub reward: Option<toml::Table>,
+    pub steps: Option<Vec<RawStep>>,
+    pub multi_step_reward_strategy: Option<RewardStrategy>,
 }
 
 /// One setup command (BenchFlow's `setup_commands`), checked.
@@ -510,6 +588,15 @@ pub struct TaskConfig {
     /// BenchFlow's setup commands, run in order after the healthcheck and
     /// before the agent.
     pub setup_commands: Vec<SetupCommand>,
+    /// Where the verifier runs: Harbor's `environment_mode`, else
+    /// `separate` when `[verifier.environment]` is there, else `shared`.
+    pub verifier_mode: VerifierMode,
+    /// `[verifier.environment] docker_image`: the separate verifier's
+    /// image (which holds its tests at /tests).
+    pub verifier_image: Option<String>,
+    /// `[[steps]]`: none for a single-step task.
+    pub steps: Vec<Step>,
+    pub reward_strategy: RewardStrategy,
     /// What of the task sifbox cannot honour, one line each naming the
     /// field: such a task's rollouts end `unsupported` (and run nothing).
     pub unsupported: Vec<String>,
@@ -564,6 +651,38 @@ pub struct Task {
     pub solution: Option<PathBuf>,
     /// `tests/` (or `verifier/`), holding test.sh.
     pub tests: PathBuf,
+    /// The verifier's own environment, when it runs separately.
+    pub separate_verifier: Option<SeparateVerifier>,
+    /// A multi-step task's steps' files, in `config.steps`' order.
+    pub steps: Vec<StepFiles>,
+}
+
+/// The files of one step (Harbor's `steps/NAME/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFiles {
+    /// `steps/NAME/instruction.md`.
+    pub instruction: Instruction,
+    /// Uploaded to /tests in this order, merged: `tests/` (when there is
+    /// one), then `steps/NAME/tests/` (when there is one).
+    pub tests: Vec<PathBuf>,
+    /// The test.sh that runs (at /tests/test.sh): the step's, else the
+    /// task's.
+    pub test_script: PathBuf,
+    /// The oracle's: `steps/NAME/solution/` when there is one, else the
+    /// task's.
+    pub solution: Option<PathBuf>,
+}
+
+/// A separate verifier's environment (Harbor's
+/// `resolve_verifier_environment_definition`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeparateVerifier {
+    /// `[verifier.environment] docker_image`, else `tests/Dockerfile`
+    /// (built with tests/ as its context), else the task's environment.
+    pub environment: EnvSource,
+    /// The image holds the tests at /tests (the first two): sifbox
+    /// uploads none. With the task's environment they are uploaded.
+    pub bundled_tests: bool,
 }
 
 impl Task {
@@ -791,6 +910,52 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             ))
         }
     }
+    // Harbor's rule (verifier_mode.py): the mode written, else separate
+    // when the verifier has an environment of its own, else shared.
+    let verifier_mode = match (raw.verifier.environment_mode, &raw.verifier.environment) {
+        (Some(VerifierMode::Shared), Some(_)) => {
+            return Err(bad(
+                format!("{file}: [verifier] environment_mode = \"shared\""),
+                "a shared verifier runs in the agent's sandbox, yet [verifier.environment] gives it one of its own",
+                "leave out [verifier.environment], or set environment_mode = \"separate\"",
+            ))
+        }
+        (Some(m), _) => m,
+        (None, Some(_)) => VerifierMode::Separate,
+        (None, None) => VerifierMode::Shared,
+    };
+    let verifier_image = match raw.verifier.environment.as_ref() {
+        None => None,
+        Some(v) => {
+            match v.os.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None | Some("linux") => {}
+                Some("windows") => unsupported.push(
+                    "[verifier.environment] os = \"windows\": sifbox runs Linux sandboxes only"
+                        .to_string(),
+                ),
+                Some(_) => {
+                    return Err(bad(
+                        format!(
+                            "{file}: [verifier.environment] os = {:?}",
+                            v.os.clone().unwrap_or_default()
+                        ),
+                        "not an operating system Harbor knows",
+                        "write os = \"linux\" (the default) or leave it out",
+                    ))
+                }
+            }
+            match v.docker_image.clone() {
+                Some(i) if i.trim().is_empty() || i.chars().any(char::is_control) => {
+                    return Err(bad(
+                        format!("{file}: [verifier.environment] docker_image = {i:?}"),
+                        "not an image reference",
+                        "name the verifier's image (a store name, docker://REF or a .sif file), or leave it out to build tests/Dockerfile",
+                    ))
+                }
+                other => other,
+            }
+        }
+    };
     match raw.verifier.kind.as_deref() {
         None | Some("test-script") => {}
         Some("llm-judge") => unsupported.push(
@@ -1005,6 +1170,112 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
             }
         }
     }
+    let agent_timeout = timeout(
+        raw.agent.timeout_sec,
+        DEFAULT_AGENT_TIMEOUT_SEC,
+        "[agent] timeout_sec",
+        file,
+    )?;
+    let agent_user = check_user(raw.agent.user, "[agent] user", file)?;
+    let verifier_timeout = timeout(
+        raw.verifier.timeout_sec,
+        DEFAULT_VERIFIER_TIMEOUT_SEC,
+        "[verifier] timeout_sec",
+        file,
+    )?;
+    let verifier_user = check_user(raw.verifier.user, "[verifier] user", file)?;
+    let mut steps = Vec::new();
+    for (i, st) in raw.steps.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("[[steps]] {}", i + 1);
+        let name = st.name.ok_or_else(|| {
+            bad(
+                format!("{file}: {key}"),
+                "no name",
+                "give each step a name = \"...\" (its directory under steps/)",
+            )
+        })?;
+        if !valid_step_name(&name) {
+            return Err(bad(
+                format!("{file}: {key} name = {name:?}"),
+                "not a portable directory name",
+                "name the step without '/', '\\', control characters, <>:\"|?*, a trailing dot or space, or a Windows device name (at most 255 bytes)",
+            ));
+        }
+        if steps
+            .iter()
+            .any(|s: &Step| s.name.to_lowercase() == name.to_lowercase())
+        {
+            return Err(bad(
+                format!("{file}: {key} name = {name:?}"),
+                "another step has this name (names are compared without case)",
+                "give each step a name of its own",
+            ));
+        }
+        let key = format!("[[steps]] {name:?}");
+        for (what, set) in [
+            ("[agent] network_mode", st.agent.network_mode.is_some()),
+            (
+                "[verifier] network_mode",
+                st.verifier.network_mode.is_some(),
+            ),
+            (
+                "[verifier] environment_mode or environment",
+                st.verifier.environment_mode.is_some() || st.verifier.environment.is_some(),
+            ),
+            ("[verifier] type", st.verifier.kind.is_some()),
+            ("healthcheck", st.healthcheck.is_some()),
+        ] {
+            if set {
+                unsupported.push(format!(
+                    "{key} {what}: sifbox runs every step in the task's sandbox, network and verifier; a step cannot set its own"
+                ));
+            }
+        }
+        let min_reward = match st.min_reward {
+            None => None,
+            Some(RawMinReward::One(v)) => Some(BTreeMap::from([("reward".to_string(), v)])),
+            Some(RawMinReward::Keys(k)) => Some(k),
+        };
+        if let Some((k, v)) = min_reward.iter().flatten().find(|(_, v)| !v.is_finite()) {
+            return Err(bad(
+                format!("{file}: {key} min_reward {k} = {v}"),
+                "not a finite number",
+                "set min_reward to a number, or a table of numbers by reward key",
+            ));
+        }
+        steps.push(Step {
+            agent_timeout: match st.agent.timeout_sec {
+                None => agent_timeout,
+                t => timeout(
+                    t,
+                    DEFAULT_AGENT_TIMEOUT_SEC,
+                    &format!("{key} [agent] timeout_sec"),
+                    file,
+                )?,
+            },
+            agent_user: check_user(st.agent.user, &format!("{key} [agent] user"), file)?
+                .or_else(|| agent_user.clone()),
+            verifier_timeout: match st.verifier.timeout_sec {
+                None => verifier_timeout,
+                t => timeout(
+                    t,
+                    DEFAULT_VERIFIER_TIMEOUT_SEC,
+                    &format!("{key} [verifier] timeout_sec"),
+                    file,
+                )?,
+            },
+            verifier_user: check_user(st.verifier.user, &format!("{key} [verifier] user"), file)?
+                .or_else(|| verifier_user.clone()),
+            verifier_env: check_env(st.verifier.env, &format!("{key} [verifier] env"), file)?,
+            min_reward,
+            name,
+        });
+    }
+    if !steps.is_empty() && verifier_mode == VerifierMode::Separate {
+        unsupported.push(
+            "[[steps]] with a separate verifier: sifbox runs a multi-step task's verifiers in its sandbox only".to_string(),
+        );
+    }
     Ok(TaskConfig {
         build_timeout: timeout(
             e.build_timeout_sec,
@@ -1028,24 +1299,18 @@ fn check_config(raw: RawTaskToml, file: &str) -> Result<TaskConfig> {
         solution_env: check_env(solution_env, "[solution] env", file)?,
         workdir,
         healthcheck,
-        agent_timeout: timeout(
-            raw.agent.timeout_sec,
-            DEFAULT_AGENT_TIMEOUT_SEC,
-            "[agent] timeout_sec",
-            file,
-        )?,
-        agent_user: check_user(raw.agent.user, "[agent] user", file)?,
-        verifier_timeout: timeout(
-            raw.verifier.timeout_sec,
-            DEFAULT_VERIFIER_TIMEOUT_SEC,
-            "[verifier] timeout_sec",
-            file,
-        )?,
-        verifier_user: check_user(raw.verifier.user, "[verifier] user", file)?,
+        agent_timeout,
+        agent_user,
+        verifier_timeout,
+        verifier_user,
         default_user: None,
         service: None,
         allow_userns: sifbox_flag(&raw.metadata, "allow_userns", file)?,
         setup_commands,
+        verifier_mode,
+        verifier_image,
+        steps,
+        reward_strategy: raw.multi_step_reward_strategy.unwrap_or_default(),
         unsupported,
         warnings: Vec::new(),
     })
@@ -1079,6 +1344,29 @@ fn sifbox_flag(metadata: &toml::Table, key: &str, file: &str) -> Result<bool> {
         Some(toml::Value::Boolean(b)) => Ok(*b),
         Some(_) => Err(wrong(&format!("{key} must be true or false"))),
     }
+}
+
+/// Whether `name` is a step name Harbor takes (`validate_step_name`): one
+/// portable directory name.
+pub fn valid_step_name(name: &str) -> bool {
+    let stem = name.split('.').next().unwrap_or("").trim_end_matches(' ');
+    let upper = stem.to_ascii_uppercase();
+    let device = matches!(
+        upper.as_str(),
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$"
+    ) || ((upper.starts_with("COM") || upper.starts_with("LPT"))
+        && upper.len() == 4
+        && upper.as_bytes()[3].is_ascii_digit()
+        && upper.as_bytes()[3] != b'0');
+    !name.trim().is_empty()
+        && name != "."
+        && name != ".."
+        && !name.ends_with(['.', ' '])
+        && !name
+            .chars()
+            .any(|c| c.is_control() || "<>:\"/\\|?*".contains(c))
+        && !device
+        && name.len() <= 255
 }
 
 /// Whether `name` is usable as a task name (a path component of results,
@@ -1231,6 +1519,14 @@ pub fn load(dir: &Path) -> Result<Task> {
         compose_image = c.image.clone().filter(|_| !c.builds);
         apply_compose(&mut config, c);
     }
+    for step in &config.steps {
+        if dir.join("steps").join(&step.name).join("workdir").is_dir() {
+            config.unsupported.push(format!(
+                "steps/{}/workdir/: sifbox does not stage a step's workdir (nor run its setup.sh)",
+                step.name
+            ));
+        }
+    }
     if !config.unsupported.is_empty() {
         // Its rollouts end `unsupported` before anything runs: what it
         // needs (a Windows Dockerfile, a rubric instead of test.sh) is not
@@ -1244,10 +1540,13 @@ pub fn load(dir: &Path) -> Result<Task> {
             config_file,
             config,
             instruction,
+            separate_verifier: None,
+            steps: Vec::new(),
         });
     }
+    // A multi-step task's instructions are its steps'.
     if let Instruction::File(p) = &instruction {
-        if !p.is_file() {
+        if config.steps.is_empty() && !p.is_file() {
             return Err(bad(
                 format!("task {shown}"),
                 format!("no {INSTRUCTION}"),
@@ -1286,14 +1585,55 @@ pub fn load(dir: &Path) -> Result<Task> {
             EnvSource::Dockerfile { context }
         }
     };
-    let tests = tests.ok_or_else(|| {
-        bad(
-            format!("task {shown}"),
-            "no tests/ (or verifier/) directory",
-            "add tests/test.sh, which writes the reward to /logs/verifier/reward.txt",
-        )
-    })?;
-    if !tests.join("test.sh").is_file() {
+    let steps = step_files(&dir, &config, solution.as_ref())?;
+    let tests = match tests {
+        Some(t) => t,
+        // Every step has its own tests.
+        None if !steps.is_empty() => dir.join("tests"),
+        None => {
+            return Err(bad(
+                format!("task {shown}"),
+                "no tests/ (or verifier/) directory",
+                "add tests/test.sh, which writes the reward to /logs/verifier/reward.txt",
+            ))
+        }
+    };
+    let separate_verifier = match config.verifier_mode {
+        VerifierMode::Shared => None,
+        VerifierMode::Separate => Some(match &config.verifier_image {
+            Some(image) if is_sif_path(image) => {
+                let path = dir.join(image);
+                if !path.is_file() {
+                    return Err(bad(
+                        format!("{file}: [verifier.environment] docker_image = {image:?}"),
+                        format!("no such SIF file: {}", path.display()),
+                        "name a .sif file relative to the task's directory (or absolute), or an image of the store",
+                    ));
+                }
+                SeparateVerifier {
+                    environment: EnvSource::Sif(path),
+                    bundled_tests: true,
+                }
+            }
+            Some(image) => SeparateVerifier {
+                environment: EnvSource::Image(image.clone()),
+                bundled_tests: true,
+            },
+            None if tests.join("Dockerfile").is_file() => SeparateVerifier {
+                environment: EnvSource::Dockerfile {
+                    context: tests.clone(),
+                },
+                bundled_tests: true,
+            },
+            None => SeparateVerifier {
+                environment: environment.clone(),
+                bundled_tests: false,
+            },
+        }),
+    };
+    // A verifier image that holds its tests needs no test.sh here.
+    let bundled = separate_verifier.as_ref().is_some_and(|v| v.bundled_tests);
+    if !bundled && steps.is_empty() && !tests.join("test.sh").is_file() {
         return Err(bad(
             format!("task {shown}"),
             format!("no test.sh in {}", tests.display()),
@@ -1315,7 +1655,70 @@ pub fn load(dir: &Path) -> Result<Task> {
         instruction,
         environment,
         tests,
+        separate_verifier,
+        steps,
     })
+}
+
+/// The files of `config`'s steps in the task `dir` (Harbor's
+/// `TaskPaths.step_*`): each step's instruction.md, its tests (merged over
+/// the task's) and its solution (else the task's). A step's dir must stay
+/// in the task (no symlink out of it).
+fn step_files(
+    dir: &Path,
+    config: &TaskConfig,
+    solution: Option<&PathBuf>,
+) -> Result<Vec<StepFiles>> {
+    let shown = dir.display();
+    let task_real = std::fs::canonicalize(dir).map_err(|e| EvalError::io(shown.to_string(), e))?;
+    let shared_tests = first_dir(dir, &["tests", "verifier"]);
+    let mut out = Vec::new();
+    for step in &config.steps {
+        let step_dir = dir.join("steps").join(&step.name);
+        let within = std::fs::canonicalize(&step_dir)
+            .map(|p| p.starts_with(&task_real))
+            .unwrap_or(false);
+        if !within {
+            return Err(bad(
+                format!("task {shown}: step {:?}", step.name),
+                format!("no directory steps/{} in the task", step.name),
+                "make steps/NAME/ (with instruction.md, and tests/test.sh unless tests/test.sh serves every step) for each [[steps]] name",
+            ));
+        }
+        let instruction = step_dir.join(INSTRUCTION);
+        if !instruction.is_file() {
+            return Err(bad(
+                format!("task {shown}: step {:?}", step.name),
+                format!("no steps/{}/{INSTRUCTION}", step.name),
+                "write the step's instruction to steps/NAME/instruction.md",
+            ));
+        }
+        let own_tests = Some(step_dir.join("tests")).filter(|t| t.is_dir());
+        let test_script = [own_tests.as_ref(), shared_tests.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|t| t.join("test.sh"))
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                bad(
+                    format!("task {shown}: step {:?}", step.name),
+                    format!("no steps/{}/tests/test.sh and no tests/test.sh", step.name),
+                    "add the step's test.sh (or one in tests/ for every step), which writes the reward to /logs/verifier/reward.txt",
+                )
+            })?;
+        out.push(StepFiles {
+            instruction: Instruction::File(instruction),
+            tests: [shared_tests.clone(), own_tests]
+                .into_iter()
+                .flatten()
+                .collect(),
+            test_script,
+            solution: Some(step_dir.join("solution"))
+                .filter(|s| s.is_dir())
+                .or_else(|| solution.cloned()),
+        });
+    }
+    Ok(out)
 }
 
 /// Whether `docker_image` names a SIF file on the host (`*.sif`) rather
@@ -2009,6 +2412,192 @@ env = { HINT = "h" }
             "echo 1 > /logs/verifier/reward.txt",
         );
         d
+    }
+
+    #[test]
+    fn verifier_modes_are_harbors() {
+        // Default: shared. An environment implies separate.
+        let c = parse("").expect("empty");
+        assert_eq!(c.verifier_mode, VerifierMode::Shared);
+        let c = parse("[verifier.environment]\ndocker_image = \"v\"\n").expect("env");
+        assert_eq!(c.verifier_mode, VerifierMode::Separate);
+        assert_eq!(c.verifier_image.as_deref(), Some("v"));
+        let c = parse("[verifier]\nenvironment_mode = \"separate\"\n").expect("separate");
+        assert_eq!(
+            (c.verifier_mode, c.verifier_image),
+            (VerifierMode::Separate, None)
+        );
+        // BenchFlow's spellings.
+        let c =
+            parse("[verifier]\nsandbox_mode = \"separate\"\n[verifier.sandbox]\nimage = \"w\"\n")
+                .expect("benchflow");
+        assert_eq!(c.verifier_image.as_deref(), Some("w"));
+        // Shared with an environment of its own is Harbor's ValueError.
+        let e = parse("[verifier]\nenvironment_mode = \"shared\"\n[verifier.environment]\n")
+            .expect_err("shared + env");
+        assert!(
+            e.to_string().contains("environment_mode = \"shared\""),
+            "{e}"
+        );
+        for bad in [
+            "[verifier]\nenvironment_mode = \"apart\"\n",
+            "[verifier.environment]\ndocker_image = \" \"\n",
+            "[verifier.environment]\nos = \"plan9\"\n",
+        ] {
+            parse(bad).expect_err(bad);
+        }
+        let c = parse("[verifier.environment]\nos = \"windows\"\n").expect("windows");
+        assert!(
+            c.unsupported[0].contains("[verifier.environment] os"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn steps_are_parsed_as_harbor_writes_them() {
+        let c = parse(
+            "multi_step_reward_strategy = \"final\"\n[agent]\ntimeout_sec = 9\nuser = \"u\"\n[[steps]]\nname = \"one\"\nmin_reward = 1\n[[steps]]\nname = \"two\"\nmin_reward = { reward = 0.5, acc = 0 }\n[steps.agent]\ntimeout_sec = 3\n[steps.verifier]\nuser = 7\nenv = { K = \"v\" }\n",
+        )
+        .expect("steps");
+        assert_eq!(c.reward_strategy, RewardStrategy::Final);
+        assert_eq!(c.steps.len(), 2);
+        let (one, two) = (&c.steps[0], &c.steps[1]);
+        assert_eq!(one.name, "one");
+        // The task's values where a step sets none.
+        assert_eq!(one.agent_timeout, Duration::from_secs(9));
+        assert_eq!(one.agent_user.as_deref(), Some("u"));
+        assert_eq!(
+            one.min_reward,
+            Some(BTreeMap::from([("reward".into(), 1.0)]))
+        );
+        assert_eq!(two.agent_timeout, Duration::from_secs(3));
+        assert_eq!(two.verifier_user.as_deref(), Some("7"));
+        assert_eq!(two.verifier_env, vec![("K".into(), "v".into())]);
+        assert_eq!(
+            two.min_reward,
+            Some(BTreeMap::from([
+                ("reward".into(), 0.5),
+                ("acc".into(), 0.0)
+            ]))
+        );
+        assert!(c.unsupported.is_empty() && c.warnings.is_empty(), "{c:?}");
+        // Mean by default.
+        let c = parse("[[steps]]\nname = \"a\"\n").expect("default");
+        assert_eq!(c.reward_strategy, RewardStrategy::Mean);
+        // Harbor's refusals: no name, a name that is no portable dir name,
+        // a name twice (without case), a bad strategy or threshold.
+        for bad in [
+            "[[steps]]\nmin_reward = 1\n",
+            "[[steps]]\nname = \"a/b\"\n",
+            "[[steps]]\nname = \"..\"\n",
+            "[[steps]]\nname = \"x.\"\n",
+            "[[steps]]\nname = \"CON\"\n",
+            "[[steps]]\nname = \"a\"\n[[steps]]\nname = \"A\"\n",
+            "multi_step_reward_strategy = \"max\"\n[[steps]]\nname = \"a\"\n",
+            "[[steps]]\nname = \"a\"\nmin_reward = \"high\"\n",
+            "[[steps]]\nname = \"a\"\n[steps.agent]\ntimeout_sec = 0\n",
+        ] {
+            parse(bad).expect_err(bad);
+        }
+        assert!(
+            valid_step_name("setup.v2") && valid_step_name("com0") && !valid_step_name("lpt1.txt")
+        );
+        // What a step cannot set here is refused per task.
+        let c = parse("[[steps]]\nname = \"a\"\n[steps.healthcheck]\ncommand = \"true\"\n")
+            .expect("healthcheck");
+        assert!(
+            c.unsupported[0].contains("[[steps]] \"a\" healthcheck"),
+            "{c:?}"
+        );
+        let c = parse("[verifier]\nenvironment_mode = \"separate\"\n[[steps]]\nname = \"a\"\n")
+            .expect("separate");
+        assert!(c.unsupported[0].contains("separate verifier"), "{c:?}");
+    }
+
+    #[test]
+    fn a_steps_files_are_its_own_else_the_tasks() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let d = make_task(root.path(), "m", "solution", "tests");
+        write(
+            &d,
+            "task.toml",
+            "[[steps]]\nname = \"a\"\n[[steps]]\nname = \"b\"\n",
+        );
+        std::fs::remove_file(d.join("instruction.md")).expect("rm");
+        // No steps/a/instruction.md: refused, naming the step.
+        let e = load(&d).expect_err("no step dir");
+        assert!(e.to_string().contains("step \"a\""), "{e}");
+        write(&d, "steps/a/instruction.md", "do a");
+        write(
+            &d,
+            "steps/a/tests/test.sh",
+            "echo 1 > /logs/verifier/reward.txt",
+        );
+        write(&d, "steps/a/solution/solve.sh", "true");
+        write(&d, "steps/b/instruction.md", "do b");
+        let t = load(&d).expect("load");
+        let (a, b) = (&t.steps[0], &t.steps[1]);
+        assert_eq!(a.tests, [d.join("tests"), d.join("steps/a/tests")]);
+        assert_eq!(a.test_script, d.join("steps/a/tests/test.sh"));
+        assert_eq!(a.solution, Some(d.join("steps/a/solution")));
+        assert_eq!(b.tests, [d.join("tests")]);
+        assert_eq!(b.test_script, d.join("tests/test.sh"));
+        assert_eq!(b.solution, Some(d.join("solution")));
+        // No test.sh for b at all: refused.
+        std::fs::remove_file(d.join("tests/test.sh")).expect("rm");
+        let e = load(&d).expect_err("no test for b");
+        assert!(e.to_string().contains("step \"b\""), "{e}");
+        // A step's workdir/ is not staged: the task is unsupported.
+        write(&d, "tests/test.sh", "true");
+        write(&d, "steps/b/workdir/setup.sh", "true");
+        let t = load(&d).expect("load");
+        assert!(
+            t.config.unsupported[0].contains("steps/b/workdir/"),
+            "{:?}",
+            t.config
+        );
+    }
+
+    #[test]
+    fn a_separate_verifiers_image_by_harbors_precedence() {
+        let root = tempfile::tempdir().expect("tempdir");
+        // The task's environment, tests uploaded.
+        let d = make_task(root.path(), "a", "solution", "tests");
+        write(
+            &d,
+            "task.toml",
+            "[verifier]\nenvironment_mode = \"separate\"\n",
+        );
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(v.environment, t.environment);
+        assert!(!v.bundled_tests);
+        // tests/Dockerfile: built from tests/, which holds the tests.
+        write(&d, "tests/Dockerfile", "FROM base\nCOPY . /tests\n");
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(
+            v.environment,
+            EnvSource::Dockerfile {
+                context: d.join("tests")
+            }
+        );
+        assert!(v.bundled_tests);
+        // [verifier.environment] docker_image comes first; no test.sh
+        // is needed on the host then.
+        write(
+            &d,
+            "task.toml",
+            "[verifier.environment]\ndocker_image = \"grader\"\n",
+        );
+        std::fs::remove_file(d.join("tests/test.sh")).expect("rm");
+        let t = load(&d).expect("load");
+        let v = t.separate_verifier.expect("separate");
+        assert_eq!(v.environment, EnvSource::Image("grader".into()));
+        assert!(v.bundled_tests);
+        // A shared verifier still needs test.sh.
+        write(&d, "task.toml", "");
+        load(&d).expect_err("no test.sh");
     }
 
     #[test]

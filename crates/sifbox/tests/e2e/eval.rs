@@ -1520,6 +1520,275 @@ fn not_executable(dir: &Path) {
     }
 }
 
+/// Harbor's separate verifier (`[verifier] environment_mode = "separate"`):
+/// a fresh sandbox of its own image (tests/Dockerfile, which holds the
+/// tests; `[verifier.environment] docker_image`; else the task's image
+/// with the tests uploaded), started after the agent's stopped, given
+/// /logs/artifacts (read-only) and a fresh /logs/verifier and nothing else
+/// of the agent's; both sandboxes in the result. A verifier image that
+/// cannot be built is `build_failed`, before the agent runs.
+#[test]
+fn separate_verifier_runs_in_its_own_sandbox_and_image() {
+    let env = Env::new();
+    let base = env.path("busybox-rootfs");
+    copy_rootfs(&base);
+    env.store
+        .import(&base, "busybox")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    // A grader image of the store, its tests in it.
+    let grader = env.path("grader-rootfs");
+    copy_rootfs(&grader);
+    std::fs::write(grader.join("etc/image-of"), "grader\n").expect("write");
+    std::fs::create_dir_all(grader.join("tests")).expect("mkdir");
+    std::fs::write(
+        grader.join("tests/test.sh"),
+        "#!/bin/sh\n[ \"$(cat /etc/image-of)\" = grader ] && [ \"$(cat /logs/artifacts/result)\" = handed ] && [ ! -e /logs/agent/secret ] && echo 1 > /logs/verifier/reward.txt\n",
+    )
+    .expect("write");
+    env.store
+        .import(&grader, "grader")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let tasks = env.path("tasks");
+    std::fs::create_dir_all(&tasks).expect("mkdir");
+    for t in [
+        "separate-verifier",
+        "separate-verifier-task-image",
+        "separate-verifier-build-fails",
+    ] {
+        run_tool(
+            Command::new("cp")
+                .arg("-a")
+                .arg(corpus().join(t))
+                .arg(&tasks),
+        );
+    }
+    not_executable(&tasks);
+    // [verifier.environment] (BenchFlow's spelling), no test.sh here.
+    env.write(
+        "tasks/separate-verifier-store-image/task.toml",
+        "[environment]\ndocker_image = \"busybox\"\n[verifier.sandbox]\nimage = \"grader\"\n",
+    );
+    env.write("tasks/separate-verifier-store-image/instruction.md", "x\n");
+    env.write(
+        "tasks/separate-verifier-store-image/solution/solve.sh",
+        "#!/bin/sh\necho handed > /logs/artifacts/result\necho secret > /logs/agent/secret\n",
+    );
+    std::fs::create_dir_all(tasks.join("separate-verifier-store-image/tests")).expect("mkdir");
+    let t = tasks.display().to_string();
+    let out = env
+        .eval(&["--job", "j", "--jobs", "2", &t])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    assert!(
+        !out.stderr.contains("not honoured"),
+        "separate verifiers are honoured: {}",
+        out.stderr
+    );
+    let r = |t: &str| env.result("j", &format!("{t}__1"));
+
+    let t = r("separate-verifier");
+    let stdout = std::fs::read_to_string(
+        env.out()
+            .join("j/separate-verifier__1/verifier/test-stdout.txt"),
+    )
+    .unwrap_or_default();
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}\n{stdout}");
+    let vs = &t["verifier_sandbox"];
+    assert_eq!(
+        vs["image"]["reference"], "eval/separate-verifier-verifier",
+        "{t:#}"
+    );
+    assert_ne!(vs["image"]["digest"], t["image"]["digest"], "{t:#}");
+    assert_ne!(vs["sandbox"], t["sandbox"], "{t:#}");
+    assert_eq!(
+        vs["handed_over"],
+        serde_json::json!(["/logs/artifacts"]),
+        "{t:#}"
+    );
+    assert_eq!(vs["build_log"], "verifier-build.log", "{t:#}");
+    assert!(
+        env.out()
+            .join("j/separate-verifier__1/verifier-build.log")
+            .is_file()
+            && env
+                .out()
+                .join("j/builds/separate-verifier.verifier.log")
+                .is_file(),
+        "{t:#}"
+    );
+    // Both sandboxes' parts are in the timings.
+    let timing = |k: &str| t["timings_ms"][k].as_u64().expect("ms");
+    for (part, of_verifier) in [
+        ("build", "build_ms"),
+        ("start", "start_ms"),
+        ("stop", "stop_ms"),
+    ] {
+        assert!(
+            timing(part) >= vs[of_verifier].as_u64().expect("ms"),
+            "{part}: {t:#}"
+        );
+    }
+    assert!(vs["start_ms"].as_u64().expect("ms") > 0, "{t:#}");
+    // The reward the agent planted went before the verifier ran.
+    assert!(
+        notes(&t)
+            .iter()
+            .any(|n| n.contains("a reward file was there")),
+        "{t:#}"
+    );
+    // The agent's record stays: its logs, its artifacts (the verifier
+    // could not write there).
+    let job = env.out().join("j/separate-verifier__1");
+    assert_eq!(
+        std::fs::read_to_string(job.join("agent/secret")).expect("secret"),
+        "secret\n"
+    );
+    assert!(!job.join("artifacts/mine").exists());
+
+    let t = r("separate-verifier-task-image");
+    let stdout = std::fs::read_to_string(
+        env.out()
+            .join("j/separate-verifier-task-image__1/verifier/test-stdout.txt"),
+    )
+    .unwrap_or_default();
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}\n{stdout}");
+    assert_eq!(
+        t["verifier_sandbox"]["image"]["digest"], t["image"]["digest"],
+        "the task's image: {t:#}"
+    );
+    assert_ne!(t["verifier_sandbox"]["sandbox"], t["sandbox"], "{t:#}");
+
+    let t = r("separate-verifier-store-image");
+    assert_eq!(outcome(&t), ok(1.0), "{t:#}");
+    assert_eq!(
+        t["verifier_sandbox"]["image"]["reference"], "grader",
+        "{t:#}"
+    );
+
+    let t = r("separate-verifier-build-fails");
+    assert_eq!(outcome(&t), failed("build_failed", None), "{t:#}");
+    let e = t["error"].as_str().expect("error");
+    assert!(e.contains("the verifier's image"), "{e}");
+    assert!(
+        t["agent_run"].is_null() && t["verifier_run"].is_null(),
+        "{t:#}"
+    );
+    assert!(
+        std::fs::read_to_string(
+            env.out()
+                .join("j/separate-verifier-build-fails__1/verifier-build.log")
+        )
+        .expect("log")
+        .contains("the grader cannot be built"),
+        "{t:#}"
+    );
+}
+
+/// Harbor's multi-step tasks (`[[steps]]`, `steps/NAME/`): the steps run in
+/// order in one sandbox, each with its instruction, solution, tests (merged
+/// over tests/) and verifier env; each step's logs are its own and out of
+/// the later steps' sight; result.json has each step's reward and the
+/// rollout's by the strategy (mean by default, or final); a step below its
+/// `min_reward` ends the rollout.
+#[test]
+fn multi_step_tasks_run_their_steps_and_combine_their_rewards() {
+    let env = Env::new();
+    let base = env.path("busybox-rootfs");
+    copy_rootfs(&base);
+    env.store
+        .import(&base, "busybox")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let tasks = env.path("tasks");
+    std::fs::create_dir_all(&tasks).expect("mkdir");
+    for t in ["multi-step", "multi-step-min-reward"] {
+        run_tool(
+            Command::new("cp")
+                .arg("-a")
+                .arg(corpus().join(t))
+                .arg(&tasks),
+        );
+    }
+    not_executable(&tasks);
+    let t = tasks.display().to_string();
+    let out = env
+        .eval(&["--job", "j", &t])
+        .timeout(Duration::from_secs(300))
+        .output();
+    out.success();
+    assert!(!out.stderr.contains("not honoured"), "{}", out.stderr);
+    let dir = env.out().join("j/multi-step__1");
+    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).unwrap_or_default();
+
+    let t = env.result("j", "multi-step__1");
+    let steps: Vec<(String, Option<f64>)> = t["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| {
+            (
+                s["step"].as_str().expect("name").to_string(),
+                s["reward"].as_f64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("a".to_string(), Some(1.0)),
+            ("b".to_string(), Some(1.0)),
+            ("c".to_string(), Some(0.25))
+        ],
+        "{t:#}\n{}",
+        read("steps/b/verifier/test-stdout.txt")
+    );
+    // Mean: each key over the steps, a missing one counting 0.
+    assert_eq!(outcome(&t), ok(0.75), "{t:#}");
+    assert_eq!(t["reward_source"], "steps (mean)", "{t:#}");
+    assert!(
+        (t["rewards"]["b_only"].as_f64().expect("b_only") - 1.0 / 3.0).abs() < 1e-9,
+        "{t:#}"
+    );
+    assert_eq!(t["steps"][1]["rewards"]["b_only"], 1, "{t:#}");
+    assert!(t["steps"][0]["agent_run"]["duration_ms"].is_u64(), "{t:#}");
+    // Each step's outputs (the agent's user's), in steps/NAME/ after the
+    // sandbox stopped.
+    assert_eq!(read("steps/a/agent/a-log"), "log\n");
+    assert_eq!(read("steps/a/verifier/reward.txt"), "1\n");
+    assert_eq!(read("steps/c/verifier/reward.txt"), "0.25\n");
+    assert!(dir.join("steps/b/agent/oracle.txt").is_file());
+    assert_eq!(t["steps"][0]["agent_run"]["user"], "1000:1000", "{t:#}");
+    assert!(!env.out().join("j/.steps/multi-step__1").exists());
+
+    let t = env.result("j", "multi-step-min-reward__1");
+    let names: Vec<&str> = t["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["step"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["first", "gate"], "{t:#}");
+    // Final: the last step run's reward.
+    assert_eq!(outcome(&t), ok(0.25), "{t:#}");
+    assert_eq!(t["reward_source"], "steps (final)", "{t:#}");
+    assert!(
+        notes(&t).iter().any(|n| n.contains(
+            "step gate: reward = 0.25 is below min_reward 0.5: the remaining steps were not run"
+        )),
+        "{t:#}"
+    );
+    assert!(!env
+        .out()
+        .join("j/multi-step-min-reward__1/steps/never")
+        .exists());
+}
+
 #[test]
 fn task_corpus_gives_each_field_its_reward_and_class() {
     let env = Env::new();
@@ -1716,8 +1985,30 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
     // Two services: not one sandbox.
     unsupported("compose-multi", "multi-service compose");
 
+    // Separate verifiers: in their own image (tests/Dockerfile) or a fresh
+    // sandbox of the task's, given the artifacts and nothing else of the
+    // agent's; an image that cannot be built is build_failed.
+    for t in ["separate-verifier", "separate-verifier-task-image"] {
+        let res = r(t);
+        assert_eq!(outcome(&res), ok(1.0), "{t}: {res:#}");
+        assert_ne!(
+            res["verifier_sandbox"]["sandbox"], res["sandbox"],
+            "{res:#}"
+        );
+    }
+    let t = r("separate-verifier-build-fails");
+    assert_eq!(outcome(&t), failed("build_failed", None), "{t:#}");
+    // Multi-step tasks: the steps' mean, or the last step run's.
+    assert_eq!(outcome(&r("multi-step")), ok(0.75), "{:#}", r("multi-step"));
+    assert_eq!(
+        outcome(&r("multi-step-min-reward")),
+        ok(0.25),
+        "{:#}",
+        r("multi-step-min-reward")
+    );
+
     let s = env.json("j/summary.json");
-    assert_eq!(s["rollouts"], 23, "each task once: {s:#}");
+    assert_eq!(s["rollouts"], 28, "each task once: {s:#}");
     assert_eq!(s["infra_errors"], 0, "{s:#}");
     assert_eq!(s["failures"]["unsupported"], 7, "{s:#}");
     let keys = s["tasks"]

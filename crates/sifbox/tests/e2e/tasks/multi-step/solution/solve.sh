@@ -1,0 +1,2 @@
+#!/bin/sh
+grep -q "Step c" /instruction.md && touch /tmp/state/c

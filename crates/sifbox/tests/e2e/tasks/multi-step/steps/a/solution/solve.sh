@@ -1,0 +1,3 @@
+#!/bin/sh
+mkdir -p /tmp/state && echo a > /tmp/state/a
+echo log > /logs/agent/a-log
