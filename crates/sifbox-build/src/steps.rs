@@ -123,7 +123,7 @@ pub fn export(
     tracing::debug!("export: SIF packed at {:?}", t0.elapsed());
     let digest = store.publish_sif(&sif)?;
     let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
-    publish_mirrored(layers, state, &tree, &digest)?;
+    publish_mirrored(layers, state, &tree, &digest, true)?;
     Ok(digest)
 }
 
@@ -184,7 +184,10 @@ pub fn remix(
             let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
             if !store.rootfs_path(&digest).is_dir() {
                 sifbox_image::import::unpack_image(store, &digest, &tree)?;
-                publish_mirrored(layers, state, &tree, &digest)?;
+                // Not shared with the base: the tree is the base's own
+                // copy, which sandboxes must see as the SIF has it (link
+                // counts included).
+                publish_mirrored(layers, state, &tree, &digest, false)?;
             }
         }
         tracing::debug!(
@@ -199,7 +202,13 @@ pub fn remix(
 /// `digest`, first giving it, for an unprivileged caller with a
 /// subordinate range, the owners a sandbox of `state` sees (the caller
 /// holds the image's rootfs lock).
-fn publish_mirrored(layers: &Layers, state: &FsState, tree: &Path, digest: &Digest) -> Result<()> {
+fn publish_mirrored(
+    layers: &Layers,
+    state: &FsState,
+    tree: &Path,
+    digest: &Digest,
+    share: bool,
+) -> Result<()> {
     let store = layers.store();
     if !rustix::process::geteuid().is_root()
         && layers.ids().uid_count() > 1
@@ -222,7 +231,9 @@ fn publish_mirrored(layers: &Layers, state: &FsState, tree: &Path, digest: &Dige
         sb.mirror_owners(AT)?;
         sb.stop(std::time::Duration::ZERO)?;
     }
-    if store.access() == sifbox_image::store::Access::Private && !store.rootfs_path(digest).is_dir()
+    if share
+        && store.access() == sifbox_image::store::Access::Private
+        && !store.rootfs_path(digest).is_dir()
     {
         // The tree is mostly its base's and its layers' files: share them
         // (hard links) instead of storing them twice. A private store's

@@ -59,6 +59,10 @@ pub fn link_identical(tree: &Path, sources: &[&Path]) -> io::Result<Linked> {
 /// One dir of the tree, with the same dir in each source (`None` where a
 /// source has no dir there: nothing below can come from it).
 fn walk(dir: &OwnedFd, srcs: &mut [Option<OwnedFd>], out: &mut Linked) -> io::Result<()> {
+    // Linking over a name changes the dir's times: they are put back, so
+    // that the tree keeps the times its SIF records.
+    let before = rustix::fs::fstat(dir)?;
+    let linked_before = out.files;
     let mut names = Vec::new();
     for e in rustix::fs::Dir::read_from(dir)? {
         let e = e?;
@@ -142,6 +146,19 @@ fn walk(dir: &OwnedFd, srcs: &mut [Option<OwnedFd>], out: &mut Linked) -> io::Re
             }
             _ => {}
         }
+    }
+    if out.files != linked_before {
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec {
+                tv_sec: before.st_atime,
+                tv_nsec: i64::try_from(before.st_atime_nsec).unwrap_or(0),
+            },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: before.st_mtime,
+                tv_nsec: i64::try_from(before.st_mtime_nsec).unwrap_or(0),
+            },
+        };
+        rustix::fs::futimens(dir, &times)?;
     }
     Ok(())
 }
@@ -274,7 +291,18 @@ mod tests {
         // A symlink in the tree where the base has a file: not followed.
         std::os::unix::fs::symlink("/etc/passwd", tree.join("etc/link")).expect("symlink");
         write(&base.join("etc/link"), b"l");
+        // The dirs' times, which linking over their entries must not change.
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        for d in ["etc", "bin"] {
+            std::fs::File::open(tree.join(d))
+                .and_then(|f| f.set_modified(old))
+                .expect("set mtime");
+        }
         let r = link_identical(&tree, &[&layer, &base]).expect("link");
+        for d in ["etc", "bin"] {
+            let m = std::fs::metadata(tree.join(d)).and_then(|m| m.modified());
+            assert_eq!(m.ok(), Some(old), "{d}'s time changed");
+        }
         let ino = |p: &Path| std::fs::metadata(p).expect("stat").ino();
         assert_eq!(ino(&tree.join("etc/same")), ino(&base.join("etc/same")));
         assert_eq!(

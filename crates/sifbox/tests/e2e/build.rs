@@ -826,8 +826,11 @@ fn metadata_only_builds_remake_the_base_image() {
         ),
         "hi\n/srv/d\n"
     );
-    // Every file of the base, as the base has it.
-    let list = "find /bin /etc /h1 /h2 /srv -exec stat -c '%n %a %u:%g %s %Y %h %F' {} + | sort";
+    // Every file of the base, as the base has it. (Link counts are left
+    // out: the base's tree shares its unchanged files with the busybox
+    // import's, which the store does; the image's own hard links are
+    // checked below.)
+    let list = "find /bin /etc /h1 /h2 /srv -exec stat -c '%n %a %u:%g %s %Y %F' {} + | sort";
     assert_eq!(a.sh(&d, list), a.sh(&base, list));
     let got = inodes(&a, &d, &["/h1", "/h2", "/srv/d/h3"]);
     assert!(
