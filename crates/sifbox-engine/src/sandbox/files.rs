@@ -70,7 +70,46 @@ impl DownloadError {
     }
 }
 
+/// Which way a transfer's pipe runs.
+#[derive(Clone, Copy)]
+enum Flow {
+    /// The sandbox writes, the host reads.
+    Out,
+    /// The host writes, the sandbox reads.
+    In,
+}
+
 impl Sandbox {
+    /// Sends `req` with one end of a pipe (the writing end for
+    /// [`Flow::Out`], the reading end for [`Flow::In`]) and runs `host`
+    /// on the other end in a thread while the sandbox answers; returns the
+    /// sandbox's reply and what `host` returned (see [`first_failure`]).
+    fn over_pipe<T, F>(
+        &self,
+        req: &Request,
+        flow: Flow,
+        host: F,
+    ) -> Result<(Result<u64>, std::io::Result<T>)>
+    where
+        F: FnOnce(File) -> std::io::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+        let (theirs, ours) = match flow {
+            Flow::Out => (w, r),
+            Flow::In => (r, w),
+        };
+        let conn = self.connect()?;
+        protocol::send(&conn, req, &[theirs.as_fd()]).map_err(|e| self.proto(e))?;
+        drop(theirs);
+        let side = std::thread::spawn(move || host(File::from(ours)));
+        let reply = self.reply(&conn);
+        let got = side
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the transfer thread panicked")));
+        Ok((reply, got))
+    }
+
     /// Copies `src` on the host into the sandbox at `dst` (`docker cp`
     /// rules: into `dst` when it is a directory, else as `dst`). With
     /// `owner` (a user of the image) the copy belongs to that user.
@@ -88,31 +127,19 @@ impl Sandbox {
         follow: bool,
     ) -> Result<()> {
         let name = base_name(src)?;
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
-        let conn = self.connect()?;
-        protocol::send(
-            &conn,
-            &Request::Upload {
-                dst: dst.to_string(),
-                name: name.clone(),
-                owner: owner.map(str::to_string),
-            },
-            &[r.as_fd()],
-        )
-        .map_err(|e| self.proto(e))?;
-        drop(r);
+        let req = Request::Upload {
+            dst: dst.to_string(),
+            name: name.clone(),
+            owner: owner.map(str::to_string),
+        };
         let src_owned = src.to_path_buf();
-        let writer = std::thread::spawn(move || {
+        let (reply, written) = self.over_pipe(&req, Flow::In, move |w| {
             if follow {
-                transfer::write_tar_following(&src_owned, &name, File::from(w))
+                transfer::write_tar_following(&src_owned, &name, w)
             } else {
-                transfer::write_tar(&src_owned, &name, File::from(w))
+                transfer::write_tar(&src_owned, &name, w)
             }
-        });
-        let reply = self.reply(&conn);
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        })?;
         first_failure(reply, written, || format!("reading {}", src.display()))
     }
 
@@ -181,23 +208,11 @@ impl Sandbox {
     where
         F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
     {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
-        let conn = self.connect()?;
-        protocol::send(
-            &conn,
-            &Request::Download {
-                path: src.to_string(),
-                follow,
-            },
-            &[w.as_fd()],
-        )
-        .map_err(|e| self.proto(e))?;
-        drop(w);
-        let reader = std::thread::spawn(move || read(File::from(r)));
-        let reply = self.reply(&conn);
-        let got = reader
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        let req = Request::Download {
+            path: src.to_string(),
+            follow,
+        };
+        let (reply, got) = self.over_pipe(&req, Flow::Out, read)?;
         match (reply, got) {
             (Err(r), Err(l)) if broke_the_pipe(&r) => Err(DownloadError::Read(l)),
             (Err(r), _) => Err(r.into()),
@@ -214,23 +229,11 @@ impl Sandbox {
     where
         F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
     {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
-        let conn = self.connect()?;
-        protocol::send(
-            &conn,
-            &Request::UploadTar {
-                dst: dst.to_string(),
-                owner: owner.map(str::to_string),
-            },
-            &[r.as_fd()],
-        )
-        .map_err(|e| self.proto(e))?;
-        drop(r);
-        let writer = std::thread::spawn(move || write(File::from(w)));
-        let reply = self.reply(&conn);
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        let req = Request::UploadTar {
+            dst: dst.to_string(),
+            owner: owner.map(str::to_string),
+        };
+        let (reply, written) = self.over_pipe(&req, Flow::In, write)?;
         first_failure(reply, written, || {
             format!("sending the tar stream for {dst}")
         })
@@ -244,23 +247,11 @@ impl Sandbox {
     where
         F: FnOnce(File) -> std::io::Result<()> + Send + 'static,
     {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
-        let conn = self.connect()?;
-        protocol::send(
-            &conn,
-            &Request::Extract {
-                dst: dst.to_string(),
-                owner,
-            },
-            &[r.as_fd()],
-        )
-        .map_err(|e| self.proto(e))?;
-        drop(r);
-        let writer = std::thread::spawn(move || write(File::from(w)));
-        let reply = self.reply(&conn);
-        let written = writer
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("writer panicked")));
+        let req = Request::Extract {
+            dst: dst.to_string(),
+            owner,
+        };
+        let (reply, written) = self.over_pipe(&req, Flow::In, write)?;
         first_failure(reply, written, || format!("writing the archive for {dst}"))
     }
 
@@ -272,15 +263,7 @@ impl Sandbox {
         F: FnOnce(File) -> std::io::Result<T> + Send + 'static,
         T: Send + 'static,
     {
-        let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
-        let conn = self.connect()?;
-        protocol::send(&conn, &Request::Snapshot, &[w.as_fd()]).map_err(|e| self.proto(e))?;
-        drop(w);
-        let reader = std::thread::spawn(move || read(File::from(r)));
-        let reply = self.reply(&conn);
-        let got = reader
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("reader panicked")));
+        let (reply, got) = self.over_pipe(&Request::Snapshot, Flow::Out, read)?;
         first_failure(reply, got, || {
             "reading the sandbox's root file system".to_string()
         })
