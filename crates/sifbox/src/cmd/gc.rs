@@ -2,7 +2,8 @@
 //! (runtime dirs, empty cgroups, lock files nobody holds) and images removed
 //! with `image rm --force` that nothing uses any more; with `--blobs`, also unused registry
 //! blobs and interrupted downloads; with `--build-cache`, the layers of
-//! build steps and their cache mounts.
+//! build steps and their cache mounts. Disk layers' ext4 templates that
+//! this host's mkfs.ext4 would not make go too.
 
 use std::process::ExitCode;
 
@@ -55,6 +56,10 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
             pruned = layers.prune()?;
         }
     }
+    // Disk layers' ext4 templates no mkfs here would use.
+    let templates = sifbox_engine::disk::gc_templates(&sifbox_engine::disk::scratch_dir(
+        &Store::default_root().join("scratch"),
+    ));
     let blobs = if args.blobs {
         Some(opened.gc_blobs().map_err(store_err)?)
     } else {
@@ -63,7 +68,7 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
     if args.json {
         outln!(
             "{}",
-            serde_json::json!({ "removed_sandboxes": removed, "cgroups": cgroups, "store": store, "blobs": blobs, "build_cache": pruned })
+            serde_json::json!({ "removed_sandboxes": removed, "cgroups": cgroups, "store": store, "blobs": blobs, "build_cache": pruned, "disk_templates": templates })
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -72,7 +77,7 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
             outln!("removed {}", p.display());
         }
     }
-    for p in &pruned {
+    for p in pruned.iter().chain(&templates) {
         outln!("removed {}", p.display());
     }
     for name in &removed {
@@ -102,6 +107,7 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
         && store.deferred_images.is_empty()
         && blobs.as_ref().is_none_or(|b| b.removed.is_empty())
         && pruned.is_empty()
+        && templates.is_empty()
     {
         outln!("nothing to clean up");
     }

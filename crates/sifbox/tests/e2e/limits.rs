@@ -222,6 +222,152 @@ fn loops_backed_in(dir: &std::path::Path) -> Vec<String> {
     out
 }
 
+/// The names in the scratch dir `dir` but the ext4 templates (one per
+/// size, made once: see `template_names`).
+fn named_in(dir: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .expect("scratch")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".ext4-template-"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The ext4 templates in the scratch dir `dir`.
+fn template_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .expect("scratch")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".ext4-template-"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A disk layer is a copy of an ext4 template made once per size in the
+/// scratch dir: every sandbox gets an empty file system whatever the last
+/// one wrote (the template is never mounted), its root the sandbox's
+/// root's; a damaged template or one of another mode is made anew in its
+/// place, and in a scratch dir others may write there is none; `gc`
+/// removes stale ones.
+#[test]
+fn disk_layers_are_fresh_copies_of_a_template_that_sandboxes_cannot_touch() {
+    if !harness::disk_layers() {
+        // Refusals as another user: a_disk_layer_is_full_at_its_size...
+        return;
+    }
+    let sb = Sifbox::new();
+    let scratch = tempdir("sifbox-scratch.");
+    let rootfs = harness::rootfs().display().to_string();
+    let run = |script: &str, dir: &std::path::Path| {
+        sb.cmd([
+            "run", "--rootfs", &rootfs, "--disk", "64m", "--", "sh", "-c", script,
+        ])
+        .env("SIFBOX_SCRATCH", dir)
+        .timeout(Duration::from_secs(60))
+        .output()
+    };
+    // What the first writes (on the layer, and on its raw device if it
+    // could reach one) is not in the second.
+    let out = run("echo planted > /planted; sync", scratch.path());
+    out.success();
+    let templates = template_names(scratch.path());
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    let template = scratch.path().join(&templates[0]);
+    let before = std::fs::read(&template).expect("template");
+    let out = run("ls -a /; cat /planted 2>&1; true", scratch.path());
+    out.success();
+    assert!(!out.stdout.contains("planted\n"), "{}", out.stdout);
+    assert!(out.stdout.contains("No such file"), "{}", out.stdout);
+    assert_eq!(
+        std::fs::read(&template).expect("template"),
+        before,
+        "the template changed"
+    );
+    assert_eq!(template_names(scratch.path()), templates);
+    // The layer's root is the sandbox's root's (its upper dir is made
+    // there), as mkfs's root_owner made it before there was a template.
+    let out = run("touch /new && echo WROTE", scratch.path());
+    out.success();
+    assert!(out.stdout.contains("WROTE"), "{}", out.stdout);
+
+    // Damaged: its superblock zeroed. The sandbox still gets a layer, and
+    // the template is made anew.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&template)
+            .expect("open");
+        f.write_all_at(&[0u8; 4096], 0).expect("write");
+    }
+    let out = run("touch /ok && df -k / | tail -1", scratch.path());
+    out.success();
+    let out = run("touch /ok && echo FINE", scratch.path());
+    out.success();
+    assert!(out.stdout.contains("FINE"), "{}", out.stdout);
+    let again = template_names(scratch.path());
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(
+        std::fs::read(scratch.path().join(&again[0])).expect("template")[1024..1100],
+        [0u8; 76],
+        "the damaged template was not made anew"
+    );
+
+    // Not this user's alone: a template of mode 0644 is made anew in its
+    // place; in a scratch dir others may write, none is made or used.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let t = scratch.path().join(&again[0]);
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::fs::write(&t, b"not ext4").expect("write");
+        std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let out = run("touch /ok && echo FINE", scratch.path());
+    out.success();
+    assert!(out.stdout.contains("FINE"), "{}", out.stdout);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let t = scratch.path().join(&again[0]);
+        let m = std::fs::metadata(&t).expect("template");
+        assert_eq!((m.mode() & 0o777, m.len()), (0o600, 64 << 20));
+        assert_ne!(std::fs::read(&t).expect("template")[..8], *b"not ext4");
+    }
+    assert_eq!(template_names(scratch.path()), again);
+    let open = tempdir("sifbox-scratch-open.");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777))
+            .expect("chmod");
+    }
+    let out = run("touch /ok && echo FINE", open.path());
+    out.success();
+    assert!(out.stdout.contains("FINE"), "{}", out.stdout);
+    assert_eq!(template_names(open.path()), Vec::<String>::new());
+    assert!(loops_backed_in(scratch.path()).is_empty());
+    assert!(loops_backed_in(open.path()).is_empty());
+    // `gc` removes the templates no mkfs here would make (another
+    // e2fsprogs' or sifbox's), not the one in use.
+    let stale = scratch.path().join(".ext4-template-64m-0000000000000000");
+    std::fs::write(&stale, b"old").expect("stale template");
+    let out = sb
+        .cmd(["gc"])
+        .env("SIFBOX_SCRATCH", scratch.path())
+        .output();
+    out.success();
+    assert!(
+        out.stdout.contains(&stale.display().to_string()),
+        "{}",
+        out.stdout
+    );
+    assert!(!stale.exists());
+    assert_eq!(template_names(scratch.path()), again);
+    sb.assert_clean();
+}
+
 /// `--disk SIZE`, as root: the writable layer is an ext4 file system of
 /// that size on a loop device over a nameless file in the scratch dir:
 /// ENOSPC at its size, recorded as `disk`, no device or host path visible
@@ -278,10 +424,7 @@ fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
         "{:?}",
         loops_backed_in(scratch.path())
     );
-    assert_eq!(
-        std::fs::read_dir(scratch.path()).expect("scratch").count(),
-        0
-    );
+    assert_eq!(named_in(scratch.path()), Vec::<String>::new());
     let out = exec("df -k / | tail -1");
     out.success();
     let kib: u64 = out
@@ -335,10 +478,7 @@ fn a_disk_layer_is_full_at_its_size_and_leaves_nothing() {
         "loop devices left after a SIGKILL: {:?}",
         loops_backed_in(scratch.path())
     );
-    assert_eq!(
-        std::fs::read_dir(scratch.path()).expect("scratch").count(),
-        0
-    );
+    assert_eq!(named_in(scratch.path()), Vec::<String>::new());
     // The killed sandbox's runtime dir is reaped by the next command that
     // looks (gc here).
     sb.cmd(["gc"]).output().success();
