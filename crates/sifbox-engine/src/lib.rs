@@ -45,7 +45,7 @@ pub fn random_id(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 pub use request::ExecBuilder;
-pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Usage};
+pub use sandbox::{ExecDefaults, ExecOutput, ExecStatus, Sandbox, StartOptions, Stopping, Usage};
 pub use spec::SandboxSpec;
 
 #[cfg(test)]

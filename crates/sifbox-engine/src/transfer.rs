@@ -130,9 +130,13 @@ fn append_node(
     name: &Path,
     node: &Node,
     meta: &std::fs::Metadata,
+    executable: bool,
 ) -> std::io::Result<()> {
     let mut h = tar::Header::new_gnu();
     h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
+    if executable && matches!(node, Node::File(_)) {
+        h.set_mode(h.mode()? | 0o111);
+    }
     match node {
         Node::Dir(_) | Node::Socket => b.append_data(&mut h, name, std::io::empty()),
         Node::File(f) => {
@@ -180,6 +184,18 @@ struct Level {
 /// parents are followed and it is opened once; nothing below it is followed
 /// (see the module's note).
 pub fn write_tar(path: &Path, name: &str, out: impl Write) -> std::io::Result<()> {
+    write_tar_marking(path, name, None, out)
+}
+
+/// [`write_tar`], the regular file at `executable` (a path in the
+/// archive, `name/...`) given the execute bits, as `chmod +x` after the
+/// copy would: how eval hands over a task's scripts in one transfer.
+pub fn write_tar_marking(
+    path: &Path,
+    name: &str,
+    executable: Option<&Path>,
+    out: impl Write,
+) -> std::io::Result<()> {
     let mut b = tar::Builder::new(out);
     let at = |e: std::io::Error, p: &Path| {
         std::io::Error::new(e.kind(), format!("{}: {e}", p.display()))
@@ -194,7 +210,13 @@ pub fn write_tar(path: &Path, name: &str, out: impl Write) -> std::io::Result<()
         return Err(std::io::Error::other("a socket cannot be copied"));
     }
     let top = PathBuf::from(name);
-    append_node(&mut b, &top, &node, &meta)?;
+    append_node(
+        &mut b,
+        &top,
+        &node,
+        &meta,
+        executable == Some(top.as_path()),
+    )?;
     let mut stack = Vec::new();
     if let Node::Dir(fd) = node {
         let rest = names(&fd)?.into_iter();
@@ -227,7 +249,8 @@ pub fn write_tar(path: &Path, name: &str, out: impl Write) -> std::io::Result<()
             tracing::debug!("{}: a socket; left out", host().display());
             continue;
         }
-        append_node(&mut b, &arch, &node, &meta).map_err(|e| at(e, &host()))?;
+        let marked = executable == Some(arch.as_path());
+        append_node(&mut b, &arch, &node, &meta, marked).map_err(|e| at(e, &host()))?;
         if let Node::Dir(fd) = node {
             let rest = names(&fd).map_err(|e| at(e, &host()))?.into_iter();
             stack.push(Level {
@@ -961,6 +984,47 @@ mod tests {
         std::os::unix::fs::symlink("../../x", s.join("sub/up-link")).expect("symlink");
         std::fs::hard_link(s.join("sub/f"), s.join("hard")).expect("link");
         t
+    }
+
+    #[test]
+    fn marking_adds_execute_bits_to_that_one_regular_file() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let s = t.path().join("solution");
+        std::fs::create_dir_all(&s).expect("mkdir");
+        for f in ["solve.sh", "helper.sh"] {
+            std::fs::write(s.join(f), b"#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(s.join(f), std::fs::Permissions::from_mode(0o640))
+                .expect("chmod");
+        }
+        let mode_of = |marked: Option<&Path>| {
+            let mut buf = Vec::new();
+            write_tar_marking(&s, "solution", marked, &mut buf).expect("tar");
+            let mut a = tar::Archive::new(&buf[..]);
+            let mut modes = Vec::new();
+            for e in a.entries().expect("entries") {
+                let e = e.expect("entry");
+                let path = e.path().expect("path").display().to_string();
+                modes.push((path, e.header().mode().expect("mode") & 0o7777));
+            }
+            modes
+        };
+        let plain = mode_of(None);
+        let marked = mode_of(Some(Path::new("solution/solve.sh")));
+        assert!(
+            plain.contains(&("solution/solve.sh".into(), 0o640)),
+            "{plain:?}"
+        );
+        assert!(
+            marked.contains(&("solution/solve.sh".into(), 0o751)),
+            "{marked:?}"
+        );
+        assert!(
+            marked.contains(&("solution/helper.sh".into(), 0o640)),
+            "{marked:?}"
+        );
+        // A directory named so is left as it is.
+        let dir = mode_of(Some(Path::new("solution")));
+        assert_eq!(dir, plain);
     }
 
     #[test]

@@ -59,6 +59,7 @@ impl Sandbox {
             }),
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
+            stop_asked: Cell::new(false),
             limits: state.limits,
         })
     }

@@ -117,6 +117,30 @@ impl Sandbox {
         self.upload_following(src, dst, owner, false)
     }
 
+    /// [`Sandbox::upload`] of the directory `src`, its regular file
+    /// `executable` (a path below `src`) given the execute bits on the way,
+    /// as `chmod +x` after the copy would.
+    pub fn upload_marking_executable(
+        &self,
+        src: &Path,
+        dst: &str,
+        owner: Option<&str>,
+        executable: &Path,
+    ) -> Result<()> {
+        let name = base_name(src)?;
+        let req = Request::Upload {
+            dst: dst.to_string(),
+            name: name.clone(),
+            owner: owner.map(str::to_string),
+        };
+        let src_owned = src.to_path_buf();
+        let marked = Path::new(&name).join(executable);
+        let (reply, written) = self.over_pipe(&req, Flow::In, move |w| {
+            transfer::write_tar_marking(&src_owned, &name, Some(&marked), w)
+        })?;
+        first_failure(reply, written, || format!("reading {}", src.display()))
+    }
+
     /// [`Sandbox::upload`]; with `follow`, a symlink at `src` itself is
     /// followed (`cp -L`: what it points to is copied, under its name).
     pub fn upload_following(

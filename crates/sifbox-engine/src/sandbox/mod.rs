@@ -32,7 +32,7 @@ mod stop;
 
 pub(crate) use exec::Tail;
 pub use exec::{ExecOutput, TtyExec};
-pub use stop::KillHandle;
+pub use stop::{KillHandle, Stopping};
 
 /// The file in the runtime dir holding the base environment of execs.
 const BASE_ENV: &str = "env.json";
@@ -191,6 +191,9 @@ pub struct Sandbox {
     stop_inside_ns: Cell<u64>,
     /// The sandbox's last exec has run: it is stopping by itself.
     stopping: Cell<bool>,
+    /// Init was asked to stop everything (and answered, or could not be
+    /// reached).
+    stop_asked: Cell<bool>,
     /// How its limits are enforced.
     limits: crate::limits::Enforcement,
 }

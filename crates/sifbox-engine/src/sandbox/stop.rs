@@ -31,6 +31,25 @@ impl KillHandle {
     }
 }
 
+/// A sandbox whose processes are gone ([`Sandbox::stop_processes`]),
+/// its supervisor still finishing.
+#[derive(Debug)]
+#[must_use = "a stopping sandbox is finished by `finish` (or when dropped)"]
+pub struct Stopping(Sandbox);
+
+impl Stopping {
+    /// Waits until no mount or runtime dir of the sandbox is left, as
+    /// [`Sandbox::stop`] returns.
+    pub fn finish(mut self) -> Result<()> {
+        self.0.shutdown(std::time::Duration::ZERO)
+    }
+
+    /// The sandbox's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+}
+
 impl Sandbox {
     /// Stops the sandbox: SIGTERM to every process, SIGKILL after `grace`;
     /// returns once no process, mount or runtime dir of it is left.
@@ -38,12 +57,26 @@ impl Sandbox {
         self.shutdown(grace)
     }
 
-    pub(super) fn shutdown(&mut self, grace: std::time::Duration) -> Result<()> {
-        let Some(pid) = self.supervisor.take() else {
-            return Ok(());
-        };
+    /// Stops the sandbox's processes as [`Sandbox::stop`] does, and
+    /// returns once none is left (none can touch its files or binds any
+    /// more); its supervisor is still unmounting its file systems and
+    /// removing its runtime dir, which [`Stopping::finish`] waits for.
+    /// What eval does between rollouts: the kernel's part of a stop (a few
+    /// milliseconds of unmounting, mostly waits) runs beside the next one.
+    pub fn stop_processes(mut self, grace: std::time::Duration) -> Stopping {
+        if let Some(pid) = self.supervisor {
+            self.ask_stop(pid, grace);
+        }
+        Stopping(self)
+    }
+
+    /// Asks init to stop everything (once), and waits for its answer.
+    fn ask_stop(&mut self, pid: Pid, grace: std::time::Duration) {
+        if self.stop_asked.get() {
+            return;
+        }
+        self.stop_asked.set(true);
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
-        let mut inside_ns = self.stop_inside_ns.get();
         if !self.stopping.get() {
             let asked = self.connect().ok().and_then(|c| {
                 protocol::send(&c, &Request::Stop { grace_ms }, &[])
@@ -54,7 +87,7 @@ impl Sandbox {
                 // The reply comes once every process had its grace time.
                 Some(c) => {
                     if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
-                        inside_ns = time_ns;
+                        self.stop_inside_ns.set(time_ns);
                     }
                 }
                 None => {
@@ -62,6 +95,15 @@ impl Sandbox {
                 }
             }
         }
+    }
+
+    pub(super) fn shutdown(&mut self, grace: std::time::Duration) -> Result<()> {
+        let Some(pid) = self.supervisor else {
+            return Ok(());
+        };
+        self.ask_stop(pid, grace);
+        self.supervisor = None;
+        let inside_ns = self.stop_inside_ns.get();
         if self.is_child {
             loop {
                 match rustix::process::waitpid(Some(pid), WaitOptions::empty()) {

@@ -145,6 +145,10 @@ pub(super) fn serve(
             }
             Request::Stop { grace_ms } => {
                 stop_all(Duration::from_millis(grace_ms));
+                // The reply says no process of the sandbox is left but
+                // init, which only exits after it: the client may take the
+                // sandbox's outputs as final while the kernel unmounts.
+                kill_and_reap_all(Duration::from_secs(10));
                 let _ = protocol::send(&conn, &ok(), &[]);
                 exit_now(0);
             }
@@ -388,8 +392,8 @@ fn reap_finished() -> Vec<Pid> {
 }
 
 /// SIGTERM to every process of the sandbox, then up to `grace` for them to
-/// end. Only init calls this, and exits right after: the kernel then
-/// SIGKILLs whatever is left of its pid namespace.
+/// end. Only init calls this, and kills what is left right after
+/// ([`kill_and_reap_all`]).
 fn stop_all(grace: Duration) {
     if grace.is_zero() {
         return;
@@ -399,6 +403,30 @@ fn stop_all(grace: Duration) {
     while Instant::now() < deadline && others_alive() {
         reap_finished();
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGKILL to every process of the sandbox but init, then reaps them
+/// until init has no child left (every process of the pid namespace
+/// descends from init, and the orphans of the dying are handed to it), or
+/// `limit` passed (a process stuck in the kernel: the kernel ends it when
+/// init exits).
+fn kill_and_reap_all(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        // Again each round: nothing forked meanwhile is missed.
+        let _ = sifbox_sys::kill_all(Signal::KILL);
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some(_)) => {}
+                Err(rustix::io::Errno::CHILD) => return,
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
 

@@ -308,6 +308,7 @@ pub fn run(
     });
 
     let sched = Scheduler::new(tasks.iter().map(|t| t.name.clone()).collect(), &todo);
+    let (reaper, stops) = super::reaper::Reaper::new();
     let ctx = Ctx {
         store,
         opts,
@@ -322,11 +323,15 @@ pub fn run(
         seq: AtomicUsize::new(0),
         scratch,
         sched: &sched,
+        reaper: &reaper,
     };
     let done: Mutex<Vec<(usize, u32, RolloutResult)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
+        let reaping = &reaper;
+        s.spawn(move || reaping.run(stops));
+        let mut running = Vec::new();
         for _ in 0..workers {
-            s.spawn(|| {
+            running.push(s.spawn(|| {
                 let tid = cancel::current_tid();
                 cancel.add_thread(tid);
                 while let Some((ti, attempt)) = sched.next(|| cancel.is_cancelled()) {
@@ -337,10 +342,23 @@ pub fn run(
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .push((ti, attempt, r));
                 }
+                // The supervisors this thread started die with it.
+                reaper.wait_idle();
                 cancel.remove_thread(tid);
-            });
+            }));
         }
+        for w in running {
+            if let Err(panic) = w.join() {
+                reaper.close();
+                std::panic::resume_unwind(panic);
+            }
+        }
+        // The scope ends once the reaper has finished the last stop.
+        reaper.close();
     });
+    for f in reaper.failures() {
+        tracing::warn!("{f}");
+    }
     let done = done
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -28,6 +28,7 @@
 mod environment;
 mod job;
 mod phases;
+mod reaper;
 mod rollout;
 mod schedule;
 
@@ -249,6 +250,8 @@ struct Ctx<'a> {
     scratch: Option<PathBuf>,
     /// The queue of rollouts, told when a task's image is ready.
     sched: &'a schedule::Scheduler,
+    /// Finishes the stops of the rollouts' sandboxes.
+    reaper: &'a reaper::Reaper,
 }
 
 fn ms(d: Duration) -> u64 {

@@ -1225,6 +1225,14 @@ fn upload_tests(
     script: &Path,
     owner: Option<&str>,
 ) -> std::result::Result<(), String> {
+    // One transfer when test.sh is a file of the one dir (the usual case).
+    if let [dir] = dirs {
+        if script == dir.join("test.sh") && is_regular_file(script) {
+            return sb
+                .upload_marking_executable(dir, "/tests", owner, Path::new("test.sh"))
+                .map_err(|e| e.to_string());
+        }
+    }
     for (i, dir) in dirs.iter().enumerate() {
         if i == 0 {
             sb.upload(dir, "/tests", owner).map_err(|e| e.to_string())?;
@@ -1242,6 +1250,11 @@ fn upload_tests(
     upload_script(sb, script, "/tests", "test.sh", owner)
 }
 
+/// Whether `p` is a regular file itself (not a symlink to one).
+fn is_regular_file(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file())
+}
+
 fn upload_with_script(
     sb: &Sandbox,
     dir: &std::path::Path,
@@ -1249,6 +1262,12 @@ fn upload_with_script(
     script: &str,
     owner: Option<&str>,
 ) -> std::result::Result<(), String> {
+    if is_regular_file(&dir.join(script)) {
+        return sb
+            .upload_marking_executable(dir, dst, owner, Path::new(script))
+            .map_err(|e| e.to_string());
+    }
+    // A symlink: the file it names, once more, as the script.
     sb.upload(dir, dst, owner).map_err(|e| e.to_string())?;
     upload_script(sb, &dir.join(script), dst, script, owner)
 }

@@ -280,7 +280,7 @@ fn run_rollout(
         Ok(run) => run,
         Err(e) => {
             r.fail(ErrorClass::Infra, e);
-            stop(ctx, sandbox, kill_id, r, None);
+            stop(ctx, sandbox, kill_id, r);
             return;
         }
     };
@@ -299,7 +299,7 @@ fn run_rollout(
     drop(running);
     // As Harbor, the agent's sandbox stops before a separate verifier
     // starts: nothing of the agent runs while it is graded.
-    stop(ctx, sandbox, kill_id, r, None);
+    stop(ctx, sandbox, kill_id, r);
     if !task.steps.is_empty() {
         keep_steps(ctx, logs, r);
     }
@@ -552,34 +552,26 @@ fn separate_verifier(
         Err(e) => r.fail(ErrorClass::Infra, e),
     }
     let before = r.timings_ms.stop;
-    stop(ctx, sandbox, kill_id, r, Some("the verifier's sandbox"));
+    stop(ctx, sandbox, kill_id, r);
     let stop_ms = r.timings_ms.stop - before;
     if let Some(vs) = &mut r.verifier_sandbox {
         vs.stop_ms = stop_ms;
     }
 }
 
-/// Stops `sandbox` (`which`: None for the agent's), counted in the
-/// rollout's `stop` time.
-fn stop(
-    ctx: &Ctx<'_>,
-    sandbox: Sandbox,
-    kill_id: Option<u64>,
-    r: &mut RolloutResult,
-    which: Option<&str>,
-) {
+/// Stops `sandbox`'s processes, counted in the rollout's `stop` time; the
+/// job's reaper finishes the stop (a failure there is one of the job's
+/// warnings).
+fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutResult) {
     let t = Instant::now();
-    let stopped = sandbox.stop(Duration::ZERO);
+    // Once no process of it is left; the job finishes the rest (unmounts,
+    // the runtime dir) beside the next rollouts.
+    let stopping = sandbox.stop_processes(Duration::ZERO);
     if let Some(id) = kill_id {
         ctx.cancel.unregister(id);
     }
     r.timings_ms.stop += ms(t.elapsed());
-    if let Err(e) = stopped {
-        if !interrupted(ctx, r) {
-            let which = which.unwrap_or("the sandbox");
-            r.fail(ErrorClass::Infra, format!("stopping {which}: {e}"));
-        }
-    }
+    ctx.reaper.finish_later(stopping);
 }
 
 /// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).

@@ -197,6 +197,102 @@ fn host_ca_reaches_agents_and_verifiers() {
     .stderr_has("no such file");
 }
 
+/// A rollout's sandbox is stopped before its result is written: what the
+/// agent and the verifier left running in the background (in sessions of
+/// their own) writes nothing after result.json, nor after the job; the
+/// supervisors' unmounting, finished beside the next rollouts, is done
+/// when `eval` returns (nothing is left).
+#[test]
+fn nothing_of_a_rollout_runs_once_its_result_is_written() {
+    let env = Env::with_evalbase();
+    let ticker = |file: &str| {
+        format!(
+            "setsid sh -c 'while :; do echo tick >> {file}; done' </dev/null >/dev/null 2>&1 &\n\
+             while ! test -s {file}; do :; done\n"
+        )
+    };
+    env.task(
+        "ticker",
+        "",
+        &format!("#!/bin/sh\n{}", ticker("/logs/agent/ticks")),
+        &format!(
+            "#!/bin/sh\n{}echo 1 > /logs/verifier/reward.txt\n",
+            ticker("/logs/verifier/ticks")
+        ),
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "j", "--attempts", "4", "--jobs", "2", &tasks])
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let mtime = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    };
+    let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let mut sizes = Vec::new();
+    for n in 1..=4 {
+        let rollout = format!("ticker__{n}");
+        assert_eq!(env.result("j", &rollout)["reward"], 1.0, "{rollout}");
+        let dir = env.out().join("j").join(&rollout);
+        let result = mtime(&dir.join("result.json"));
+        for ticks in [dir.join("agent/ticks"), dir.join("verifier/ticks")] {
+            assert!(size(&ticks) > 0, "{}: nothing ran", ticks.display());
+            assert!(
+                mtime(&ticks) <= result,
+                "{} was written after result.json",
+                ticks.display()
+            );
+            sizes.push((ticks.clone(), size(&ticks)));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    for (ticks, was) in sizes {
+        assert_eq!(size(&ticks), was, "{} grew after the job", ticks.display());
+    }
+}
+
+/// A task's scripts go to the sandbox executable, whatever their mode in
+/// the task: a `solve.sh`/`test.sh` that is a file (0644) goes in its
+/// dir's one transfer, one that is a symlink to a file beside the dirs
+/// runs as that file.
+#[test]
+fn task_scripts_run_whether_files_or_symlinks() {
+    let env = Env::with_evalbase();
+    env.task(
+        "files",
+        "",
+        "#!/bin/sh\necho solved > /logs/agent/done\n",
+        "#!/bin/sh\ntest -x /tests/test.sh && test -x /solution/solve.sh && grep -q solved /logs/agent/done && echo 1 > /logs/verifier/reward.txt\n",
+    );
+    let linked = env.task("linked", "", "", "");
+    for (script, text) in [
+        ("solution/solve.sh", "#!/bin/sh\necho solved > /logs/agent/done\n"),
+        (
+            "tests/test.sh",
+            "#!/bin/sh\ntest -f /tests/test.sh && test ! -L /tests/test.sh && test -x /tests/test.sh && grep -q solved /logs/agent/done && echo 1 > /logs/verifier/reward.txt\n",
+        ),
+    ] {
+        let shared = linked.join("shared").join(script.replace('/', "-"));
+        std::fs::create_dir_all(shared.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&shared, text).expect("write");
+        let at = linked.join(script);
+        std::fs::remove_file(&at).expect("rm");
+        std::os::unix::fs::symlink(
+            Path::new("../shared").join(shared.file_name().expect("name")),
+            &at,
+        )
+        .expect("symlink");
+    }
+    let tasks = env.path("tasks");
+    not_executable(&tasks);
+    let t = tasks.display().to_string();
+    env.eval(&["--job", "j", &t]).output().success();
+    assert_eq!(outcome(&env.result("j", "files__1")), ok(1.0));
+    assert_eq!(outcome(&env.result("j", "linked__1")), ok(1.0));
+}
+
 /// `eval --bind SRC:DST[:ro]` shows a host dir (a dataset, a cache) to
 /// every rollout; `:ro` keeps it read-only; a bad bind is bad input.
 #[test]
