@@ -196,6 +196,10 @@ fn enter_limits(limits: &crate::limits::Enforcement) -> Result<()> {
     Ok(())
 }
 
+/// How long a sandbox runs before outer gives back the mapped pages of
+/// setting it up (`sifbox_sys::drop_clean_file_pages`).
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// init's side of the nested-namespace handshake: a request (with the fds
 /// of its tmpfs mounts for the watchdog), then outer's "mapped".
 pub(super) struct Nest(pub(super) UnixStream);
@@ -250,6 +254,8 @@ fn wait_init(
         None => None,
     };
     let mut nest = Some(nest);
+    // When to unmap the pages setting up touched (see below).
+    let mut trim_at: Option<std::time::Instant> = None;
     let mut client = if input.buffer().windows(6).any(|w| w == b"detach") {
         Client::Detached
     } else {
@@ -277,12 +283,24 @@ fn wait_init(
                 fds.push(PollFd::new(a, PollFlags::IN));
             }
         }
-        let timeout = watchdog.as_ref().filter(|w| w.armed() && !w.idle).map(|w| {
-            let ms = w.next_ms;
-            Timespec {
-                tv_sec: i64::try_from(ms / 1000).unwrap_or(1),
-                tv_nsec: i64::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
-            }
+        let watch_ms = watchdog
+            .as_ref()
+            .filter(|w| w.armed() && !w.idle)
+            .map(|w| w.next_ms);
+        let trim_ms = trim_at.map(|t| {
+            u64::try_from(
+                t.saturating_duration_since(std::time::Instant::now())
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX)
+        });
+        let timeout = match (watch_ms, trim_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(|ms| Timespec {
+            tv_sec: i64::try_from(ms / 1000).unwrap_or(1),
+            tv_nsec: i64::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
         });
         let ready = match poll(&mut fds, timeout.as_ref()) {
             Ok(n) => n,
@@ -296,6 +314,10 @@ fn wait_init(
             .get(watch_at + 1)
             .is_some_and(|f| !f.revents().is_empty());
         drop(fds);
+        if trim_at.is_some_and(|t| std::time::Instant::now() >= t) {
+            trim_at = None;
+            sifbox_sys::drop_clean_file_pages();
+        }
         if client_said {
             client = read_client(input);
         }
@@ -338,8 +360,10 @@ fn wait_init(
                     rustix::process::DumpableBehavior::NotDumpable,
                 );
                 // All that is left to do is wait (and watch): the pages of
-                // setting up need not stay mapped.
-                sifbox_sys::drop_clean_file_pages();
+                // setting up need not stay mapped, once the sandbox has
+                // lived a moment (most of eval's live a few ms: reading
+                // smaps would cost them more than it saves).
+                trim_at = Some(std::time::Instant::now() + TRIM_AFTER);
                 if let Some(w) = &mut watchdog {
                     w.arm();
                 }
