@@ -127,19 +127,23 @@ pub fn export(
     Ok(digest)
 }
 
-/// Turns `state`, which is the stored image `base` itself (no layer on
-/// it), into a store image with `m` as its metadata, without the snapshot
-/// and the pack of [`export`]: the base's SIF remade with Apptainer's
-/// layout for `m` written into its squashfs and every byte of the base's
-/// file data reused (`sifbox_image::import::remix_sif`), times clamped to
-/// `clamp`. `None` when the base cannot be remade so (then [`export`]).
+/// Turns `state`, which is the stored image `base` itself or `base` with
+/// layers that only add regular files and directories (COPY of context
+/// files, WORKDIR: see [`crate::added`]), into a store image with `m` as
+/// its metadata, without the snapshot and the pack of [`export`]: the
+/// base's SIF remade with what the layers add and Apptainer's layout for
+/// `m` written into its squashfs and every byte of the base's file data
+/// reused (`sifbox_image::import::remix_sif`), times clamped to `clamp`.
+/// `None` when the base or the layers cannot be remade so (then
+/// [`export`]).
 ///
 /// The new image's tree is left for the store to unpack on its first run,
-/// unless the base's tree has entries of owners other than the caller
-/// ([`export`] keeps those in the tree it publishes: root's builds keep
-/// owners, others' mirror them from the sandbox; an unpack by the store
-/// gives everything to the caller) or the store is shared (its members
-/// cannot unpack). Then the tree is made here, as [`export`] would have it.
+/// unless the base's tree or the added entries have owners other than the
+/// caller ([`export`] keeps those in the tree it publishes: root's builds
+/// keep owners, others' mirror them from the sandbox; an unpack by the
+/// store gives everything to the caller) or the store is shared (its
+/// members cannot unpack). Then the tree is made here, as [`export`] would
+/// have it.
 pub fn remix(
     layers: &Layers,
     state: &FsState,
@@ -148,29 +152,51 @@ pub fn remix(
     clamp: u32,
 ) -> Result<Option<Digest>> {
     let store = layers.store();
+    let t0 = std::time::Instant::now();
+    let owner = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let mut added_owners = false;
+    let added = if state.layers.is_empty() {
+        Vec::new()
+    } else {
+        let Some((edits, what)) = added_edits(state, clamp, owner) else {
+            return Ok(None);
+        };
+        added_owners = edits.iter().any(|e| match e {
+            sifbox_image::squash::Edit::DirAs { attrs, .. }
+            | sifbox_image::squash::Edit::NewFile { attrs, .. } => (attrs.uid, attrs.gid) != (0, 0),
+            _ => false,
+        });
+        tracing::debug!("export: the layers add {what} (read in {:?})", t0.elapsed());
+        edits
+    };
+    let edits =
+        sifbox_image::import::remix_edits(m, added).map_err(|e| BuildError::io(&state.base, e))?;
     let work = store.work_dir("build-image")?;
     let sif = work.path().join("image.sif");
-    let t0 = std::time::Instant::now();
-    // gzip level 6, as `export` packs: only the tables and the layout's
-    // files are compressed here.
+    // gzip level 6, as `export` packs: only the tables and the new files
+    // are compressed here.
     let Some(stats) =
-        sifbox_image::import::remix_sif(store, base, m, work.path(), &sif, clamp, Some(6))?
+        sifbox_image::import::remix_sif(store, base, m, &edits, work.path(), &sif, clamp, Some(6))?
     else {
         return Ok(None);
     };
     let digest = store.publish_sif(&sif)?;
     tracing::debug!(
-        "export: metadata only, remade {base}'s squashfs ({} bytes of file data reused, {} new) in {:?}",
+        "export: {}, remade {base}'s squashfs ({} bytes of file data reused, {} new) in {:?}",
+        if state.layers.is_empty() {
+            "metadata only"
+        } else {
+            "files added"
+        },
         stats.copied_bytes,
         stats.new_bytes,
         t0.elapsed()
     );
-    let owner = (
-        rustix::process::geteuid().as_raw(),
-        rustix::process::getegid().as_raw(),
-    );
-    let other_owners =
-        has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
+    let other_owners = added_owners
+        || has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
     // A shared store's members cannot unpack (only read): its owner's
     // builds publish the tree, as the snapshot path does.
     let shared = store.access() == sifbox_image::store::Access::Group;
@@ -196,6 +222,60 @@ pub fn remix(
         );
     }
     Ok(Some(digest))
+}
+
+/// The edits that say what the layers of `state` add to its base, and a
+/// line on what that is; `None` (and why, in the debug log) when they
+/// cannot say it exactly.
+fn added_edits(
+    state: &FsState,
+    clamp: u32,
+    (uid, gid): (u32, u32),
+) -> Option<(Vec<sifbox_image::squash::Edit>, String)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let why = if u64::from(clamp) > now {
+        // The snapshot path's root and layout files have the export's
+        // own time then, which no edit knows in advance.
+        Some("the clamp (SOURCE_DATE_EPOCH) is in the future".to_string())
+    } else {
+        None
+    };
+    let umask = umask();
+    let why = why.or_else(|| umask.is_none().then(|| "the umask is unknown".to_string()));
+    if let Some(why) = why {
+        tracing::debug!("export: the layers are not remade into the base: {why}");
+        return None;
+    }
+    let owners = if uid == 0 {
+        crate::added::Owners::Keep
+    } else {
+        crate::added::Owners::CallerAsRoot { uid, gid }
+    };
+    match crate::added::derive(&state.layers, clamp, owners, umask.unwrap_or(0o022)) {
+        crate::added::Derived::Edits {
+            edits,
+            files,
+            dirs,
+            bytes,
+        } => Some((
+            edits,
+            format!("{files} files ({bytes} bytes) and {dirs} dirs"),
+        )),
+        crate::added::Derived::No(why) => {
+            tracing::debug!("export: the layers are not remade into the base: {why}");
+            None
+        }
+    }
+}
+
+/// This process's umask (what the snapshot path's tree root gets), from
+/// `/proc/self/status` (reading it with `umask(2)` would change it).
+fn umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 /// Publishes `tree` (owned by the caller) as the store's unpacked copy of
