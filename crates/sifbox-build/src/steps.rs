@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::thread::JoinHandle;
 
@@ -114,7 +114,7 @@ pub fn export(
     if let Some(c) = clamp {
         // The tree sandboxes of this store run is the SIF's twin: the same
         // times as anyone who pulls the SIF sees.
-        clamp_times(&tree, c).map_err(|e| BuildError::io(&tree, e))?;
+        sifbox_image::import::clamp_times(&tree, c).map_err(|e| BuildError::io(&tree, e))?;
     }
     let sif = work.path().join("image.sif");
     // gzip level 6: about three times faster to pack than 9 (mksquashfs's
@@ -195,6 +195,10 @@ pub fn remix(
         stats.new_bytes,
         t0.elapsed()
     );
+    if relink(store, state, base, &digest, &edits, &stats, clamp, owner) {
+        tracing::debug!("export: tree made at {:?}", t0.elapsed());
+        return Ok(Some(digest));
+    }
     let other_owners = added_owners
         || has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
     // A shared store's members cannot unpack (only read): its owner's
@@ -222,6 +226,97 @@ pub fn remix(
         );
     }
     Ok(Some(digest))
+}
+
+/// Makes the store's tree of the remixed image `digest` from the tree of
+/// its base (`state.base`, the store's tree of `base`): links to the
+/// base's files with `edits` written (`sifbox_image::relink`), instead of
+/// an unpack of the new SIF on its first run. Only for a state with
+/// layers (as the snapshot path shares its tree's files with the base's),
+/// in a private store (a
+/// shared store's trees are stripped copies), where the SIF's remix kept
+/// every time of the base (the tree has the base's) and wrote no file of
+/// several names; the caller's owners as the store gives them (the base's
+/// tree has them, and what the edits make is root's or, for root's
+/// builds, its own). `false` when it did not (the caller then does what
+/// it does without it).
+#[allow(clippy::too_many_arguments)]
+fn relink(
+    store: &sifbox_image::store::Store,
+    state: &FsState,
+    base: &Digest,
+    digest: &Digest,
+    edits: &[sifbox_image::squash::Edit],
+    stats: &sifbox_image::squash::RemixStats,
+    clamp: u32,
+    (uid, gid): (u32, u32),
+) -> bool {
+    let base_tree = store.rootfs_path(base);
+    let why = if state.layers.is_empty() {
+        // The metadata-only path's tree is the new SIF as it is, link
+        // counts included; the snapshot path's, which a build with layers
+        // would otherwise take, shares files with the base's.
+        Some("metadata only")
+    } else if store.access() != sifbox_image::store::Access::Private {
+        Some("a shared store")
+    } else if stats.clamped > 0 {
+        Some("the clamp changed times of the base")
+    } else if stats.rewritten_links > 0 {
+        Some("a file of several names was rewritten")
+    } else if state.base != base_tree || !base_tree.is_dir() {
+        Some("the base's tree is not the store's")
+    } else {
+        None
+    };
+    let base_time = match sifbox_image::import::image_time(store, base) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!("export: tree not made from the base's: {e}");
+            return false;
+        }
+    };
+    // The tree keeps the base's times: the clamp may change none.
+    let why = why.or((clamp < base_time).then_some("the clamp is older than the base"));
+    if let Some(why) = why {
+        tracing::debug!("export: tree not made from the base's: {why}");
+        return false;
+    }
+    let t0 = std::time::Instant::now();
+    let made = (|| -> Result<bool> {
+        let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
+        if store.rootfs_path(digest).is_dir() {
+            return Ok(true);
+        }
+        let work = store.work_dir("relink")?;
+        let tree = work.path().join("rootfs");
+        let owners = if uid == 0 {
+            sifbox_image::relink::TreeOwners::Recorded
+        } else {
+            sifbox_image::relink::TreeOwners::CallerForRoot { uid, gid }
+        };
+        let opts = sifbox_image::import::remix_options(clamp, Some(6));
+        match sifbox_image::relink::make_tree(&base_tree, &tree, edits, &opts, owners, base_time) {
+            Ok(r) => {
+                store.publish_rootfs(&tree, digest)?;
+                tracing::debug!(
+                    "export: tree made from the base's: {} entries linked, {} copied, {} edits, in {:?}",
+                    r.linked,
+                    r.copied,
+                    r.edits,
+                    t0.elapsed()
+                );
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!("export: tree not made from the base's: {e}");
+                Ok(false)
+            }
+        }
+    })();
+    made.unwrap_or_else(|e| {
+        tracing::debug!("export: tree not made from the base's: {e}");
+        false
+    })
 }
 
 /// The edits that say what the layers of `state` add to its base, and a
@@ -369,54 +464,4 @@ fn has_other_owners(root: &Path, (uid, gid): (u32, u32)) -> std::io::Result<bool
         }
     }
     Ok(false)
-}
-
-/// Gives every entry of the tree at `root` newer than `clamp` the time
-/// `clamp` (modification and access), symlinks included and never
-/// followed: the tree's entries are reached by directory fd and name.
-pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
-    use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
-    let t = Timespec {
-        tv_sec: i64::from(clamp),
-        tv_nsec: 0,
-    };
-    let times = Timestamps {
-        last_access: t,
-        last_modification: t,
-    };
-    let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
-        rustix::fs::openat(
-            at,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-    };
-    let top = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    if rustix::fs::fstat(&top)?.st_mtime > i64::from(clamp) {
-        rustix::fs::futimens(&top, &times)?;
-    }
-    let mut stack = vec![top];
-    while let Some(dir) = stack.pop() {
-        let entries = rustix::fs::Dir::read_from(&dir)?;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-            if st.st_mtime > i64::from(clamp) {
-                rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
-            }
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-                stack.push(open_dir(&dir, name)?);
-            }
-        }
-    }
-    Ok(())
 }

@@ -288,6 +288,11 @@ pub fn import_layers(
     // Before the layout files, which are new, are written.
     let clamp = o.clamp.or_else(|| newest_mtime(&tree));
     meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
+    if let Some(c) = clamp {
+        // The tree sandboxes run is the SIF's twin: the layout just
+        // written, and the dirs it added to, have the clamp there too.
+        clamp_times(&tree, c).map_err(|e| src_err(&tree, e))?;
+    }
     let sif = work.path().join("image.sif");
     build_sif_at_level(&tree, &m, work.path(), &sif, clamp, o.level)?;
     let d = store.publish_sif(&sif)?;
@@ -577,4 +582,55 @@ pub fn export(store: &Store, digest: &Digest, out: &Path) -> Result<()> {
     let tmp = out.with_extension(format!("sif.tmp{}", std::process::id()));
     std::fs::copy(&src, &tmp).map_err(|e| src_err(out, e))?;
     std::fs::rename(&tmp, out).map_err(|e| src_err(out, e))
+}
+
+/// Gives every entry of the tree at `root` newer than `clamp` the time
+/// `clamp` (modification and access), symlinks included and never
+/// followed: the tree's entries are reached by directory fd and name.
+pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
+    use std::os::fd::OwnedFd;
+    let t = Timespec {
+        tv_sec: i64::from(clamp),
+        tv_nsec: 0,
+    };
+    let times = Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
+        rustix::fs::openat(
+            at,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rustix::fs::fstat(&top)?.st_mtime > i64::from(clamp) {
+        rustix::fs::futimens(&top, &times)?;
+    }
+    let mut stack = vec![top];
+    while let Some(dir) = stack.pop() {
+        let entries = rustix::fs::Dir::read_from(&dir)?;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_mtime > i64::from(clamp) {
+                rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                stack.push(open_dir(&dir, name)?);
+            }
+        }
+    }
+    Ok(())
 }

@@ -16,6 +16,7 @@ use std::process::Command;
 
 use proptest::prelude::*;
 use sif_util::{assert_same, have, is_root, make_tree, run, snapshot, without_suid, Snapshot};
+use sifbox_image::relink;
 use sifbox_image::squash::{
     self, Attrs, Edit, FileSource, OpenFile, PackOptions, RemixOptions, RemixStats, SquashError,
     UnpackOptions,
@@ -309,6 +310,28 @@ fn check_against_model(
     let want = unpacked(&want_img, &tmp.join("want"));
     let got = unpacked(&out, &tmp.join("got"));
     assert_same(&want, &got, is_root());
+    if stats.clamped == 0 && stats.rewritten_links == 0 && is_root() {
+        // The same tree made from the base's tree, by links and the edits.
+        let base_tree = unpacked(&base, &tmp.join("base-tree"));
+        let bytes = fs::read(&base).expect("read base");
+        let newest = u32::from_le_bytes(bytes[8..12].try_into().expect("4"));
+        let r = relink::make_tree(
+            &tmp.join("base-tree"),
+            &tmp.join("relinked"),
+            edits,
+            &remix_opts(time),
+            relink::TreeOwners::Recorded,
+            newest,
+        )
+        .expect("relinked");
+        assert_same(&got, &snapshot(&tmp.join("relinked")), true);
+        let files = base_tree
+            .entries
+            .values()
+            .filter(|i| i.kind != "dir" && i.mode & 0o6000 == 0)
+            .count() as u64;
+        assert!(r.linked <= files, "{r:?}");
+    }
     if have("unsquashfs") {
         assert_same_read(&got, &unsquashed(&out, &tmp.join("unsquashed")));
     }
@@ -769,4 +792,87 @@ proptest! {
         let edits: Vec<Edit> = added.into_iter().flatten().chain(layout).collect();
         check_against_model(tmp.path(), &src, &edits, time, &pack);
     }
+}
+
+/// The tree of a remixed image made from its base's tree (links to the
+/// base's files, the edits written anew) is the tree its SIF unpacks to,
+/// for the tricky tree (hard links, symlinks, a fifo, devices, setuid
+/// files); unchanged files share the base's inodes, setuid ones do not,
+/// and the base's tree is left as it was. (No edit rewrites a file of
+/// several names: the caller makes such a tree by unpacking.)
+#[test]
+fn a_relinked_tree_is_the_remixed_images_tree() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    make_tree(&src, 200);
+    let time = 2_000_000_000;
+    let edits: Vec<Edit> = layout_edits()
+        .into_iter()
+        .filter(|e| e.path() != "usr/bin/busy")
+        .collect();
+    // check_against_model makes the tree too (all times are older).
+    let stats = check_against_model(tmp.path(), &src, &edits, time, &PackOptions::default())
+        .expect("supported");
+    assert_eq!((stats.clamped, stats.rewritten_links), (0, 0));
+    let before = snapshot(&tmp.path().join("base-tree"));
+    let owners = if is_root() {
+        relink::TreeOwners::Recorded
+    } else {
+        relink::TreeOwners::CallerForRoot {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    };
+    let dest = tmp.path().join("relinked-2");
+    if !is_root() {
+        squash::unpack(
+            &tmp.path().join("base.sqfs"),
+            &tmp.path().join("base-tree"),
+            &unpack_opts(),
+        )
+        .expect("unpack");
+    }
+    relink::make_tree(
+        &tmp.path().join("base-tree"),
+        &dest,
+        &edits,
+        &remix_opts(time),
+        owners,
+        1_600_000_000 + 17 * 3000,
+    )
+    .expect("relinked");
+    let got = unpacked(&tmp.path().join("remix.sqfs"), &tmp.path().join("got-2"));
+    assert_same(&got, &snapshot(&dest), is_root());
+    let ino = |p: &Path| fs::symlink_metadata(p).expect("stat").ino();
+    let (b, d) = (tmp.path().join("base-tree"), dest);
+    assert_eq!(
+        ino(&b.join("usr/lib/big.bin")),
+        ino(&d.join("usr/lib/big.bin"))
+    );
+    assert_eq!(ino(&b.join("etc/abs-link")), ino(&d.join("etc/abs-link")));
+    assert_ne!(
+        ino(&b.join("usr/bin/tool")),
+        ino(&d.join("usr/bin/tool")),
+        "setuid: copied"
+    );
+    assert_eq!(
+        ino(&b.join("usr/bin/busy")),
+        ino(&d.join("usr/bin/sh-link"))
+    );
+    assert!(fs::symlink_metadata(b.join("opt")).is_err());
+    assert!(fs::symlink_metadata(d.join("opt/big/data.bin")).is_ok());
+    if is_root() {
+        assert_eq!(snapshot(&b), before, "the base's tree changed");
+    }
+    // A base tree with an entry newer than the base's time: refused.
+    let r = relink::make_tree(
+        &b,
+        &tmp.path().join("relinked-3"),
+        &[],
+        &remix_opts(time),
+        owners,
+        1_600_000_000,
+    );
+    assert!(r.is_err(), "{r:?}");
 }

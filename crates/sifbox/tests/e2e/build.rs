@@ -861,16 +861,22 @@ fn metadata_only_builds_remake_the_base_image() {
 /// The export's debug line of a build whose layers were written into the
 /// base's SIF.
 const ADDED: &str = "export: files added, remade";
+/// The export's debug line of a build that made the image's tree from
+/// its base's.
+const RELINKED: &str = "export: tree made from the base's:";
 
 /// What a sandbox of `image` shows of every entry but /dev, /proc and
 /// /sys (whose mount points the snapshot path takes from the sandbox's
-/// mounts): name, mode, owner, size, time, type, and the bytes of each
-/// file. (Link counts are left out: trees share files with their base.)
+/// mounts) and the root (the sandbox's writable layer's): name, mode,
+/// owner, size (not of dirs: the file system's business), time, type, and
+/// the bytes of each file. (Link counts are left out: trees share files
+/// with their base.)
 fn listing(env: &Env, image: &str) -> String {
     env.sh(
         image,
-        "find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o \
-         -exec stat -c '%n %a %u:%g %s %Y %F' {} + | sort; \
+        "find / -mindepth 1 \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o \
+         ! -type d -exec stat -c '%n %a %u:%g %s %Y %F' {} + -o \
+         -type d -exec stat -c '%n %a %u:%g - %Y %F' {} + | sort; \
          find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f \
          -exec md5sum {} + | sort",
     )
@@ -921,7 +927,33 @@ fn builds_that_only_add_files_remake_the_base_image() {
     out.success();
     assert!(out.stderr.contains(ADDED), "no remix: {}", out.stderr);
     assert!(!out.stderr.contains(SNAPSHOT), "a snapshot: {}", out.stderr);
+    // Its tree, made from the base's by links, at build time.
+    assert!(out.stderr.contains(RELINKED), "{}", out.stderr);
     let fast = digest_of(&out);
+    let tree = |d: &str| {
+        a.store
+            .path()
+            .join("rootfs")
+            .join(format!("sha256-{}", d.trim_start_matches("sha256:")))
+    };
+    let busybox = a.sifbox(&["image", "inspect", "--json", "busybox"]).json()["image"]["digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |p: std::path::PathBuf| std::fs::symlink_metadata(p).expect("stat").ino();
+        let probe = "usr/bin/sifbox-probe";
+        assert_eq!(
+            ino(tree(&fast).join(probe)),
+            ino(tree(&busybox).join(probe))
+        );
+    }
+    // The same tree as the store unpacks from the SIF.
+    let linked = listing(&a, &fast);
+    std::fs::rename(tree(&fast), a.store.path().join("tmp/linked-tree")).expect("move");
+    assert_eq!(listing(&a, &fast), linked);
+    assert!(tree(&fast).is_dir());
     // The same with a file added and removed again (a deletion: the
     // snapshot path).
     a.file(
@@ -1042,6 +1074,56 @@ fn builds_that_only_add_files_remake_the_base_image() {
         ),
         "1200000000\n1200000000\n1000000000\n1200000000\n"
     );
+}
+
+/// Issue 16 on the example suite's Debian base: edit-files (`WORKDIR` +
+/// `COPY`) is remade from the base's SIF, its tree is made from the
+/// imported base's (whose times are its SIF's: the import clamps the tree
+/// it keeps), and that tree is the one the store unpacks from the SIF.
+#[test]
+fn an_example_task_image_is_remade_with_its_tree() {
+    let tar = debian_tar();
+    let tasks = match std::env::var_os("SIFBOX_TEST_TASKS").filter(|v| !v.is_empty()) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks"),
+    };
+    let store = Store::new("sifbox-remix-task.");
+    store
+        .import(&tar, "debian:bookworm")
+        .timeout(BUILD_TIMEOUT)
+        .output()
+        .success();
+    let ctx = tasks.join("edit-files/environment").display().to_string();
+    let out = store
+        .cmd(["build", "--progress", "plain", &ctx])
+        .env("SIFBOX_LOG", "sifbox_build=debug")
+        .timeout(BUILD_TIMEOUT)
+        .output();
+    out.success();
+    assert!(out.stderr.contains(ADDED), "{}", out.stderr);
+    assert!(out.stderr.contains(RELINKED), "{}", out.stderr);
+    let d = digest_of(&out);
+    let sh = |script: &str| {
+        let o = store
+            .cmd(["run", "--entrypoint", "", &d, "sh", "-c", script])
+            .timeout(BUILD_TIMEOUT)
+            .output();
+        o.success();
+        o.stdout
+    };
+    let list =
+        "find / -mindepth 1 -xdev \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o \
+                ! -type d -exec stat -c '%n %a %u:%g %s %Y %F' {} + -o \
+                -type d -exec stat -c '%n %a %u:%g %Y %F' {} + | sort | md5sum; \
+                stat -c '%n %a %Y' /etc /app /app/config.ini";
+    let linked = sh(list);
+    let tree = store
+        .path()
+        .join("rootfs")
+        .join(format!("sha256-{}", d.trim_start_matches("sha256:")));
+    std::fs::rename(&tree, store.path().join("tmp/linked-tree")).expect("move");
+    assert_eq!(sh(list), linked);
+    store.empty();
 }
 
 /// The example tasks whose steps write no dates into files, each built
