@@ -10,6 +10,7 @@ pub mod lex;
 pub mod plan;
 
 // The executor.
+pub mod added;
 pub mod archive;
 pub mod build;
 pub mod context;

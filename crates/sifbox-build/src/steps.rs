@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::thread::JoinHandle;
 
@@ -114,7 +114,7 @@ pub fn export(
     if let Some(c) = clamp {
         // The tree sandboxes of this store run is the SIF's twin: the same
         // times as anyone who pulls the SIF sees.
-        clamp_times(&tree, c).map_err(|e| BuildError::io(&tree, e))?;
+        sifbox_image::import::clamp_times(&tree, c).map_err(|e| BuildError::io(&tree, e))?;
     }
     let sif = work.path().join("image.sif");
     // gzip level 6: about three times faster to pack than 9 (mksquashfs's
@@ -127,19 +127,23 @@ pub fn export(
     Ok(digest)
 }
 
-/// Turns `state`, which is the stored image `base` itself (no layer on
-/// it), into a store image with `m` as its metadata, without the snapshot
-/// and the pack of [`export`]: the base's SIF remade with Apptainer's
-/// layout for `m` written into its squashfs and every byte of the base's
-/// file data reused (`sifbox_image::import::remix_sif`), times clamped to
-/// `clamp`. `None` when the base cannot be remade so (then [`export`]).
+/// Turns `state`, which is the stored image `base` itself or `base` with
+/// layers that only add regular files and directories (COPY of context
+/// files, WORKDIR: see [`crate::added`]), into a store image with `m` as
+/// its metadata, without the snapshot and the pack of [`export`]: the
+/// base's SIF remade with what the layers add and Apptainer's layout for
+/// `m` written into its squashfs and every byte of the base's file data
+/// reused (`sifbox_image::import::remix_sif`), times clamped to `clamp`.
+/// `None` when the base or the layers cannot be remade so (then
+/// [`export`]).
 ///
 /// The new image's tree is left for the store to unpack on its first run,
-/// unless the base's tree has entries of owners other than the caller
-/// ([`export`] keeps those in the tree it publishes: root's builds keep
-/// owners, others' mirror them from the sandbox; an unpack by the store
-/// gives everything to the caller) or the store is shared (its members
-/// cannot unpack). Then the tree is made here, as [`export`] would have it.
+/// unless the base's tree or the added entries have owners other than the
+/// caller ([`export`] keeps those in the tree it publishes: root's builds
+/// keep owners, others' mirror them from the sandbox; an unpack by the
+/// store gives everything to the caller) or the store is shared (its
+/// members cannot unpack). Then the tree is made here, as [`export`] would
+/// have it.
 pub fn remix(
     layers: &Layers,
     state: &FsState,
@@ -148,29 +152,55 @@ pub fn remix(
     clamp: u32,
 ) -> Result<Option<Digest>> {
     let store = layers.store();
+    let t0 = std::time::Instant::now();
+    let owner = (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    );
+    let mut added_owners = false;
+    let added = if state.layers.is_empty() {
+        Vec::new()
+    } else {
+        let Some((edits, what)) = added_edits(state, clamp, owner) else {
+            return Ok(None);
+        };
+        added_owners = edits.iter().any(|e| match e {
+            sifbox_image::squash::Edit::DirAs { attrs, .. }
+            | sifbox_image::squash::Edit::NewFile { attrs, .. } => (attrs.uid, attrs.gid) != (0, 0),
+            _ => false,
+        });
+        tracing::debug!("export: the layers add {what} (read in {:?})", t0.elapsed());
+        edits
+    };
+    let edits =
+        sifbox_image::import::remix_edits(m, added).map_err(|e| BuildError::io(&state.base, e))?;
     let work = store.work_dir("build-image")?;
     let sif = work.path().join("image.sif");
-    let t0 = std::time::Instant::now();
-    // gzip level 6, as `export` packs: only the tables and the layout's
-    // files are compressed here.
+    // gzip level 6, as `export` packs: only the tables and the new files
+    // are compressed here.
     let Some(stats) =
-        sifbox_image::import::remix_sif(store, base, m, work.path(), &sif, clamp, Some(6))?
+        sifbox_image::import::remix_sif(store, base, m, &edits, work.path(), &sif, clamp, Some(6))?
     else {
         return Ok(None);
     };
     let digest = store.publish_sif(&sif)?;
     tracing::debug!(
-        "export: metadata only, remade {base}'s squashfs ({} bytes of file data reused, {} new) in {:?}",
+        "export: {}, remade {base}'s squashfs ({} bytes of file data reused, {} new) in {:?}",
+        if state.layers.is_empty() {
+            "metadata only"
+        } else {
+            "files added"
+        },
         stats.copied_bytes,
         stats.new_bytes,
         t0.elapsed()
     );
-    let owner = (
-        rustix::process::geteuid().as_raw(),
-        rustix::process::getegid().as_raw(),
-    );
-    let other_owners =
-        has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
+    if relink(store, state, base, &digest, &edits, &stats, clamp, owner) {
+        tracing::debug!("export: tree made at {:?}", t0.elapsed());
+        return Ok(Some(digest));
+    }
+    let other_owners = added_owners
+        || has_other_owners(&state.base, owner).map_err(|e| BuildError::io(&state.base, e))?;
     // A shared store's members cannot unpack (only read): its owner's
     // builds publish the tree, as the snapshot path does.
     let shared = store.access() == sifbox_image::store::Access::Group;
@@ -196,6 +226,151 @@ pub fn remix(
         );
     }
     Ok(Some(digest))
+}
+
+/// Makes the store's tree of the remixed image `digest` from the tree of
+/// its base (`state.base`, the store's tree of `base`): links to the
+/// base's files with `edits` written (`sifbox_image::relink`), instead of
+/// an unpack of the new SIF on its first run. Only for a state with
+/// layers (as the snapshot path shares its tree's files with the base's),
+/// in a private store (a
+/// shared store's trees are stripped copies), where the SIF's remix kept
+/// every time of the base (the tree has the base's) and wrote no file of
+/// several names; the caller's owners as the store gives them (the base's
+/// tree has them, and what the edits make is root's or, for root's
+/// builds, its own). `false` when it did not (the caller then does what
+/// it does without it).
+#[allow(clippy::too_many_arguments)]
+fn relink(
+    store: &sifbox_image::store::Store,
+    state: &FsState,
+    base: &Digest,
+    digest: &Digest,
+    edits: &[sifbox_image::squash::Edit],
+    stats: &sifbox_image::squash::RemixStats,
+    clamp: u32,
+    (uid, gid): (u32, u32),
+) -> bool {
+    let base_tree = store.rootfs_path(base);
+    let why = if state.layers.is_empty() {
+        // The metadata-only path's tree is the new SIF as it is, link
+        // counts included; the snapshot path's, which a build with layers
+        // would otherwise take, shares files with the base's.
+        Some("metadata only")
+    } else if store.access() != sifbox_image::store::Access::Private {
+        Some("a shared store")
+    } else if stats.clamped > 0 {
+        Some("the clamp changed times of the base")
+    } else if stats.rewritten_links > 0 {
+        Some("a file of several names was rewritten")
+    } else if state.base != base_tree || !base_tree.is_dir() {
+        Some("the base's tree is not the store's")
+    } else {
+        None
+    };
+    let base_time = match sifbox_image::import::image_time(store, base) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!("export: tree not made from the base's: {e}");
+            return false;
+        }
+    };
+    // The tree keeps the base's times: the clamp may change none.
+    let why = why.or((clamp < base_time).then_some("the clamp is older than the base"));
+    if let Some(why) = why {
+        tracing::debug!("export: tree not made from the base's: {why}");
+        return false;
+    }
+    let t0 = std::time::Instant::now();
+    let made = (|| -> Result<bool> {
+        let _lock = store.lock(&format!("rootfs-{}", digest.hex()))?;
+        if store.rootfs_path(digest).is_dir() {
+            return Ok(true);
+        }
+        let work = store.work_dir("relink")?;
+        let tree = work.path().join("rootfs");
+        let owners = if uid == 0 {
+            sifbox_image::relink::TreeOwners::Recorded
+        } else {
+            sifbox_image::relink::TreeOwners::CallerForRoot { uid, gid }
+        };
+        let opts = sifbox_image::import::remix_options(clamp, Some(6));
+        match sifbox_image::relink::make_tree(&base_tree, &tree, edits, &opts, owners, base_time) {
+            Ok(r) => {
+                store.publish_rootfs(&tree, digest)?;
+                tracing::debug!(
+                    "export: tree made from the base's: {} entries linked, {} copied, {} edits, in {:?}",
+                    r.linked,
+                    r.copied,
+                    r.edits,
+                    t0.elapsed()
+                );
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!("export: tree not made from the base's: {e}");
+                Ok(false)
+            }
+        }
+    })();
+    made.unwrap_or_else(|e| {
+        tracing::debug!("export: tree not made from the base's: {e}");
+        false
+    })
+}
+
+/// The edits that say what the layers of `state` add to its base, and a
+/// line on what that is; `None` (and why, in the debug log) when they
+/// cannot say it exactly.
+fn added_edits(
+    state: &FsState,
+    clamp: u32,
+    (uid, gid): (u32, u32),
+) -> Option<(Vec<sifbox_image::squash::Edit>, String)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let why = if u64::from(clamp) > now {
+        // The snapshot path's root and layout files have the export's
+        // own time then, which no edit knows in advance.
+        Some("the clamp (SOURCE_DATE_EPOCH) is in the future".to_string())
+    } else {
+        None
+    };
+    let umask = umask();
+    let why = why.or_else(|| umask.is_none().then(|| "the umask is unknown".to_string()));
+    if let Some(why) = why {
+        tracing::debug!("export: the layers are not remade into the base: {why}");
+        return None;
+    }
+    let owners = if uid == 0 {
+        crate::added::Owners::Keep
+    } else {
+        crate::added::Owners::CallerAsRoot { uid, gid }
+    };
+    match crate::added::derive(&state.layers, clamp, owners, umask.unwrap_or(0o022)) {
+        crate::added::Derived::Edits {
+            edits,
+            files,
+            dirs,
+            bytes,
+        } => Some((
+            edits,
+            format!("{files} files ({bytes} bytes) and {dirs} dirs"),
+        )),
+        crate::added::Derived::No(why) => {
+            tracing::debug!("export: the layers are not remade into the base: {why}");
+            None
+        }
+    }
+}
+
+/// This process's umask (what the snapshot path's tree root gets), from
+/// `/proc/self/status` (reading it with `umask(2)` would change it).
+fn umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 /// Publishes `tree` (owned by the caller) as the store's unpacked copy of
@@ -289,54 +464,4 @@ fn has_other_owners(root: &Path, (uid, gid): (u32, u32)) -> std::io::Result<bool
         }
     }
     Ok(false)
-}
-
-/// Gives every entry of the tree at `root` newer than `clamp` the time
-/// `clamp` (modification and access), symlinks included and never
-/// followed: the tree's entries are reached by directory fd and name.
-pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
-    use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
-    let t = Timespec {
-        tv_sec: i64::from(clamp),
-        tv_nsec: 0,
-    };
-    let times = Timestamps {
-        last_access: t,
-        last_modification: t,
-    };
-    let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
-        rustix::fs::openat(
-            at,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-    };
-    let top = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    if rustix::fs::fstat(&top)?.st_mtime > i64::from(clamp) {
-        rustix::fs::futimens(&top, &times)?;
-    }
-    let mut stack = vec![top];
-    while let Some(dir) = stack.pop() {
-        let entries = rustix::fs::Dir::read_from(&dir)?;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-            if st.st_mtime > i64::from(clamp) {
-                rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
-            }
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-                stack.push(open_dir(&dir, name)?);
-            }
-        }
-    }
-    Ok(())
 }

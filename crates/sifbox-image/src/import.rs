@@ -288,6 +288,11 @@ pub fn import_layers(
     // Before the layout files, which are new, are written.
     let clamp = o.clamp.or_else(|| newest_mtime(&tree));
     meta::write_layout(&tree, &m).map_err(|e| src_err(source, e))?;
+    if let Some(c) = clamp {
+        // The tree sandboxes run is the SIF's twin: the layout just
+        // written, and the dirs it added to, have the clamp there too.
+        clamp_times(&tree, c).map_err(|e| src_err(&tree, e))?;
+    }
     let sif = work.path().join("image.sif");
     build_sif_at_level(&tree, &m, work.path(), &sif, clamp, o.level)?;
     let d = store.publish_sif(&sif)?;
@@ -392,22 +397,54 @@ fn write_sif(part: &Path, m: &ImageMeta, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The edits [`remix_sif`] makes for an image with metadata `m`: `added`
+/// (what a build's layers add, see [`squash::Edit::DirAs`] and
+/// [`squash::Edit::NewFile`]), then Apptainer's layout for `m` (the list
+/// [`meta::write_layout`] writes).
+pub fn remix_edits(m: &ImageMeta, added: Vec<squash::Edit>) -> std::io::Result<Vec<squash::Edit>> {
+    let mut edits = added;
+    edits.extend(meta::layout(m)?.into_iter().map(|entry| match entry {
+        meta::LayoutEntry::Dir(d) => squash::Edit::Dir { path: d.into() },
+        meta::LayoutEntry::EmptyFileIfMissing(f) => squash::Edit::FileIfMissing { path: f.into() },
+        meta::LayoutEntry::File { path, text, mode } => squash::Edit::File {
+            path: path.into(),
+            data: text.into_bytes(),
+            mode: u16::try_from(mode & 0o7777).unwrap_or(0o644),
+        },
+    }));
+    Ok(edits)
+}
+
+/// The options [`remix_sif`] remakes with: `time`, root's entries (what
+/// the layout makes is root's, as in an image packed from a tree), the
+/// gzip `level` as [`build_sif_at_level`]'s.
+pub fn remix_options(time: u32, level: Option<u32>) -> squash::RemixOptions {
+    squash::RemixOptions {
+        time,
+        owner: (0, 0),
+        compression_level: gzip_level(level),
+    }
+}
+
 /// Makes a SIF at `out` from the stored image `base` with `m` as its
 /// metadata, without unpacking the base or compressing its file data
-/// again: the base's squashfs with Apptainer's layout for `m` written into
-/// it ([`squash::remix`]), entries newer than `time` clamped to it, the
-/// files the layout writes (and the dirs it adds to) given it. What else
-/// the base holds keeps its owners, modes, contents and hard links.
-/// `level`: the gzip level of the new tables and files, as
-/// [`build_sif_at_level`]'s. Works in `work`.
+/// again: the base's squashfs with `edits` ([`remix_edits`]: what a
+/// build's layers add, then Apptainer's layout for `m`) written into it
+/// ([`squash::remix`] with [`remix_options`]), entries newer than `time`
+/// clamped to it, the files the layout writes (and the dirs it adds to)
+/// given it. What else the base holds keeps its owners, modes, contents
+/// and hard links. Works in `work`.
 ///
 /// `Ok(None)` when the base is one this cannot remake (not gzip, extended
-/// attributes, a symlink or a file where the layout writes): make the
-/// tree and pack it instead.
+/// attributes, a symlink or a file where the layout writes, an added entry
+/// that would replace or change one of the base's): make the tree and
+/// pack it instead.
+#[allow(clippy::too_many_arguments)]
 pub fn remix_sif(
     store: &Store,
     base: &Digest,
     m: &ImageMeta,
+    edits: &[squash::Edit],
     work: &Path,
     out: &Path,
     time: u32,
@@ -421,29 +458,9 @@ pub fn remix_sif(
     if p.partition.as_ref().map(|p| p.fs) != Some(sif::FsType::Squashfs) {
         return Ok(None);
     }
-    let edits: Vec<squash::Edit> = meta::layout(m)
-        .map_err(|e| src_err(&sif_path, e))?
-        .into_iter()
-        .map(|entry| match entry {
-            meta::LayoutEntry::Dir(d) => squash::Edit::Dir { path: d.into() },
-            meta::LayoutEntry::EmptyFileIfMissing(f) => {
-                squash::Edit::FileIfMissing { path: f.into() }
-            }
-            meta::LayoutEntry::File { path, text, mode } => squash::Edit::File {
-                path: path.into(),
-                data: text.into_bytes(),
-                mode: u16::try_from(mode & 0o7777).unwrap_or(0o644),
-            },
-        })
-        .collect();
-    let opts = squash::RemixOptions {
-        time,
-        // What the layout makes is root's, as in an image packed from a tree.
-        owner: (0, 0),
-        compression_level: gzip_level(level),
-    };
+    let opts = remix_options(time, level);
     let part = work.join("rootfs.sqfs");
-    let stats = match squash::remix(sif.file(), p.offset, p.size, &edits, &opts, &part) {
+    let stats = match squash::remix(sif.file(), p.offset, p.size, edits, &opts, &part) {
         Ok(s) => s,
         Err(squash::SquashError::Unsupported { what }) => {
             tracing::debug!("{}: not remade in place: {what}", sif_path.display());
@@ -565,4 +582,55 @@ pub fn export(store: &Store, digest: &Digest, out: &Path) -> Result<()> {
     let tmp = out.with_extension(format!("sif.tmp{}", std::process::id()));
     std::fs::copy(&src, &tmp).map_err(|e| src_err(out, e))?;
     std::fs::rename(&tmp, out).map_err(|e| src_err(out, e))
+}
+
+/// Gives every entry of the tree at `root` newer than `clamp` the time
+/// `clamp` (modification and access), symlinks included and never
+/// followed: the tree's entries are reached by directory fd and name.
+pub fn clamp_times(root: &Path, clamp: u32) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
+    use std::os::fd::OwnedFd;
+    let t = Timespec {
+        tv_sec: i64::from(clamp),
+        tv_nsec: 0,
+    };
+    let times = Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    let open_dir = |at: &OwnedFd, name: &std::ffi::CStr| {
+        rustix::fs::openat(
+            at,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rustix::fs::fstat(&top)?.st_mtime > i64::from(clamp) {
+        rustix::fs::futimens(&top, &times)?;
+    }
+    let mut stack = vec![top];
+    while let Some(dir) = stack.pop() {
+        let entries = rustix::fs::Dir::read_from(&dir)?;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
+                continue;
+            }
+            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if st.st_mtime > i64::from(clamp) {
+                rustix::fs::utimensat(&dir, name, &times, AtFlags::SYMLINK_NOFOLLOW)?;
+            }
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                stack.push(open_dir(&dir, name)?);
+            }
+        }
+    }
+    Ok(())
 }

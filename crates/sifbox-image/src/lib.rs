@@ -6,6 +6,7 @@ pub mod dedup;
 pub mod import;
 pub mod layer;
 pub mod meta;
+pub mod relink;
 pub mod setid;
 pub mod sif;
 pub mod squash;

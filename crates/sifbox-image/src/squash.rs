@@ -279,6 +279,12 @@ pub fn verify_at(
 /// image's root (`a/b`; a leading `/` is ignored), plain names only; no
 /// symlink on the way is followed (one there makes the edit
 /// [`SquashError::Unsupported`], as does a file where a directory must be).
+///
+/// `Dir`, `File` and `FileIfMissing` write what Apptainer's layout needs,
+/// with [`RemixOptions`]' time and owner, and give the directories they add
+/// entries to that time. `DirAs` and `NewFile` give every attribute
+/// themselves and touch nothing else: what a build's layers add to its base
+/// (each parent comes first, with its own edit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Edit {
     /// A directory, made (0755, with its missing parents) unless there.
@@ -294,6 +300,119 @@ pub enum Edit {
     },
     /// An empty regular file (0644), unless an entry of that name is there.
     FileIfMissing { path: String },
+    /// A directory with `attrs`' mode and owner (`path` may name the root:
+    /// `""` or `/`): made when missing (in a parent that is there), else
+    /// the directory there, which must have
+    /// that mode and owner already; either way its time becomes
+    /// `attrs.mtime` (at most [`RemixOptions::time`]).
+    /// [`SquashError::Unsupported`] when a parent is missing or not a
+    /// directory, when something else is there, or when the mode or owner
+    /// differ.
+    DirAs { path: String, attrs: Attrs },
+    /// A new regular file holding `data`, with `attrs` (time at most
+    /// [`RemixOptions::time`]), in a directory that is there.
+    /// [`SquashError::Unsupported`] when an entry of that name is there
+    /// (nothing is replaced) or a parent is missing or not a directory.
+    NewFile {
+        path: String,
+        data: FileSource,
+        attrs: Attrs,
+    },
+}
+
+impl Edit {
+    /// The path the edit names.
+    pub fn path(&self) -> &str {
+        match self {
+            Edit::Dir { path }
+            | Edit::File { path, .. }
+            | Edit::FileIfMissing { path }
+            | Edit::DirAs { path, .. }
+            | Edit::NewFile { path, .. } => path,
+        }
+    }
+}
+
+/// The attributes [`Edit::DirAs`] and [`Edit::NewFile`] give an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attrs {
+    /// Permission bits, setuid, setgid and sticky (`0o7777`; others ignored).
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    /// Modification time, whole seconds.
+    pub mtime: u32,
+}
+
+/// The bytes of a file [`Edit::NewFile`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileSource {
+    Bytes(Vec<u8>),
+    /// Read from an open file while the remix writes (not held in memory).
+    Open(OpenFile),
+}
+
+impl FileSource {
+    /// The number of bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            FileSource::Bytes(b) => b.len() as u64,
+            FileSource::Open(f) => f.size,
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A regular file the caller opened, read from its start by offset (the
+/// descriptor's position is not used). Its size is taken when it is
+/// wrapped; a file whose size changes before the remix has read it makes
+/// the remix fail ([`SquashError::Input`]). Equal when it is the same
+/// handle.
+#[derive(Clone)]
+pub struct OpenFile {
+    file: std::sync::Arc<File>,
+    size: u64,
+}
+
+impl OpenFile {
+    /// Wraps `file` (its size is read now).
+    pub fn new(file: File) -> io::Result<Self> {
+        let size = file.metadata()?.len();
+        Ok(Self {
+            file: std::sync::Arc::new(file),
+            size,
+        })
+    }
+
+    /// The size it had when it was wrapped.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The file.
+    pub fn as_file(&self) -> &File {
+        &self.file
+    }
+}
+
+impl PartialEq for OpenFile {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.file, &other.file)
+    }
+}
+
+impl Eq for OpenFile {}
+
+impl std::fmt::Debug for OpenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenFile")
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How [`remix`] writes the new image.
@@ -320,6 +439,12 @@ pub struct RemixStats {
     pub new_bytes: u64,
     /// Size of the image file, padded to 4 KiB.
     pub image_bytes: u64,
+    /// Entries of the base whose time was newer than [`RemixOptions::time`]
+    /// (now that time): none when the base's entries keep their times.
+    pub clamped: u64,
+    /// Regular files of the base with more than one name that an
+    /// [`Edit::File`] wrote in place (each of their names sees the bytes).
+    pub rewritten_links: u64,
 }
 
 /// Makes a new squashfs image at `out` from the one stored at

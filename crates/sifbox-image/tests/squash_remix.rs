@@ -16,8 +16,10 @@ use std::process::Command;
 
 use proptest::prelude::*;
 use sif_util::{assert_same, have, is_root, make_tree, run, snapshot, without_suid, Snapshot};
+use sifbox_image::relink;
 use sifbox_image::squash::{
-    self, Edit, PackOptions, RemixOptions, RemixStats, SquashError, UnpackOptions,
+    self, Attrs, Edit, FileSource, OpenFile, PackOptions, RemixOptions, RemixStats, SquashError,
+    UnpackOptions,
 };
 
 /// The options the tests remix with.
@@ -78,30 +80,148 @@ fn assert_same_read(sifbox: &Snapshot, unsquashfs: &Snapshot) {
     }
 }
 
+/// The final times of the model's directories that its edits changed
+/// (set once every edit is applied: making entries moves them).
+type DirTimes = std::collections::BTreeMap<PathBuf, i64>;
+
+fn set_time(p: &Path, t: i64) {
+    let t = rustix::fs::Timespec {
+        tv_sec: t,
+        tv_nsec: 0,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        p,
+        &rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .expect("utimensat");
+}
+
+/// Remembers the time `dir` has now as its final one, unless an edit gave
+/// it one: an entry is about to be made in it by an edit that leaves its
+/// time alone.
+fn keep_time(dir: &Path, times: &mut DirTimes) {
+    use std::os::unix::fs::MetadataExt;
+    if !times.contains_key(dir) {
+        let m = fs::symlink_metadata(dir).expect("stat dir");
+        times.insert(dir.to_path_buf(), m.mtime());
+    }
+}
+
 /// Applies `edit` to the tree at `root` the way the remix is specified to
 /// (what writing files through the file system does), never following a
 /// symlink. `false` when the remix must refuse it as unsupported (a
 /// symlink or a non-directory on the way, a directory or a symlink where
-/// a file is written, a non-directory where a directory is asked for).
-fn apply_model(root: &Path, edit: &Edit) -> bool {
-    let path = match edit {
-        Edit::Dir { path } | Edit::File { path, .. } | Edit::FileIfMissing { path } => path,
+/// a file is written, a non-directory where a directory is asked for; for
+/// the edits with attributes also a missing parent, an entry where a new
+/// file goes, a directory of another mode or owner).
+fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let names: Vec<&str> = edit.path().split('/').filter(|c| !c.is_empty()).collect();
+    if let Edit::DirAs { attrs, .. } | Edit::NewFile { attrs, .. } = edit {
+        let mut cur = root.to_path_buf();
+        let (last, parents) = match names.split_last() {
+            Some((l, p)) => (Some(*l), p),
+            None => (None, &names[..]),
+        };
+        for name in parents {
+            cur.push(name);
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.is_dir() => {}
+                _ => return false,
+            }
+        }
+        let parent = cur.clone();
+        if let Some(l) = last {
+            cur.push(l);
+        }
+        let there = fs::symlink_metadata(&cur);
+        let mtime = i64::from(attrs.mtime.min(time));
+        let chown = |p: &Path| {
+            if is_root() {
+                rustix::fs::chownat(
+                    rustix::fs::CWD,
+                    p,
+                    Some(rustix::fs::Uid::from_raw(attrs.uid)),
+                    Some(rustix::fs::Gid::from_raw(attrs.gid)),
+                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .expect("chown");
+            }
+        };
+        match edit {
+            Edit::DirAs { .. } => match there {
+                Ok(m) if m.is_dir() => {
+                    let want = (u32::from(attrs.mode & 0o7777), attrs.uid, attrs.gid);
+                    if (m.mode() & 0o7777, m.uid(), m.gid()) != want {
+                        return false;
+                    }
+                    times.insert(cur, mtime);
+                }
+                Ok(_) => return false,
+                Err(_) => {
+                    keep_time(&parent, times);
+                    fs::create_dir(&cur).expect("mkdir");
+                    chown(&cur);
+                    fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(attrs.mode)))
+                        .expect("chmod");
+                    times.insert(cur, mtime);
+                }
+            },
+            Edit::NewFile { data, .. } => {
+                if there.is_ok() {
+                    return false;
+                }
+                keep_time(&parent, times);
+                let bytes = match data {
+                    FileSource::Bytes(b) => b.clone(),
+                    FileSource::Open(f) => {
+                        let mut b = vec![0u8; usize::try_from(f.size()).expect("size")];
+                        std::os::unix::fs::FileExt::read_exact_at(f.as_file(), &mut b, 0)
+                            .expect("read");
+                        b
+                    }
+                };
+                fs::write(&cur, bytes).expect("write");
+                chown(&cur);
+                fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(attrs.mode)))
+                    .expect("chmod");
+                set_time(&cur, mtime);
+            }
+            _ => unreachable!(),
+        }
+        return true;
+    }
+    let Some((last, parents)) = names.split_last() else {
+        return false;
     };
-    let names: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    let (last, parents) = names.split_last().expect("a name");
+    let made_in = |dir: &Path, times: &mut DirTimes| {
+        times.insert(dir.to_path_buf(), i64::from(time));
+    };
     let mkdir = |p: &Path| {
         fs::create_dir(p).expect("mkdir");
         fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
     };
     let mut cur = root.to_path_buf();
     for name in parents {
+        let dir = cur.clone();
         cur.push(name);
         match fs::symlink_metadata(&cur) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return false,
-            Err(_) => mkdir(&cur),
+            Err(_) => {
+                mkdir(&cur);
+                made_in(&dir, times);
+                // New: the edits' time (unless a later edit changes it).
+                times.insert(cur.clone(), i64::from(time));
+            }
         }
     }
+    let dir = cur.clone();
     cur.push(last);
     let there = fs::symlink_metadata(&cur);
     match edit {
@@ -109,6 +229,8 @@ fn apply_model(root: &Path, edit: &Edit) -> bool {
             Ok(m) => m.is_dir(),
             Err(_) => {
                 mkdir(&cur);
+                made_in(&dir, times);
+                times.insert(cur.clone(), i64::from(time));
                 true
             }
         },
@@ -116,19 +238,26 @@ fn apply_model(root: &Path, edit: &Edit) -> bool {
             if there.is_err() {
                 File::create(&cur).expect("create");
                 fs::set_permissions(&cur, fs::Permissions::from_mode(0o644)).expect("chmod");
+                made_in(&dir, times);
+                set_time(&cur, i64::from(time));
             }
             true
         }
         Edit::File { data, mode, .. } => {
-            if there.is_ok_and(|m| !m.is_file()) {
+            if there.as_ref().is_ok_and(|m| !m.is_file()) {
                 return false;
+            }
+            if there.is_err() {
+                made_in(&dir, times);
             }
             // Through the existing file, when there is one: every name of
             // it changes.
             fs::write(&cur, data).expect("write");
             fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(*mode))).expect("chmod");
+            set_time(&cur, i64::from(time));
             true
         }
+        Edit::DirAs { .. } | Edit::NewFile { .. } => unreachable!(),
     }
 }
 
@@ -152,7 +281,15 @@ fn check_against_model(
     squash::pack(src, &base, pack).expect("pack base");
     let model = tmp.join("model");
     copy_tree(src, &model);
-    let supported = edits.iter().all(|e| apply_model(&model, e));
+    let mut times = DirTimes::new();
+    let supported = edits
+        .iter()
+        .all(|e| apply_model(&model, e, time, &mut times));
+    for (dir, t) in &times {
+        if supported {
+            set_time(dir, *t);
+        }
+    }
     let out = tmp.join("remix.sqfs");
     let r = remix_file(&base, edits, &remix_opts(time), &out);
     if !supported {
@@ -173,6 +310,28 @@ fn check_against_model(
     let want = unpacked(&want_img, &tmp.join("want"));
     let got = unpacked(&out, &tmp.join("got"));
     assert_same(&want, &got, is_root());
+    if stats.clamped == 0 && stats.rewritten_links == 0 && is_root() {
+        // The same tree made from the base's tree, by links and the edits.
+        let base_tree = unpacked(&base, &tmp.join("base-tree"));
+        let bytes = fs::read(&base).expect("read base");
+        let newest = u32::from_le_bytes(bytes[8..12].try_into().expect("4"));
+        let r = relink::make_tree(
+            &tmp.join("base-tree"),
+            &tmp.join("relinked"),
+            edits,
+            &remix_opts(time),
+            relink::TreeOwners::Recorded,
+            newest,
+        )
+        .expect("relinked");
+        assert_same(&got, &snapshot(&tmp.join("relinked")), true);
+        let files = base_tree
+            .entries
+            .values()
+            .filter(|i| i.kind != "dir" && i.mode & 0o6000 == 0)
+            .count() as u64;
+        assert!(r.linked <= files, "{r:?}");
+    }
     if have("unsquashfs") {
         assert_same_read(&got, &unsquashed(&out, &tmp.join("unsquashed")));
     }
@@ -421,6 +580,106 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
+/// The owner an edit with attributes gives: the caller's own, or (for
+/// root) another one.
+fn owner(other: bool) -> (u32, u32) {
+    if is_root() && other {
+        (1000, 1001)
+    } else {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    }
+}
+
+fn attrs(modes: Vec<u16>) -> impl Strategy<Value = Attrs> {
+    (
+        prop::sample::select(modes),
+        any::<bool>(),
+        1_400_000_000u32..1_800_000_000,
+    )
+        .prop_map(|(mode, other, mtime)| {
+            let (uid, gid) = owner(other);
+            Attrs {
+                mode,
+                uid,
+                gid,
+                mtime,
+            }
+        })
+}
+
+/// What a build's layer gives for one new entry: its parents as dirs with
+/// attributes (copied up, so mostly the base's own: 0755, the caller's),
+/// then the entry: a dir (the root too) or a new file with every
+/// attribute, its data in memory or in an open file.
+fn attrs_edits() -> impl Strategy<Value = Vec<Edit>> {
+    let parents = (
+        proptest::collection::vec(name(), 0..3),
+        1_400_000_000u32..1_800_000_000,
+        prop::sample::select(vec![0o755u16, 0o755, 0o755, 0o700]),
+    );
+    let leaf = prop_oneof![
+        (
+            prop::sample::select(vec!["a", "b", "n1", "n2", ""]),
+            attrs(vec![0o755, 0o700, 0o750, 0o1777, 0o2755])
+        )
+            .prop_map(|(name, attrs)| (name, None, attrs)),
+        (
+            prop::sample::select(vec!["n1", "n2", "n3", "c"]),
+            0usize..14_000,
+            any::<u8>(),
+            any::<bool>(),
+            attrs(vec![0o644, 0o755, 0o600, 0o4755, 0o2711])
+        )
+            .prop_map(|(name, len, byte, open, attrs)| {
+                let bytes: Vec<u8> = (0..len)
+                    .map(|i| byte.wrapping_add((i / 100).to_le_bytes()[0]))
+                    .collect();
+                let data = if open {
+                    let mut f = tempfile::tempfile().expect("temp");
+                    f.write_all(&bytes).expect("write");
+                    FileSource::Open(OpenFile::new(f).expect("open"))
+                } else {
+                    FileSource::Bytes(bytes)
+                };
+                (name, Some(data), attrs)
+            }),
+    ];
+    (parents, leaf).prop_map(|((dirs, mtime, mode), (name, data, attrs))| {
+        let (uid, gid) = owner(false);
+        let mut out = Vec::new();
+        let mut path = String::new();
+        for d in dirs {
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(&d);
+            out.push(Edit::DirAs {
+                path: path.clone(),
+                attrs: Attrs {
+                    mode,
+                    uid,
+                    gid,
+                    mtime,
+                },
+            });
+        }
+        if !name.is_empty() {
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(name);
+        }
+        out.push(match data {
+            Some(data) => Edit::NewFile { path, data, attrs },
+            None => Edit::DirAs { path, attrs },
+        });
+        out
+    })
+}
+
 /// Makes the random tree below `root` (entries whose parent is not a
 /// directory, or that exist already, are left out); times in 1.5e9..1.7e9.
 fn make_random_tree(root: &Path, nodes: &[(String, Node)], times: &[u32]) {
@@ -509,4 +768,110 @@ proptest! {
         };
         check_against_model(tmp.path(), &src, &edits, time, &pack);
     }
+
+    /// Random trees with what a build's layers add (dirs and new files
+    /// with their own attributes, the root's time), then Apptainer's
+    /// layout edits: read back as the packed edited tree, refused exactly
+    /// where an entry is replaced, a parent is missing or a dir's mode or
+    /// owner differ.
+    #[test]
+    fn random_added_entries_of_random_trees(
+        nodes in proptest::collection::vec((rel_path(), node()), 0..24),
+        added in proptest::collection::vec(attrs_edits(), 0..6),
+        layout in proptest::collection::vec(edit(), 0..4),
+        times in proptest::collection::vec(1_500_000_000u32..1_700_000_000, 1..6),
+        time in 1_500_000_000u32..1_700_000_000,
+    ) {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let src = tmp.path().join("src");
+        make_random_tree(&src, &nodes, &times);
+        let pack = PackOptions {
+            block_size: 4096,
+            ..PackOptions::default()
+        };
+        let edits: Vec<Edit> = added.into_iter().flatten().chain(layout).collect();
+        check_against_model(tmp.path(), &src, &edits, time, &pack);
+    }
+}
+
+/// The tree of a remixed image made from its base's tree (links to the
+/// base's files, the edits written anew) is the tree its SIF unpacks to,
+/// for the tricky tree (hard links, symlinks, a fifo, devices, setuid
+/// files); unchanged files share the base's inodes, setuid ones do not,
+/// and the base's tree is left as it was. (No edit rewrites a file of
+/// several names: the caller makes such a tree by unpacking.)
+#[test]
+fn a_relinked_tree_is_the_remixed_images_tree() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    make_tree(&src, 200);
+    let time = 2_000_000_000;
+    let edits: Vec<Edit> = layout_edits()
+        .into_iter()
+        .filter(|e| e.path() != "usr/bin/busy")
+        .collect();
+    // check_against_model makes the tree too (all times are older).
+    let stats = check_against_model(tmp.path(), &src, &edits, time, &PackOptions::default())
+        .expect("supported");
+    assert_eq!((stats.clamped, stats.rewritten_links), (0, 0));
+    if !is_root() {
+        // check_against_model makes it for root only.
+        squash::unpack(
+            &tmp.path().join("base.sqfs"),
+            &tmp.path().join("base-tree"),
+            &unpack_opts(),
+        )
+        .expect("unpack");
+    }
+    let before = snapshot(&tmp.path().join("base-tree"));
+    let owners = if is_root() {
+        relink::TreeOwners::Recorded
+    } else {
+        relink::TreeOwners::CallerForRoot {
+            uid: rustix::process::geteuid().as_raw(),
+            gid: rustix::process::getegid().as_raw(),
+        }
+    };
+    let dest = tmp.path().join("relinked-2");
+    relink::make_tree(
+        &tmp.path().join("base-tree"),
+        &dest,
+        &edits,
+        &remix_opts(time),
+        owners,
+        1_600_000_000 + 17 * 3000,
+    )
+    .expect("relinked");
+    let got = unpacked(&tmp.path().join("remix.sqfs"), &tmp.path().join("got-2"));
+    assert_same(&got, &snapshot(&dest), is_root());
+    let ino = |p: &Path| fs::symlink_metadata(p).expect("stat").ino();
+    let (b, d) = (tmp.path().join("base-tree"), dest);
+    assert_eq!(
+        ino(&b.join("usr/lib/big.bin")),
+        ino(&d.join("usr/lib/big.bin"))
+    );
+    assert_eq!(ino(&b.join("etc/abs-link")), ino(&d.join("etc/abs-link")));
+    assert_ne!(
+        ino(&b.join("usr/bin/tool")),
+        ino(&d.join("usr/bin/tool")),
+        "setuid: copied"
+    );
+    assert_eq!(
+        ino(&b.join("usr/bin/busy")),
+        ino(&d.join("usr/bin/sh-link"))
+    );
+    assert!(fs::symlink_metadata(b.join("opt")).is_err());
+    assert!(fs::symlink_metadata(d.join("opt/big/data.bin")).is_ok());
+    assert_eq!(snapshot(&b), before, "the base's tree changed");
+    // A base tree with an entry newer than the base's time: refused.
+    let r = relink::make_tree(
+        &b,
+        &tmp.path().join("relinked-3"),
+        &[],
+        &remix_opts(time),
+        owners,
+        1_600_000_000,
+    );
+    assert!(r.is_err(), "{r:?}");
 }

@@ -59,7 +59,7 @@ impl Builder<'_> {
         self.store.make_once(&format!("build:{key}"), reuse, || {
             let started = Instant::now();
             self.progress.note("exporting the image");
-            let remixed = match Self::unchanged_image(target) {
+            let remixed = match self.remix_base(target) {
                 Some(base) => steps::remix(&self.layers, &target.state, base, &meta, clamp)?,
                 None => None,
             };
@@ -72,13 +72,18 @@ impl Builder<'_> {
         })
     }
 
-    /// The stored image whose file system the target stage has, unchanged
-    /// (its steps only set metadata: LABEL, ENV, CMD, a WORKDIR that
-    /// exists...): no layer on it, and the state still the one named after
-    /// the image.
-    fn unchanged_image(target: &StageResult) -> Option<&Digest> {
+    /// The stored image the target stage's file system is made from: its
+    /// unpacked tree is the state's base, and the state is that tree as it
+    /// is (the stage only set metadata: LABEL, ENV, CMD, a WORKDIR that
+    /// exists...) or with layers on it, which the export may say as edits
+    /// of the image's SIF (`steps::remix`).
+    fn remix_base<'t>(&self, target: &'t StageResult) -> Option<&'t Digest> {
         target.image.as_ref().filter(|d| {
-            target.state.layers.is_empty() && target.state.key == chain_key("image", d.as_str())
+            if target.state.layers.is_empty() {
+                target.state.key == chain_key("image", d.as_str())
+            } else {
+                target.state.base == self.store.build_rootfs_path(d)
+            }
         })
     }
 }

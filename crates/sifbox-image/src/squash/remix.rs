@@ -1,7 +1,8 @@
-//! Remaking a squashfs image with a few files changed, without unpacking
-//! it or compressing its file data again: what a build whose last stage
-//! only changes an image's metadata (LABEL, ENV, CMD...) does to make the
-//! new image from its base's.
+//! Remaking a squashfs image with a few files changed or added, without
+//! unpacking it or compressing its file data again: what a build whose
+//! last stage only changes an image's metadata (LABEL, ENV, CMD...) or
+//! only adds files (COPY, WORKDIR) does to make the new image from its
+//! base's.
 //!
 //! The base's data region (superblock end to inode table: every data block
 //! and fragment block, and a compressor options block if there is one) is
@@ -30,7 +31,7 @@ use super::format::*;
 use super::pack::{io_err, too_big, write_tables, Entry, FileData, Ino, Inode, Kind, Located};
 use super::pack::{TableLayout, Tree};
 use super::unpack::{check_name, corrupt, Image, InodeKind, Meta};
-use super::{Edit, RemixOptions, RemixStats, SquashError};
+use super::{Attrs, Edit, FileSource, RemixOptions, RemixStats, SquashError};
 
 /// Superblock flag: a compressor options block follows the superblock
 /// (copied with the data region, so the flag is kept).
@@ -211,8 +212,10 @@ struct Editor<'a> {
     tree: &'a mut Tree,
     located: &'a mut Located,
     /// Regular files whose data the edits give, by inode.
-    fresh: &'a mut BTreeMap<Ino, Vec<u8>>,
+    fresh: &'a mut BTreeMap<Ino, (String, FileSource)>,
     opts: &'a RemixOptions,
+    /// Files of several names written in place.
+    rewritten_links: u64,
 }
 
 impl Editor<'_> {
@@ -228,19 +231,32 @@ impl Editor<'_> {
     /// Adds a new inode named `name` to `dir` (which then has the edits'
     /// time, as a directory an entry was added to has).
     fn add(&mut self, dir: Ino, name: &[u8], kind: Kind, mode: u16) -> Ino {
-        let ino = self.tree.inodes.len();
         let (uid, gid) = self.opts.owner;
-        self.tree.inodes.push(Inode {
-            kind,
+        let attrs = Attrs {
             mode,
             uid,
             gid,
             mtime: self.opts.time,
+        };
+        let ino = self.add_as(dir, name, kind, attrs);
+        self.tree.inodes[dir].mtime = self.opts.time;
+        ino
+    }
+
+    /// Adds a new inode named `name` to `dir` with `attrs`, leaving the
+    /// times of `dir` alone.
+    fn add_as(&mut self, dir: Ino, name: &[u8], kind: Kind, attrs: Attrs) -> Ino {
+        let ino = self.tree.inodes.len();
+        self.tree.inodes.push(Inode {
+            kind,
+            mode: attrs.mode & 0o7777,
+            uid: attrs.uid,
+            gid: attrs.gid,
+            mtime: attrs.mtime.min(self.opts.time),
             links: 1,
             number: 0,
         });
         let parent = &mut self.tree.inodes[dir];
-        parent.mtime = self.opts.time;
         if let Kind::Dir { entries, .. } = &mut parent.kind {
             let at = entries
                 .binary_search_by(|e| e.name.as_slice().cmp(name))
@@ -275,10 +291,81 @@ impl Editor<'_> {
         }
     }
 
-    fn apply(&mut self, edit: &Edit) -> Result<(), SquashError> {
-        let path = match edit {
-            Edit::Dir { path } | Edit::File { path, .. } | Edit::FileIfMissing { path } => path,
+    /// The directory at `names` (below the root), which must be there:
+    /// what [`Edit::DirAs`] and [`Edit::NewFile`] add entries to.
+    fn existing_dir(&self, names: &[&[u8]]) -> Result<Ino, SquashError> {
+        let mut dir = 0;
+        let mut at = PathBuf::from("/");
+        for name in names {
+            at.push(String::from_utf8_lossy(name).as_ref());
+            match self.find(dir, name) {
+                Some(ino) if self.tree.is_dir(ino) => dir = ino,
+                Some(_) => {
+                    return Err(unsupported(format!(
+                        "{} is not a directory in the base image",
+                        at.display()
+                    )))
+                }
+                None => {
+                    return Err(unsupported(format!(
+                        "{} is missing (an edit with attributes makes no parents)",
+                        at.display()
+                    )))
+                }
+            }
+        }
+        Ok(dir)
+    }
+
+    /// [`Edit::DirAs`] at `names` (the root when there are none).
+    fn dir_as(&mut self, names: &[&[u8]], shown: &Path, attrs: &Attrs) -> Result<(), SquashError> {
+        let (dir, found) = match names.split_last() {
+            None => (0, Some(0)),
+            Some((last, parents)) => {
+                let dir = self.existing_dir(parents)?;
+                (dir, self.find(dir, last))
+            }
         };
+        match found {
+            Some(ino) if self.tree.is_dir(ino) => {
+                let node = &mut self.tree.inodes[ino];
+                let had = (node.mode, node.uid, node.gid);
+                let want = (attrs.mode & 0o7777, attrs.uid, attrs.gid);
+                if had != want {
+                    return Err(unsupported(format!(
+                        "{} is a directory of mode {:o} owned by {}:{} in the base image, not {:o} {}:{}",
+                        shown.display(),
+                        had.0,
+                        had.1,
+                        had.2,
+                        want.0,
+                        want.1,
+                        want.2
+                    )));
+                }
+                node.mtime = attrs.mtime.min(self.opts.time);
+            }
+            Some(_) => {
+                return Err(unsupported(format!(
+                    "{} is not a directory in the base image",
+                    shown.display()
+                )))
+            }
+            None => {
+                let kind = Kind::Dir {
+                    entries: Vec::new(),
+                    parent: dir,
+                    path: PathBuf::new(),
+                };
+                let name = names.last().copied().unwrap_or_default();
+                self.add_as(dir, name, kind, *attrs);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, edit: &Edit) -> Result<(), SquashError> {
+        let path = edit.path();
         let mut names: Vec<&[u8]> = Vec::new();
         let mut shown = PathBuf::from("/");
         for c in path.split('/').filter(|c| !c.is_empty()) {
@@ -286,12 +373,37 @@ impl Editor<'_> {
             shown.push(c);
             names.push(c.as_bytes());
         }
+        if let Edit::DirAs { attrs, .. } = edit {
+            return self.dir_as(&names, &shown, attrs);
+        }
         let Some((last, parents)) = names.split_last() else {
             return Err(SquashError::Input {
                 path: PathBuf::from(path),
                 what: "an edit names no entry".into(),
             });
         };
+        match edit {
+            Edit::NewFile { data, attrs, .. } => {
+                let dir = self.existing_dir(parents)?;
+                if self.find(dir, last).is_some() {
+                    return Err(unsupported(format!(
+                        "{} is in the base image already (a new file replaces nothing)",
+                        shown.display()
+                    )));
+                }
+                let kind = Kind::File {
+                    path: PathBuf::new(),
+                    size: data.len(),
+                };
+                let ino = self.add_as(dir, last, kind, *attrs);
+                self.fresh.insert(ino, (path.to_string(), data.clone()));
+                return Ok(());
+            }
+            Edit::DirAs { .. }
+            | Edit::Dir { .. }
+            | Edit::File { .. }
+            | Edit::FileIfMissing { .. } => {}
+        }
         let mut dir = 0;
         let mut at = PathBuf::from("/");
         for name in parents {
@@ -313,7 +425,8 @@ impl Editor<'_> {
                         },
                         NEW_EMPTY_FILE_MODE,
                     );
-                    self.fresh.insert(ino, Vec::new());
+                    self.fresh
+                        .insert(ino, (path.to_string(), FileSource::Bytes(Vec::new())));
                 }
             }
             Edit::File { data, mode, .. } => {
@@ -328,6 +441,9 @@ impl Editor<'_> {
                         // file does: every name of it sees the new bytes,
                         // and it keeps its owner.
                         let node = &mut self.tree.inodes[ino];
+                        if node.links > 1 {
+                            self.rewritten_links += 1;
+                        }
                         node.kind = kind;
                         node.mode = mode;
                         node.mtime = self.opts.time;
@@ -342,8 +458,10 @@ impl Editor<'_> {
                     }
                     None => self.add(dir, last, kind, mode),
                 };
-                self.fresh.insert(ino, data.clone());
+                self.fresh
+                    .insert(ino, (path.to_string(), FileSource::Bytes(data.clone())));
             }
+            Edit::DirAs { .. } | Edit::NewFile { .. } => {}
         }
         Ok(())
     }
@@ -392,13 +510,15 @@ impl DataWriter<'_> {
         Ok(())
     }
 
-    fn file(&mut self, data: &[u8]) -> Result<(u64, Vec<u32>, FileData), SquashError> {
-        let size = data.len() as u64;
+    fn file(&mut self, path: &str, src: &FileSource) -> Result<Stored, SquashError> {
+        let size = src.len();
         let start = self.pos;
-        if data.is_empty() {
+        if size == 0 {
             return Ok((start, Vec::new(), FileData::default()));
         }
-        if data.len() < self.block_size {
+        if size < self.block_size as u64 {
+            let mut data = vec![0u8; usize::try_from(size).unwrap_or(0)];
+            read_all(path, src, 0, &mut data)?;
             if self.fragment.len() + data.len() > self.block_size {
                 self.flush_fragment()?;
             }
@@ -407,7 +527,7 @@ impl DataWriter<'_> {
                 .ok()
                 .and_then(|n| self.first_fragment.checked_add(n))
                 .ok_or_else(|| too_big("the fragment count"))?;
-            self.fragment.extend_from_slice(data);
+            self.fragment.extend_from_slice(&data);
             let fd = FileData {
                 blocks: Vec::new(),
                 fragment: Some((index, offset)),
@@ -415,9 +535,15 @@ impl DataWriter<'_> {
             };
             return Ok((start, Vec::new(), fd));
         }
-        let mut words = Vec::with_capacity(data.len().div_ceil(self.block_size));
-        for chunk in data.chunks(self.block_size) {
-            words.push(self.block(chunk)?);
+        let block = self.block_size as u64;
+        let mut words = Vec::with_capacity(usize::try_from(size.div_ceil(block)).unwrap_or(0));
+        let mut chunk = vec![0u8; self.block_size];
+        let mut at = 0u64;
+        while at < size {
+            let n = usize::try_from((size - at).min(block)).unwrap_or(self.block_size);
+            read_all(path, src, at, &mut chunk[..n])?;
+            words.push(self.block(&chunk[..n])?);
+            at += n as u64;
         }
         let fd = FileData {
             blocks: words.iter().map(|_| Some(0)).collect(),
@@ -426,6 +552,78 @@ impl DataWriter<'_> {
         };
         Ok((start, words, fd))
     }
+}
+
+/// Where a new file's data went: start, block words, fragment.
+type Stored = (u64, Vec<u32>, FileData);
+
+fn changed(path: &str) -> SquashError {
+    SquashError::Input {
+        path: PathBuf::from(path),
+        what: "changed size while being read".into(),
+    }
+}
+
+/// Fills `buf` with the bytes of `src` from offset `at`: all of them, or
+/// the source changed.
+fn read_all(path: &str, src: &FileSource, at: u64, buf: &mut [u8]) -> Result<(), SquashError> {
+    match src {
+        FileSource::Bytes(b) => {
+            let from = usize::try_from(at).map_err(|_| changed(path))?;
+            let bytes = b.get(from..from + buf.len()).ok_or_else(|| changed(path))?;
+            buf.copy_from_slice(bytes);
+        }
+        FileSource::Open(f) => {
+            use std::os::unix::fs::FileExt;
+            f.as_file().read_exact_at(buf, at).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    changed(path)
+                } else {
+                    SquashError::Io {
+                        op: "read",
+                        path: PathBuf::from(path),
+                        source: e,
+                    }
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// A key naming a source's content: its size and SHA-256 (read through
+/// once; a file that has grown is refused).
+fn content_key(path: &str, src: &FileSource) -> Result<(u64, [u8; 32]), SquashError> {
+    use sha2::{Digest as _, Sha256};
+    let size = src.len();
+    let mut h = Sha256::new();
+    match src {
+        FileSource::Bytes(b) => h.update(b),
+        FileSource::Open(f) => {
+            let mut buf = vec![0u8; usize::try_from(size.min(1 << 20)).unwrap_or(1 << 20)];
+            let mut at = 0u64;
+            while at < size {
+                let n = usize::try_from((size - at).min(buf.len() as u64)).unwrap_or(buf.len());
+                read_all(path, src, at, &mut buf[..n])?;
+                h.update(&buf[..n]);
+                at += n as u64;
+            }
+            use std::os::unix::fs::FileExt;
+            let mut one = [0u8; 1];
+            if f.as_file()
+                .read_at(&mut one, size)
+                .map_err(|e| SquashError::Io {
+                    op: "read",
+                    path: PathBuf::from(path),
+                    source: e,
+                })?
+                != 0
+            {
+                return Err(changed(path));
+            }
+        }
+    }
+    Ok((size, h.finalize().into()))
 }
 
 pub(super) fn remix(
@@ -479,19 +677,25 @@ pub(super) fn remix(
 
     // No entry newer than the edits' time (the build's clamp), as a
     // fresh pack with that clamp would have it.
+    let mut clamped = 0u64;
     for node in &mut tree.inodes {
-        node.mtime = node.mtime.min(opts.time);
+        if node.mtime > opts.time {
+            node.mtime = opts.time;
+            clamped += 1;
+        }
     }
-    let mut fresh: BTreeMap<Ino, Vec<u8>> = BTreeMap::new();
+    let mut fresh: BTreeMap<Ino, (String, FileSource)> = BTreeMap::new();
     let mut editor = Editor {
         tree: &mut tree,
         located: &mut located,
         fresh: &mut fresh,
         opts,
+        rewritten_links: 0,
     };
     for e in edits {
         editor.apply(e)?;
     }
+    let rewritten_links = editor.rewritten_links;
 
     let f = File::create(out).map_err(io_err("create", out))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
@@ -519,20 +723,21 @@ pub(super) fn remix(
         fragments: Vec::new(),
         first_fragment: sb.fragment_count,
     };
-    let mut same: HashMap<&[u8], (u64, Vec<u32>, FileData)> = HashMap::new();
+    let mut same: HashMap<(u64, [u8; 32]), Stored> = HashMap::new();
     let mut new_bytes = 0u64;
-    for (ino, bytes) in &fresh {
-        let stored = match same.get(bytes.as_slice()) {
+    for (ino, (path, src)) in &fresh {
+        let key = content_key(path, src)?;
+        let stored = match same.get(&key) {
             Some(s) => s.clone(),
             None => {
-                let s = data.file(bytes)?;
-                same.insert(bytes.as_slice(), s.clone());
-                new_bytes += bytes.len() as u64;
+                let s = data.file(path, src)?;
+                same.insert(key, s.clone());
+                new_bytes += src.len();
                 s
             }
         };
         let (start, words, mut fd) = stored;
-        fd.size = bytes.len() as u64;
+        fd.size = src.len();
         located.insert(*ino, (start, words, fd));
     }
     data.flush_fragment()?;
@@ -568,6 +773,8 @@ pub(super) fn remix(
         copied_bytes,
         new_bytes,
         image_bytes,
+        clamped,
+        rewritten_links,
     })
 }
 

@@ -848,13 +848,300 @@ fn metadata_only_builds_remake_the_base_image() {
     assert_eq!(base_b, base);
     assert_eq!(b.build_ok(df, &[]), d);
 
-    // A WORKDIR that makes a directory is a layer: the snapshot path.
+    // A WORKDIR that makes a directory is a layer that only adds: the
+    // base is remade with it (issue 16).
     a.file("Dockerfile", "FROM base\nWORKDIR /new/dir\nLABEL a=b\n");
     let out = build_logged(&a);
     out.success();
-    assert!(out.stderr.contains(SNAPSHOT), "{}", out.stderr);
-    assert!(!out.stderr.contains(REMIXED), "{}", out.stderr);
+    assert!(out.stderr.contains(ADDED), "{}", out.stderr);
+    assert!(!out.stderr.contains(SNAPSHOT), "{}", out.stderr);
     assert_eq!(a.sh(&digest_of(&out), "pwd"), "/new/dir\n");
+}
+
+/// The export's debug line of a build whose layers were written into the
+/// base's SIF.
+const ADDED: &str = "export: files added, remade";
+/// The export's debug line of a build that made the image's tree from
+/// its base's.
+const RELINKED: &str = "export: tree made from the base's:";
+
+/// What a sandbox of `image` shows of every entry but /dev, /proc and
+/// /sys (whose mount points the snapshot path takes from the sandbox's
+/// mounts) and the root (the sandbox's writable layer's): name, mode,
+/// owner, size (not of dirs: the file system's business), time, type, and
+/// the bytes of each file. (Link counts are left out: trees share files
+/// with their base.)
+fn listing(env: &Env, image: &str) -> String {
+    env.sh(
+        image,
+        "find / -mindepth 1 \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o \
+         ! -type d -exec stat -c '%n %a %u:%g %s %Y %F' {} + -o \
+         -type d -exec stat -c '%n %a %u:%g - %Y %F' {} + | sort; \
+         find / \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o -type f \
+         -exec md5sum {} + | sort",
+    )
+}
+
+/// Issue 16: a target stage whose layers only add regular files and
+/// directories to a stored image (COPY of context files, WORKDIR) is
+/// exported by remaking the base's SIF with them, without a snapshot or a
+/// pack; the image is the one the snapshot path makes (files, modes,
+/// owners, sizes, times, contents) but for /dev, /proc and /sys; the same
+/// build in another store gives the same digest. Builds that change the
+/// base (a deletion, a symlink, a file over one of the base's, another
+/// owner without a mapping that shows it) take the snapshot path and are
+/// right too; an older SOURCE_DATE_EPOCH clamps the base's times as well.
+#[test]
+fn builds_that_only_add_files_remake_the_base_image() {
+    let a = Env::new();
+    // Context files older and newer than the clamp (the base's time), of
+    // several modes, a dir tree, a file of several blocks.
+    a.file("old.txt", "old\n");
+    a.file("new.txt", "new\n");
+    a.file("tree/sub/run.sh", "#!/bin/sh\necho hi\n");
+    a.file("tree/sub/secret", "s\n");
+    a.ctx.dir("tree/empty");
+    let big: String = (0..300_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    a.file("big.bin", &big);
+    let set = |rel: &str, mode: u32, mtime: i64| {
+        let p = a.ctx.path().join(rel);
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(mtime.unsigned_abs());
+        std::fs::File::open(&p)
+            .and_then(|f| f.set_modified(t))
+            .expect("mtime");
+    };
+    set("tree/sub/run.sh", 0o755, 1_500_000_000);
+    set("tree/sub/secret", 0o600, 1_500_000_001);
+    set("tree/sub", 0o750, 1_500_000_002);
+    set("tree/empty", 0o700, 1_500_000_003);
+    set("old.txt", 0o644, 1_000_000_000);
+    set("new.txt", 0o664, 4_000_000_000);
+    let body = "WORKDIR /app/work\nCOPY old.txt new.txt ./\nCOPY tree /opt/tree/\n\
+                COPY big.bin /opt/\nLABEL x=y\n";
+    a.file("Dockerfile", &format!("FROM busybox\n{body}"));
+    let out = build_logged(&a);
+    out.success();
+    assert!(out.stderr.contains(ADDED), "no remix: {}", out.stderr);
+    assert!(!out.stderr.contains(SNAPSHOT), "a snapshot: {}", out.stderr);
+    // Its tree, made from the base's by links, at build time.
+    assert!(out.stderr.contains(RELINKED), "{}", out.stderr);
+    let fast = digest_of(&out);
+    let tree = |d: &str| {
+        a.store
+            .path()
+            .join("rootfs")
+            .join(format!("sha256-{}", d.trim_start_matches("sha256:")))
+    };
+    let busybox = a.sifbox(&["image", "inspect", "--json", "busybox"]).json()["image"]["digest"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+    {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |p: std::path::PathBuf| std::fs::symlink_metadata(p).expect("stat").ino();
+        let probe = "usr/bin/sifbox-probe";
+        assert_eq!(
+            ino(tree(&fast).join(probe)),
+            ino(tree(&busybox).join(probe))
+        );
+    }
+    // The same tree as the store unpacks from the SIF.
+    let linked = listing(&a, &fast);
+    std::fs::rename(tree(&fast), a.store.path().join("tmp/linked-tree")).expect("move");
+    assert_eq!(listing(&a, &fast), linked);
+    assert!(tree(&fast).is_dir());
+    // The same with a file added and removed again (a deletion: the
+    // snapshot path).
+    a.file(
+        "Dockerfile",
+        &format!("FROM busybox\nCOPY old.txt /zz-gone\nRUN rm /zz-gone\n{body}"),
+    );
+    let out = build_logged(&a);
+    out.success();
+    assert!(out.stderr.contains(SNAPSHOT), "{}", out.stderr);
+    assert!(!out.stderr.contains(ADDED), "{}", out.stderr);
+    let full = digest_of(&out);
+    let got = listing(&a, &fast);
+    assert_eq!(got, listing(&a, &full));
+    // What the files are: the clamp is the base's time.
+    let clamp = a.sh("busybox", "stat -c %Y /bin/busybox");
+    let clamp = clamp.trim();
+    let want = [
+        format!("/app 755 0:0 {clamp} directory"),
+        format!("/app/work 755 0:0 {clamp} directory"),
+        "/app/work/old.txt 644 0:0 1000000000 regular file".to_string(),
+        format!("/app/work/new.txt 664 0:0 {clamp} regular file"),
+        "/opt/tree/sub 750 0:0 1500000002 directory".to_string(),
+        "/opt/tree/sub/run.sh 755 0:0 1500000000 regular file".to_string(),
+        "/opt/tree/sub/secret 600 0:0 1500000001 regular file".to_string(),
+        "/opt/tree/empty 700 0:0 1500000003 directory".to_string(),
+        format!("/opt/big.bin 644 0:0 {clamp} regular file"),
+    ];
+    for w in &want {
+        let (name, rest) = w.split_once(' ').expect("name");
+        let (mode_owner, tail) = rest.split_once(" ").expect("mode");
+        let (owner, tail) = tail.split_once(' ').expect("owner");
+        let line = got
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{got}"));
+        let f: Vec<&str> = line.split(' ').collect();
+        // name mode owner size time type...
+        assert_eq!(
+            format!("{} {} {} {}", f[1], f[2], f[4], f[5..].join(" ")),
+            format!("{mode_owner} {owner} {tail}"),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        a.sh(&fast, "md5sum < /opt/big.bin"),
+        a.sh(&full, "md5sum < /opt/big.bin")
+    );
+    assert_eq!(a.sh(&fast, "pwd; /opt/tree/sub/run.sh"), "/app/work\nhi\n");
+    // Reproducible: the same in another store.
+    let b = Env::new();
+    for f in ["old.txt", "new.txt", "tree", "big.bin", "Dockerfile"] {
+        run_tool(
+            Command::new("cp")
+                .arg("-a")
+                .arg(a.ctx.path().join(f))
+                .arg(b.ctx.path()),
+        );
+    }
+    b.file("Dockerfile", &format!("FROM busybox\n{body}"));
+    assert_eq!(b.build_ok(&format!("FROM busybox\n{body}"), &[]), fast);
+
+    // Each change to the base: the snapshot path, and the right image.
+    std::os::unix::fs::symlink("old.txt", a.ctx.path().join("tree/link")).expect("symlink");
+    let cases: [(&str, &str, &str); 4] = [
+        (
+            "FROM busybox\nRUN rm /etc/hostname\nCOPY old.txt /x\n",
+            "test -e /etc/hostname || echo gone",
+            "gone\n",
+        ),
+        (
+            "FROM busybox\nCOPY tree /t/\n",
+            "readlink /t/link",
+            "old.txt\n",
+        ),
+        (
+            "FROM busybox\nCOPY new.txt /etc/hostname\n",
+            "cat /etc/hostname",
+            "new\n",
+        ),
+        (
+            "FROM busybox\nCOPY --chown=1000:1001 old.txt /o.txt\n",
+            "stat -c %u:%g /o.txt",
+            if keeps_owners() {
+                "1000:1001\n"
+            } else {
+                "0:0\n"
+            },
+        ),
+    ];
+    for (i, (df, script, want)) in cases.iter().enumerate() {
+        a.file("Dockerfile", df);
+        let out = build_logged(&a);
+        out.success();
+        // Root's builds keep owners as they are: another owner is one the
+        // remix writes. Without a subordinate range the file is the
+        // caller's (root's in the image) either way.
+        let remixed = i == 3 && (is_root() || !keeps_owners());
+        assert_eq!(out.stderr.contains(ADDED), remixed, "{df}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.contains(SNAPSHOT),
+            !remixed,
+            "{df}: {}",
+            out.stderr
+        );
+        assert_eq!(a.sh(&digest_of(&out), script), *want, "{df}");
+    }
+    // An older SOURCE_DATE_EPOCH clamps the base's times too (so the tree
+    // is the SIF's unpacked, not the base's linked).
+    std::fs::remove_file(a.ctx.path().join("tree/link")).expect("rm");
+    a.file("Dockerfile", &format!("FROM busybox\n{body}"));
+    let ctx = a.ctx.path().display().to_string();
+    let out = a
+        .cmd(&[
+            "build",
+            "--progress",
+            "plain",
+            "--build-arg",
+            "SOURCE_DATE_EPOCH=1200000000",
+            &ctx,
+        ])
+        .env("SIFBOX_LOG", "sifbox_build=debug")
+        .output();
+    out.success();
+    assert!(out.stderr.contains(ADDED), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("tree not made from the base's: the clamp changed times of the base"),
+        "{}",
+        out.stderr
+    );
+    let old = digest_of(&out);
+    assert_eq!(
+        a.sh(
+            &old,
+            "stat -c %Y /bin/busybox /app/work/new.txt /app/work/old.txt /opt/tree/sub"
+        ),
+        "1200000000\n1200000000\n1000000000\n1200000000\n"
+    );
+}
+
+/// Issue 16 on the example suite's Debian base: edit-files (`WORKDIR` +
+/// `COPY`) is remade from the base's SIF, its tree is made from the
+/// imported base's (whose times are its SIF's: the import clamps the tree
+/// it keeps), and that tree is the one the store unpacks from the SIF.
+#[test]
+fn an_example_task_image_is_remade_with_its_tree() {
+    let tar = debian_tar();
+    let tasks = match std::env::var_os("SIFBOX_TEST_TASKS").filter(|v| !v.is_empty()) {
+        Some(p) => std::path::PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks"),
+    };
+    let store = Store::new("sifbox-remix-task.");
+    store
+        .import(&tar, "debian:bookworm")
+        .timeout(BUILD_TIMEOUT)
+        .output()
+        .success();
+    let ctx = tasks.join("edit-files/environment").display().to_string();
+    let out = store
+        .cmd(["build", "--progress", "plain", &ctx])
+        .env("SIFBOX_LOG", "sifbox_build=debug")
+        .timeout(BUILD_TIMEOUT)
+        .output();
+    out.success();
+    assert!(out.stderr.contains(ADDED), "{}", out.stderr);
+    assert!(out.stderr.contains(RELINKED), "{}", out.stderr);
+    let d = digest_of(&out);
+    let sh = |script: &str| {
+        let o = store
+            .cmd(["run", "--entrypoint", "", &d, "sh", "-c", script])
+            .timeout(BUILD_TIMEOUT)
+            .output();
+        o.success();
+        o.stdout
+    };
+    let list =
+        "find / -mindepth 1 -xdev \\( -path /proc -o -path /sys -o -path /dev \\) -prune -o \
+                ! -type d -exec stat -c '%n %a %u:%g %s %Y %F' {} + -o \
+                -type d -exec stat -c '%n %a %u:%g %Y %F' {} + | sort | md5sum; \
+                stat -c '%n %a %Y' /etc /app /app/config.ini";
+    let linked = sh(list);
+    let tree = store
+        .path()
+        .join("rootfs")
+        .join(format!("sha256-{}", d.trim_start_matches("sha256:")));
+    std::fs::rename(&tree, store.path().join("tmp/linked-tree")).expect("move");
+    assert_eq!(sh(list), linked);
+    store.empty();
 }
 
 /// The example tasks whose steps write no dates into files, each built
