@@ -958,6 +958,17 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         )?,
     };
     attach(&m, m_target.as_fd(), "the writable layer")?;
+    // On ext4 each directory of the root starts in a block group of its
+    // own (the Orlov allocator spreads them), and the first allocation in
+    // a group sets up its bitmaps (0.27 ms each at a start): the three go
+    // under one directory there, in its group.
+    let m = if matches!(spec.writable, Writable::Disk { .. }) {
+        rustix::fs::mkdirat(&m, "l", Mode::from_raw_mode(0o755))
+            .map_err(sys_err("creating m/l"))?;
+        open_beneath(&m, Path::new("l"), OFlags::DIRECTORY).map_err(sys_err("opening m/l"))?
+    } else {
+        m
+    };
     let mkdir = |name: &str| {
         rustix::fs::mkdirat(&m, name, Mode::from_raw_mode(0o755))
             .map_err(sys_err(format!("creating m/{name}")))
