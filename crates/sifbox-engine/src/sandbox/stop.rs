@@ -58,11 +58,15 @@ impl Sandbox {
     }
 
     /// Stops the sandbox's processes as [`Sandbox::stop`] does, and
-    /// returns once none is left (none can touch its files or binds any
-    /// more); its supervisor is still unmounting its file systems and
-    /// removing its runtime dir, which [`Stopping::finish`] waits for.
-    /// What eval does between rollouts: the kernel's part of a stop (a few
-    /// milliseconds of unmounting, mostly waits) runs beside the next one.
+    /// returns once init answered that none is left (none can touch its
+    /// files or binds any more); its supervisor is still unmounting its
+    /// file systems and removing its runtime dir, which
+    /// [`Stopping::finish`] waits for. What eval does between rollouts:
+    /// the kernel's part of a stop (a few milliseconds of unmounting,
+    /// mostly waits) runs beside the next one. When init cannot be reached
+    /// the supervisor is signalled instead, and a sandbox that ends by
+    /// itself after its last exec is not asked: then only `finish` says
+    /// that it is all over.
     pub fn stop_processes(mut self, grace: std::time::Duration) -> Stopping {
         if let Some(pid) = self.supervisor {
             self.ask_stop(pid, grace);
@@ -84,7 +88,8 @@ impl Sandbox {
                     .map(|()| c)
             });
             match asked {
-                // The reply comes once every process had its grace time.
+                // The reply comes once every process had its grace time
+                // and what was left was killed and reaped.
                 Some(c) => {
                     if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
                         self.stop_inside_ns.set(time_ns);
