@@ -331,6 +331,22 @@ impl PartialEq for PeakFile {
 }
 impl Eq for PeakFile {}
 
+/// Which of a cgroup's dirs holds a file, as found the first time (eval
+/// reads the same counters before and after every command).
+#[derive(Debug, Clone, Default)]
+struct FoundFiles(Arc<Mutex<Vec<Found>>>);
+
+/// A file's name and the path of it found (None: in none of the dirs).
+type Found = (String, Option<PathBuf>);
+
+impl PartialEq for FoundFiles {
+    fn eq(&self, _: &Self) -> bool {
+        // A cache, not part of what a cgroup is.
+        true
+    }
+}
+impl Eq for FoundFiles {}
+
 /// One sandbox's cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxCgroup {
@@ -344,6 +360,8 @@ pub struct SandboxCgroup {
     pub homes: Vec<PathBuf>,
     #[serde(skip)]
     peak: PeakFile,
+    #[serde(skip)]
+    found: FoundFiles,
 }
 
 impl SandboxCgroup {
@@ -353,6 +371,7 @@ impl SandboxCgroup {
             dirs,
             homes,
             peak: PeakFile::default(),
+            found: FoundFiles::default(),
         }
     }
 
@@ -372,7 +391,17 @@ impl SandboxCgroup {
 
     /// The first dir holding `file` (v1 spreads files over the mounts).
     fn file(&self, file: &str) -> Option<PathBuf> {
-        self.dirs.iter().map(|d| d.join(file)).find(|p| p.exists())
+        let mut found = self
+            .found
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, p)) = found.iter().find(|(f, _)| f == file) {
+            return p.clone();
+        }
+        let p = self.dirs.iter().map(|d| d.join(file)).find(|p| p.exists());
+        found.push((file.to_string(), p.clone()));
+        p
     }
 
     /// Processes killed by the OOM killer in it so far.
