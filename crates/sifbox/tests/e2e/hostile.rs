@@ -14,7 +14,7 @@
 //! Sections:
 //!  1. the supervisor (fds, memory, ptrace, pidfd_getfd, the caller's stdio)
 //!  2. images that would steer root assembly (/proc, /dev, /sys symlinks)
-//!  3. host state (keyrings, tmpfs sizes, mountinfo)
+//!  3. host state (keyrings, tmpfs sizes, mountinfo, disk layers)
 //!  4. the kernel's attack surface (the seccomp policy)
 //!  5. build steps
 //!  6. tar streams that `sifbox cp -` unpacks
@@ -472,6 +472,75 @@ fn mountinfo_shows_no_host_paths() {
         );
         assert!(!line.contains(&runtime), "the runtime dir shows: {line}");
     }
+}
+
+/// A disk-backed layer (host root only) is a copy of an ext4 template in
+/// the scratch dir: root inside, knowing that, finds no path to the
+/// template or the scratch dir, cannot make or open a loop device to write
+/// the file system under it, and what it writes and syncs on its layer is
+/// in no later sandbox and leaves the template's bytes as they were. As
+/// another user there is no disk layer (refused, exit 125) and no template.
+#[test]
+fn a_disk_layers_template_and_device_are_out_of_reach() {
+    let sb = Sifbox::new();
+    let scratch = tempdir("sifbox-hostile-scratch.");
+    let sp = scratch.path().display().to_string();
+    let image = rootfs().display().to_string();
+    let run = |script: &str| {
+        sb.cmd([
+            "run", "--rootfs", &image, "--disk", "64m", "--", "sh", "-c", script,
+        ])
+        .env("SIFBOX_SCRATCH", scratch.path())
+        .timeout(Duration::from_secs(60))
+        .output()
+    };
+    if !harness::disk_layers() {
+        run("true").sifbox_error();
+        assert_eq!(
+            crate::limits::template_names(scratch.path()),
+            Vec::<String>::new()
+        );
+        sb.assert_clean();
+        return;
+    }
+    // Made by a first sandbox.
+    run("true").success();
+    let templates = crate::limits::template_names(scratch.path());
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    let template = scratch.path().join(&templates[0]);
+    let before = std::fs::read(&template).expect("template");
+    let attack = format!(
+        "for n in 0 1 2 3 4 5 6 7; do \
+           mknod /tmp/loop$n b 7 $n 2>/dev/null && dd if=/dev/zero of=/tmp/loop$n bs=4096 count=1 2>/dev/null && echo WROTE-DEVICE$n; \
+           [ -b /dev/loop$n ] && echo LOOP-NODE$n; \
+         done; \
+         grep -c '{sp}' /proc/self/mountinfo; \
+         find / -xdev -name '.ext4-template-*' 2>/dev/null | grep -q . && echo FOUND-TEMPLATE; \
+         echo planted > /planted; dd if=/dev/urandom of=/bulk bs=65536 count=64 2>/dev/null; sync; echo done"
+    );
+    let out = run(&attack);
+    out.success();
+    assert!(out.stdout.contains("done"), "{}", out.stdout);
+    for bad in ["WROTE-DEVICE", "LOOP-NODE", "FOUND-TEMPLATE"] {
+        assert!(!out.stdout.contains(bad), "{bad}: {}", out.stdout);
+    }
+    assert!(
+        out.stdout.lines().any(|l| l.trim() == "0"),
+        "the scratch dir shows in mountinfo: {}",
+        out.stdout
+    );
+    assert_eq!(
+        std::fs::read(&template).expect("template"),
+        before,
+        "the template changed"
+    );
+    let out = run("ls /planted /bulk 2>&1; true");
+    out.success();
+    assert!(out.stdout.contains("No such file"), "{}", out.stdout);
+    assert!(!out.stdout.contains("/bulk\n"), "{}", out.stdout);
+    assert_eq!(crate::limits::template_names(scratch.path()), templates);
+    assert!(crate::limits::loops_backed_in(scratch.path()).is_empty());
+    sb.assert_clean();
 }
 
 // ===========================================================================

@@ -205,7 +205,7 @@ fn a_full_writable_layer_is_enospc() {
 
 /// The loop devices whose backing file is in `dir` (an unlinked file shows
 /// as `DIR/#INODE (deleted)`).
-fn loops_backed_in(dir: &std::path::Path) -> Vec<String> {
+pub(crate) fn loops_backed_in(dir: &std::path::Path) -> Vec<String> {
     let dir = dir.display().to_string();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/sys/block")
@@ -236,7 +236,7 @@ fn named_in(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// The ext4 templates in the scratch dir `dir`.
-fn template_names(dir: &std::path::Path) -> Vec<String> {
+pub(crate) fn template_names(dir: &std::path::Path) -> Vec<String> {
     let mut out: Vec<String> = std::fs::read_dir(dir)
         .expect("scratch")
         .flatten()
