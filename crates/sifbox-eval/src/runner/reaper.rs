@@ -18,6 +18,8 @@ use std::sync::{Condvar, Mutex};
 
 use sifbox_engine::Stopping;
 
+use crate::cancel::lock;
+
 /// The job's end of the reaper thread.
 pub(super) struct Reaper {
     tx: Mutex<Option<Sender<Stopping>>>,
@@ -97,8 +99,4 @@ impl Reaper {
             self.idle.notify_all();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
