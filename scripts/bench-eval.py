@@ -99,7 +99,7 @@ def main() -> None:
     os.environ.setdefault("SIFBOX_CACHE", str(work / "cache"))
     task = make_task(work / "tasks")
     out = work / "jobs"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     run_job(a.sifbox, task, out, f"warm-{stamp}", 1, 1)
     wall = run_job(a.sifbox, task, out, f"bench-{stamp}", a.rollouts, a.jobs)
 
@@ -151,7 +151,7 @@ def compare_jobs(a: argparse.Namespace) -> None:
     tar = a.base_tar or str(repo / "target" / "bookworm-minbase.tar")
     suite = pathlib.Path(a.examples)
     attempts = 3
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     walls = {}
     builds = {}
     for jobs in (1, 2):
@@ -196,7 +196,7 @@ def compare_layers(a: argparse.Namespace) -> None:
     os.environ.setdefault("SIFBOX_CACHE", str(work / "cache"))
     task = make_task(work / "tasks")
     out = work / "jobs"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
     layers = a.layers.split(",")
     run_job(a.sifbox, task, out, f"warm-{stamp}", 1, 1)
     rounds = 4

@@ -116,6 +116,26 @@ impl Host {
             root: rustix::process::getuid().is_root(),
         }
     }
+
+    /// [`Host::detect`], reused for a second: a job starting sandboxes
+    /// back to back reads the host's mountinfo and its own cgroup once,
+    /// not for each (they change when an administrator changes them).
+    pub fn detect_recent() -> Host {
+        use std::sync::Mutex;
+        use std::time::{Duration, Instant};
+        static LAST: Mutex<Option<(Instant, Host)>> = Mutex::new(None);
+        let mut last = LAST
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, host)) = last.as_ref() {
+            if at.elapsed() < Duration::from_secs(1) {
+                return host.clone();
+            }
+        }
+        let host = Host::detect();
+        *last = Some((Instant::now(), host.clone()));
+        host
+    }
 }
 
 /// The CPUs this process may run on.

@@ -9,7 +9,7 @@ use super::*;
 /// fallbacks (said in the record).
 fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
     use crate::limits::{self, cgroup::CgroupLimits};
-    let host = limits::Host::detect();
+    let host = limits::Host::detect_recent();
     let seed = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -56,6 +56,13 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
 /// less per sandbox); a multi-threaded one (an async runtime) must re-execute
 /// the sifbox binary so that the supervisor starts single-threaded.
 fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
+    // The caller's disk-backed layer, a descriptor of the supervisor's own.
+    let disk = opts
+        .disk_layer
+        .as_ref()
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(&**fd, 3))
+        .transpose()
+        .map_err(|e| Error::io("duplicating the disk-backed layer", std::io::Error::from(e)))?;
     if opts.fork_when_possible && sifbox_sys::thread_count().ok() == Some(1) {
         let (control_r, control_w) =
             pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
@@ -68,7 +75,7 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
             sifbox_sys::Forked::Child => {
                 drop((control_w, status_r));
                 exit_now(supervisor::main_forked(
-                    launch, control_r, status_w, listener,
+                    launch, control_r, status_w, listener, disk,
                 ))
             }
             sifbox_sys::Forked::Parent(pid) => {
@@ -81,6 +88,10 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
             }
         }
     }
+    // The control channel is a socket: the launch goes down it as a frame
+    // that can carry descriptors (the disk-backed layer).
+    let (control, theirs) = std::os::unix::net::UnixStream::pair()
+        .ctx(|| "a socketpair for the supervisor".to_string())?;
     let mut child = Command::new(&opts.supervisor_exe)
         .arg0("sifbox")
         .arg(SUPERVISOR_ARG)
@@ -88,7 +99,7 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
         // (see supervisor::TITLE); the supervisor reads nothing from it.
         .arg(&launch.spec.name)
         .env_clear()
-        .stdin(Stdio::piped())
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -97,14 +108,15 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
         .ok()
         .and_then(Pid::from_raw)
         .ok_or_else(|| Error::Setup("pid out of range".into()))?;
-    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+    let Some(stdout) = child.stdout.take() else {
         return Err(Error::Setup("supervisor pipes missing".into()));
     };
-    let mut control = File::from(OwnedFd::from(stdin));
-    send_line(
-        &mut control,
-        &serde_json::to_string(launch).map_err(|e| Error::Setup(e.to_string()))?,
-    )?;
+    let passed: Vec<_> = disk.iter().map(AsFd::as_fd).collect();
+    protocol::send(&control, launch, &passed).map_err(|e| Error::Protocol {
+        name: launch.spec.name.clone(),
+        why: format!("sending the launch to the supervisor: {e}"),
+    })?;
+    drop(disk);
     // `child` is reaped with waitpid by pid; std's handle is not needed.
     drop(child);
     Ok(Launched {
@@ -235,6 +247,12 @@ impl Sandbox {
                 }
             }
         }
+        if opts.disk_layer.is_some() && !matches!(spec.writable, Writable::Disk { .. }) {
+            return Err(Error::Setup(
+                "a disk-backed layer was given for a sandbox whose writable layer is not one"
+                    .into(),
+            ));
+        }
         if let Writable::Disk { size_mib, scratch } = &spec.writable {
             let bad = |why: String, fix: &str| Error::BadInput {
                 what: format!("a disk-backed writable layer of {size_mib} MiB"),
@@ -272,6 +290,7 @@ impl Sandbox {
             limits,
             lock_id: Some(reservation.lock_id),
             holds: opts.holds.clone(),
+            disk_given: opts.disk_layer.is_some(),
         };
         let Launched {
             pid,

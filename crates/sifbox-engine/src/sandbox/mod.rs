@@ -72,6 +72,12 @@ pub struct StartOptions {
     /// removed under it). Each is locked as the lock-file protocol of
     /// `sifbox_sys::lockfile` says; one that is missing is skipped.
     pub holds: Vec<PathBuf>,
+    /// A disk-backed writable layer made by the caller (the mount of a
+    /// [`crate::disk::Reused`] layer), for a [`Writable::Disk`] sandbox:
+    /// the supervisor uses it instead of making one.
+    ///
+    /// [`Writable::Disk`]: crate::spec::Writable::Disk
+    pub disk_layer: Option<std::sync::Arc<OwnedFd>>,
 }
 
 impl StartOptions {
@@ -85,6 +91,7 @@ impl StartOptions {
             image: None,
             hidden: false,
             holds: Vec::new(),
+            disk_layer: None,
         }
     }
 }

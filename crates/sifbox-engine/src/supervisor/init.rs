@@ -143,9 +143,11 @@ pub(super) fn init_main(
     status.send(&format!("ready {}", worker::now_ns()));
     // From now on only outer holds the status pipe.
     status.close();
-    // Idle until the first request: of the pages of sifbox and its
-    // libraries that setting up touched, the serve loop needs a few.
-    trim();
+    // The pages of sifbox that setting up touched are given back once the
+    // sandbox has been idle a moment (the serve loop's first trim), not
+    // now: most of eval's sandboxes live a few ms, and the requests that
+    // come at once would fault them back in (and so would every process
+    // forked for them).
     let activity = activity.and_then(|(pipe, proc)| {
         proc.map(|proc| Activity {
             pipe,

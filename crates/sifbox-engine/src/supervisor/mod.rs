@@ -55,7 +55,7 @@ mod watchdog;
 use init::{init_main, Activity};
 use outer::{outer, Nest};
 use pool::{new_worker, NewWorker, Pool};
-use serve::{serve, trim};
+use serve::serve;
 use watchdog::Watchdog;
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
@@ -137,6 +137,10 @@ pub struct Launch {
     /// Lock files outer holds shared while it lives (`StartOptions::holds`).
     #[serde(default)]
     pub holds: Vec<PathBuf>,
+    /// The disk-backed layer comes with the launch (`StartOptions::disk_layer`)
+    /// rather than being made by outer.
+    #[serde(default)]
+    pub disk_given: bool,
 }
 
 /// Status lines to the client.
@@ -192,18 +196,22 @@ pub fn main() -> i32 {
         status.error(&e.into());
         return 125;
     }
-    let mut input = BufReader::new(control);
-    let launch = read_line(&mut input).and_then(|l| {
-        serde_json::from_str::<Launch>(&l)
-            .map_err(|e| Error::Setup(format!("malformed launch description: {e}")))
+    // The launch, and the disk-backed layer when the client made it.
+    let control = UnixStream::from(OwnedFd::from(control));
+    let launch = protocol::recv::<Launch>(&control)
+        .map_err(|e| Error::Setup(format!("reading the launch description: {e}")));
+    let mut input = BufReader::new(File::from(OwnedFd::from(control)));
+    let launch = launch.and_then(|(l, mut fds)| {
+        let disk = given_disk(&l, &mut fds)?;
+        Ok((l, disk))
     });
-    let launch = launch.and_then(|l| {
+    let launch = launch.and_then(|(l, disk)| {
         sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
-        Ok(l)
+        Ok((l, disk))
     });
     // As a forked one does: a sandbox that outlives its client logs to its
     // runtime dir, not to the client's stderr (which would stay open).
-    let launch = launch.and_then(|l| {
+    let launch = launch.and_then(|(l, disk)| {
         if !l.oneshot {
             let log = std::fs::OpenOptions::new()
                 .create(true)
@@ -212,12 +220,24 @@ pub fn main() -> i32 {
                 .map_err(|e| Error::io("opening the supervisor log", e))?;
             rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
         }
-        Ok(l)
+        Ok((l, disk))
     });
     finish(
-        launch.and_then(|l| outer(&l, &mut input, &mut status, None)),
+        launch.and_then(|(l, disk)| outer(&l, &mut input, &mut status, None, disk)),
         &mut status,
     )
+}
+
+/// The disk-backed layer that came with the launch: one when the launch
+/// says so, else none.
+fn given_disk(launch: &Launch, fds: &mut Vec<OwnedFd>) -> Result<Option<OwnedFd>> {
+    match (launch.disk_given, fds.len()) {
+        (false, 0) => Ok(None),
+        (true, 1) => Ok(fds.pop()),
+        (given, n) => Err(Error::Setup(format!(
+            "the launch came with {n} descriptors (a disk-backed layer given: {given})"
+        ))),
+    }
 }
 
 /// Entry point of a supervisor forked (not executed) by a single-threaded
@@ -227,6 +247,7 @@ pub fn main_forked(
     control: OwnedFd,
     status: OwnedFd,
     listener: UnixListener,
+    disk: Option<OwnedFd>,
 ) -> i32 {
     use std::os::fd::AsFd;
     let mut status = Status(Some(File::from(status)));
@@ -238,6 +259,7 @@ pub fn main_forked(
         control.as_fd(),
         listener.as_fd(),
         status.0.as_ref().map_or(control.as_fd(), AsFd::as_fd),
+        disk.as_ref().map_or(control.as_fd(), AsFd::as_fd),
     ];
     let prepared = sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &launch.spec.name])
         .and_then(|()| sifbox_sys::close_inherited_fds(&keep))
@@ -263,7 +285,7 @@ pub fn main_forked(
         });
     let mut input = BufReader::new(File::from(control));
     finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener))),
+        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk)),
         &mut status,
     )
 }

@@ -5,12 +5,14 @@
 
 use super::*;
 
-/// `listener`: the control socket when the client made it; else init makes it.
+/// `listener`: the control socket when the client made it; else init makes
+/// it. `given`: the disk-backed layer when the client made it.
 pub(super) fn outer(
     launch: &Launch,
     input: &mut BufReader<File>,
     status: &mut Status,
     listener: Option<UnixListener>,
+    given: Option<OwnedFd>,
 ) -> Result<i32> {
     // Our own hold on the sandbox's name, and on what the sandbox uses
     // (its image), for as long as we live: first, before anything could
@@ -38,6 +40,11 @@ pub(super) fn outer(
     // (its loop device and ext4 mount need host root), outside the
     // sandbox's limits (mkfs is ours, not the sandbox's).
     let disk = match &launch.spec.writable {
+        crate::spec::Writable::Disk { .. } if launch.disk_given => {
+            Some(given.ok_or_else(|| {
+                Error::Setup("the disk-backed layer did not come with the launch".into())
+            })?)
+        }
         crate::spec::Writable::Disk { size_mib, scratch } => {
             let mkfs = crate::disk::mkfs_path().ok_or_else(|| {
                 Error::Setup("the disk-backed layer: mkfs.ext4 is not installed".into())

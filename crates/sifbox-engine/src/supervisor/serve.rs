@@ -29,6 +29,9 @@ fn worker_main(chan: &UnixStream, confinement: Confinement) -> i32 {
 /// touched (see [`trim`]).
 const IDLE_TRIM: Duration = Duration::from_secs(2);
 
+/// How long a new sandbox waits idle before its first [`trim`].
+const FIRST_TRIM: Duration = Duration::from_secs(1);
+
 /// Gives back freed heap and the mapped pages of code that an idle process
 /// does not need; the next request faults in what it uses again.
 pub(super) fn trim() {
@@ -66,12 +69,15 @@ pub(super) fn serve(
     // Detached execs by id, for `Signal`: the pid of the worker serving it.
     let mut detached: HashMap<String, Pid> = HashMap::new();
     let mut workers = Pool::default();
-    // Whether anything ran since the last trim.
-    let mut busy_since_trim = false;
-    let idle_timeout = rustix::event::Timespec {
-        tv_sec: i64::try_from(IDLE_TRIM.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(IDLE_TRIM.subsec_nanos()),
+    // Whether anything ran since the last trim: setting up did, and the
+    // first trim comes after a shorter idle time (a sandbox waiting for
+    // its first command holds nothing it needs).
+    let mut busy_since_trim = true;
+    let timespec = |d: Duration| rustix::event::Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
     };
+    let mut idle_timeout = timespec(FIRST_TRIM);
     loop {
         let reaped = reap_finished();
         if !reaped.is_empty() {
@@ -92,6 +98,7 @@ pub(super) fn serve(
                     drop(fds);
                     trim();
                     busy_since_trim = false;
+                    idle_timeout = timespec(IDLE_TRIM);
                     continue;
                 }
                 Ok(_) => busy_since_trim = true,

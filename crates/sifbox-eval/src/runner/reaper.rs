@@ -16,13 +16,17 @@
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Condvar, Mutex};
 
+use sifbox_engine::disk::Removal;
 use sifbox_engine::Stopping;
+
+/// A stop to finish, and the sandbox's disk-backed layer to remove after.
+type Job = (Stopping, Option<Removal>);
 
 use crate::cancel::lock;
 
 /// The job's end of the reaper thread.
 pub(super) struct Reaper {
-    tx: Mutex<Option<Sender<Stopping>>>,
+    tx: Mutex<Option<Sender<Job>>>,
     /// What did not finish cleanly, for the job's warnings.
     failures: Mutex<Vec<String>>,
     /// Stops handed over and not finished yet.
@@ -32,7 +36,7 @@ pub(super) struct Reaper {
 
 impl Reaper {
     /// The reaper, and what its thread ([`Reaper::run`]) reads.
-    pub(super) fn new() -> (Self, Receiver<Stopping>) {
+    pub(super) fn new() -> (Self, Receiver<Job>) {
         let (tx, rx) = channel();
         (
             Reaper {
@@ -46,23 +50,23 @@ impl Reaper {
     }
 
     /// Hands `s` to the thread (or, once the job has closed it, finishes it
-    /// here).
-    pub(super) fn finish_later(&self, s: Stopping) {
+    /// here); `layer` is removed once it is finished.
+    pub(super) fn finish_later(&self, s: Stopping, layer: Option<Removal>) {
         let tx = lock(&self.tx).clone();
         *lock(&self.pending) += 1;
         let unsent = match tx {
-            Some(tx) => tx.send(s).err().map(|e| e.0),
-            None => Some(s),
+            Some(tx) => tx.send((s, layer)).err().map(|e| e.0),
+            None => Some((s, layer)),
         };
-        if let Some(s) = unsent {
-            self.finish(s);
+        if let Some(job) = unsent {
+            self.finish(job);
         }
     }
 
     /// The thread: finishes each stop handed over, until the job closes.
-    pub(super) fn run(&self, rx: Receiver<Stopping>) {
-        for s in rx {
-            self.finish(s);
+    pub(super) fn run(&self, rx: Receiver<Job>) {
+        for job in rx {
+            self.finish(job);
         }
     }
 
@@ -88,10 +92,20 @@ impl Reaper {
         std::mem::take(&mut *lock(&self.failures))
     }
 
-    fn finish(&self, s: Stopping) {
+    fn finish(&self, (s, layer): Job) {
         let name = s.name().to_string();
-        if let Err(e) = s.finish() {
-            lock(&self.failures).push(format!("stopping sandbox {name}: {e}"));
+        match s.finish() {
+            // Nothing of the sandbox is left to change the layer's tree.
+            Ok(()) => {
+                if let Some(Err(e)) = layer.map(Removal::remove) {
+                    lock(&self.failures).push(format!(
+                        "removing the disk-backed layer of sandbox {name}: {e} (its file system is not reused)"
+                    ));
+                }
+            }
+            // A layer whose sandbox may live on stays (its file system
+            // taken, not reused).
+            Err(e) => lock(&self.failures).push(format!("stopping sandbox {name}: {e}")),
         }
         let mut pending = lock(&self.pending);
         *pending = pending.saturating_sub(1);

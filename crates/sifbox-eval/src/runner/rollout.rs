@@ -266,6 +266,7 @@ fn run_rollout(
         sandbox,
         kill_id,
         ca_env,
+        layer,
     }) = started
     else {
         return;
@@ -280,7 +281,7 @@ fn run_rollout(
         Ok(run) => run,
         Err(e) => {
             r.fail(ErrorClass::Infra, e);
-            stop(ctx, sandbox, kill_id, r);
+            stop(ctx, sandbox, kill_id, layer, r);
             return;
         }
     };
@@ -299,7 +300,7 @@ fn run_rollout(
     drop(running);
     // As Harbor, the agent's sandbox stops before a separate verifier
     // starts: nothing of the agent runs while it is graded.
-    stop(ctx, sandbox, kill_id, r);
+    stop(ctx, sandbox, kill_id, layer, r);
     if !task.steps.is_empty() {
         keep_steps(ctx, logs, r);
     }
@@ -347,6 +348,8 @@ struct Started {
     kill_id: Option<u64>,
     /// The host CA bundle's variables.
     ca_env: Vec<(String, String)>,
+    /// Its disk-backed layer on the worker's file system, removed after it.
+    layer: Option<sifbox_engine::disk::Removal>,
 }
 
 /// Starts a sandbox `name` of `image` for a rollout of `task`, with
@@ -388,6 +391,17 @@ fn start_sandbox(
             size_mib: r.limits.storage_mib(),
         },
     };
+    // A directory on the worker's file system of that size, when it can.
+    let (disk_layer, layer) = match &ctx.scratch {
+        Some(scratch) => {
+            let owner = (spec.ids.uid[0].outside, spec.ids.gid[0].outside);
+            match super::disks::layer(scratch, r.limits.storage_mib(), owner) {
+                Some((mount, removal)) => (Some(std::sync::Arc::new(mount)), Some(removal)),
+                None => (None, None),
+            }
+        }
+        None => (None, None),
+    };
     spec.binds = binds;
     spec.confinement = ctx.opts.confinement(task);
     spec.limits = r.limits.spec();
@@ -401,6 +415,7 @@ fn start_sandbox(
             rootfs: image.rootfs.clone(),
         }),
         holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
+        disk_layer,
         ..StartOptions::new(ctx.opts.exe.clone())
     };
     match Sandbox::launch(spec, &opts).and_then(|sb| sb.wait_ready().map(|()| sb)) {
@@ -410,6 +425,7 @@ fn start_sandbox(
                 sandbox: sb,
                 kill_id,
                 ca_env,
+                layer,
             })
         }
         Err(e) => {
@@ -521,6 +537,7 @@ fn separate_verifier(
         sandbox,
         kill_id,
         ca_env,
+        layer,
     }) = started
     else {
         return;
@@ -552,7 +569,7 @@ fn separate_verifier(
         Err(e) => r.fail(ErrorClass::Infra, e),
     }
     let before = r.timings_ms.stop;
-    stop(ctx, sandbox, kill_id, r);
+    stop(ctx, sandbox, kill_id, layer, r);
     let stop_ms = r.timings_ms.stop - before;
     if let Some(vs) = &mut r.verifier_sandbox {
         vs.stop_ms = stop_ms;
@@ -562,7 +579,13 @@ fn separate_verifier(
 /// Stops `sandbox`'s processes, counted in the rollout's `stop` time; the
 /// job's reaper finishes the stop (a failure there is one of the job's
 /// warnings).
-fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutResult) {
+fn stop(
+    ctx: &Ctx<'_>,
+    sandbox: Sandbox,
+    kill_id: Option<u64>,
+    layer: Option<sifbox_engine::disk::Removal>,
+    r: &mut RolloutResult,
+) {
     let t = Instant::now();
     // Once no process of it is left; the job finishes the rest (unmounts,
     // the runtime dir) beside the next rollouts.
@@ -571,7 +594,7 @@ fn stop(ctx: &Ctx<'_>, sandbox: Sandbox, kill_id: Option<u64>, r: &mut RolloutRe
         ctx.cancel.unregister(id);
     }
     r.timings_ms.stop += ms(t.elapsed());
-    ctx.reaper.finish_later(stopping);
+    ctx.reaper.finish_later(stopping, layer);
 }
 
 /// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).

@@ -24,7 +24,7 @@ use serde_json::Value;
 const EVAL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A test's store and a dir for its tasks and the job's output.
-struct Env {
+pub(crate) struct Env {
     store: Store,
     dir: Tree,
 }
@@ -38,7 +38,7 @@ impl Env {
     }
 
     /// A fresh store with `evalbase` in it.
-    fn with_evalbase() -> Env {
+    pub(crate) fn with_evalbase() -> Env {
         let env = Env::new();
         let base = env.path("evalbase");
         make_evalbase(&base);
@@ -50,11 +50,11 @@ impl Env {
         env
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.dir.join(rel)
     }
 
-    fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.path("out")
     }
 
@@ -68,7 +68,7 @@ impl Env {
 
     /// A task `tasks/NAME` on `evalbase` (unless `toml` names another
     /// environment), with this solution and test.
-    fn task(&self, name: &str, toml: &str, solve: &str, test: &str) -> PathBuf {
+    pub(crate) fn task(&self, name: &str, toml: &str, solve: &str, test: &str) -> PathBuf {
         let toml = if toml.contains("docker_image") || toml.contains("#dockerfile") {
             toml.to_string()
         } else if toml.contains("[environment]") {
@@ -94,7 +94,7 @@ impl Env {
     }
 
     /// `sifbox eval --out OUT --progress plain ARGS...`
-    fn eval(&self, args: &[&str]) -> harness::Invocation<'_> {
+    pub(crate) fn eval(&self, args: &[&str]) -> harness::Invocation<'_> {
         let out = self.out().display().to_string();
         let mut all = vec!["eval", "--out", &out, "--progress", "plain"];
         all.extend_from_slice(args);
@@ -105,7 +105,7 @@ impl Env {
         read_json(&self.out().join(rel))
     }
 
-    fn result(&self, job: &str, rollout: &str) -> Value {
+    pub(crate) fn result(&self, job: &str, rollout: &str) -> Value {
         self.json(&format!("{job}/{rollout}/result.json"))
     }
 }
@@ -984,7 +984,7 @@ fn bad_input_is_one_clear_error_and_leaves_nothing() {
 const HOWS: [&str; 5] = ["cgroup_v2", "cgroup_v1", "rlimit", "watchdog", "affinity"];
 
 /// `limits_applied`'s entry for `limit`, if any.
-fn applied<'a>(r: &'a Value, limit: &str) -> Option<&'a Value> {
+pub(crate) fn applied<'a>(r: &'a Value, limit: &str) -> Option<&'a Value> {
     r["limits_applied"]
         .as_array()
         .expect("limits_applied is a list")

@@ -543,6 +543,105 @@ fn a_disk_layers_template_and_device_are_out_of_reach() {
     sb.assert_clean();
 }
 
+/// An eval worker's sandboxes take turns on its disk-backed file systems,
+/// each in a fresh directory: root inside, which leaves all it can for the
+/// next rollout (files, a deep tree with closed modes, a fifo, hard links,
+/// symlinks to a host directory, most of the file system filled (the
+/// verifier's upload needs some room), a process that
+/// holds a file open), finds none of it in the next one, and gets the whole
+/// size again; the removal follows none of the symlinks (the host
+/// directory they name is whole after). Four rollouts used fewer loop
+/// devices than four (a worker keeps up to three file systems of a size,
+/// each free again once the reaper removed its last directory; without
+/// reuse each rollout has its own). As another user the layers are tmpfs.
+#[test]
+fn a_reused_disk_file_system_keeps_nothing_of_the_last_sandbox() {
+    let env = crate::eval::Env::with_evalbase();
+    let canary = tempdir("sifbox-hostile-canary.");
+    std::fs::create_dir(canary.path().join("sub")).expect("mkdir");
+    std::fs::write(canary.path().join("sub/keep"), "keep").expect("write");
+    let host = canary.path().display();
+    let solve = format!(
+        "#!/bin/sh\n\
+         for p in /planted /deep /fifo /link /hard /closed /bulk /hostdir; do \
+           if [ -e $p ] || [ -L $p ]; then echo LEFT $p; fi; \
+         done > /logs/agent/found\n\
+         df -k / | tail -1 | awk '{{print $4}}' > /logs/agent/free\n\
+         echo planted > /planted; ln /planted /hard; mkfifo /fifo\n\
+         mkdir -p /deep/a/b/c/d; echo x > /deep/a/b/c/d/f; ln -s {host} /deep/a/b/c/d/out\n\
+         chmod 000 /deep/a/b /deep; mkdir /closed; chmod 000 /closed\n\
+         ln -s {host}/sub /link; ln -s {host} /hostdir\n\
+         dd if=/dev/zero of=/bulk bs=1M count=48 2>/dev/null; sync\n\
+         setsid sh -c 'exec 3</bulk; sleep 600' </dev/null >/dev/null 2>&1 &\n\
+         sleep 1\n"
+    );
+    env.task(
+        "leftovers",
+        "[environment]\nstorage_mb = 64\n",
+        &solve,
+        "#!/bin/sh\n\
+         if [ -s /logs/agent/found ]; then echo 0; else echo 1; fi > /logs/verifier/reward.txt\n",
+    );
+    let scratch = tempdir("sifbox-hostile-scratch.");
+    let tasks = env.path("tasks").display().to_string();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut loops = std::collections::BTreeSet::new();
+    std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            let out = env
+                .eval(&["--job", "j", "--jobs", "1", "--attempts", "4", &tasks])
+                .env("SIFBOX_SCRATCH", scratch.path())
+                .output();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            out
+        });
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            if harness::disk_layers() {
+                loops.extend(crate::limits::loops_backed_in(scratch.path()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        job.join().expect("the job's thread").success();
+    });
+    let mut free = Vec::new();
+    for n in 1..=4 {
+        let rollout = format!("leftovers__{n}");
+        let r = env.result("j", &rollout);
+        let dir = env.out().join("j").join(&rollout);
+        let found = std::fs::read_to_string(dir.join("agent/found")).expect("found");
+        assert_eq!(found, "", "{rollout} found what an earlier one left");
+        assert_eq!(r["reward"], 1.0, "{rollout}: {r:#}");
+        let kb: u64 = std::fs::read_to_string(dir.join("agent/free"))
+            .expect("free")
+            .trim()
+            .parse()
+            .expect("df's figure");
+        free.push(kb);
+        let storage = crate::eval::applied(&r, "storage").expect("storage");
+        let layer = if harness::disk_layers() {
+            "disk"
+        } else {
+            "tmpfs"
+        };
+        assert_eq!(storage["how"], layer, "{storage}");
+    }
+    // Each started with the whole size (what an earlier one filled is free).
+    assert!(
+        free.iter()
+            .all(|&kb| kb + 1024 >= free[0] && kb <= free[0] + 1024),
+        "free space at the start of each rollout: {free:?}"
+    );
+    assert!(free[0] > 40 * 1024, "{free:?}");
+    assert_eq!(
+        std::fs::read_to_string(canary.path().join("sub/keep")).expect("the host's file"),
+        "keep"
+    );
+    if harness::disk_layers() {
+        assert!(loops.len() < 4, "loop devices seen: {loops:?}");
+        assert!(crate::limits::loops_backed_in(scratch.path()).is_empty());
+    }
+}
+
 // ===========================================================================
 // 4. The kernel's attack surface
 // ===========================================================================
