@@ -891,6 +891,41 @@ pub fn processes_with_arg(marker: &str) -> Vec<(i32, Vec<String>)> {
         .collect()
 }
 
+/// What a failing check says of a process left behind: its command line,
+/// state, parents, pid namespace and cgroups, and how long it has run.
+pub fn describe_process(pid: i32) -> String {
+    let read =
+        |what: &str| std::fs::read_to_string(format!("/proc/{pid}/{what}")).unwrap_or_default();
+    let status: Vec<String> = read("status")
+        .lines()
+        .filter(|l| {
+            ["State:", "PPid:", "NSpid:", "Uid:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .map(|l| l.display().to_string())
+        .unwrap_or_default();
+    let mut parents = Vec::new();
+    let mut at = stat(pid).map(|(ppid, _, _)| ppid);
+    while let Some(p) = at.filter(|p| *p > 1 && parents.len() < 8) {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        parents.push(format!(
+            "{p} {}",
+            String::from_utf8_lossy(&cmd).replace('\0', " ").trim_end()
+        ));
+        at = stat(p).map(|(ppid, _, _)| ppid);
+    }
+    format!(
+        "pid {pid}: {:?} {status:?} {ns} (ours {}), cgroups {:?}, parents {parents:?}",
+        read("cmdline").replace('\0', " "),
+        host_namespace("pid"),
+        read("cgroup").lines().collect::<Vec<_>>(),
+    )
+}
+
 /// Polls `cond` every 20 ms until it holds or `timeout` passes.
 pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
