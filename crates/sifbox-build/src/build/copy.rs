@@ -77,10 +77,7 @@ impl Builder<'_> {
         paths.retain(|p| !is_url(p));
         let mut fetched = Vec::new();
         if !urls.is_empty() {
-            let t = tempfile::Builder::new()
-                .prefix("sifbox-add.")
-                .tempdir()
-                .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+            let t = self.scratch_dir("sifbox-add.")?;
             for (i, u) in urls.iter().enumerate() {
                 let slot = t.path().join(i.to_string());
                 std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
@@ -130,10 +127,7 @@ impl Builder<'_> {
                 )
             }
             None => {
-                let t = tempfile::Builder::new()
-                    .prefix("sifbox-heredoc.")
-                    .tempdir()
-                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let t = self.scratch_dir("sifbox-heredoc.")?;
                 let mut names = Vec::new();
                 for h in &heredocs {
                     // The name becomes a file name here and in the image:
@@ -164,10 +158,7 @@ impl Builder<'_> {
             }
             Some(from) => {
                 let st = self.state_of(inst, from, results)?;
-                let t = tempfile::Builder::new()
-                    .prefix("sifbox-from.")
-                    .tempdir()
-                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let t = self.scratch_dir("sifbox-from.")?;
                 let sb = self.layers.reader(&st.state)?;
                 let mut names = Vec::new();
                 for (i, p) in paths.iter().enumerate() {
@@ -374,10 +365,7 @@ impl Builder<'_> {
         let bytes = match state.read_file(path, LIMIT) {
             Ok(b) => b,
             Err(_) => {
-                let t = tempfile::Builder::new()
-                    .prefix("sifbox-read.")
-                    .tempdir()
-                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let t = self.scratch_dir("sifbox-read.")?;
                 let sb = self.layers.reader(state)?;
                 let got = Self::download_followed(&sb, path, t.path());
                 sb.stop(std::time::Duration::ZERO)?;

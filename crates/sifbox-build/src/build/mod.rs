@@ -114,6 +114,34 @@ struct Builder<'a> {
     stage_names: HashMap<String, usize>,
     /// Whether the stage being built set CMD itself.
     cmd_in_stage: bool,
+    /// The build's own dir in the store's `tmp/` (not the host's /tmp),
+    /// where its scratch dirs go ([`Builder::scratch_dir`]): locked while
+    /// the build lives, so a build killed with SIGKILL leaves nothing that
+    /// `sifbox gc` does not remove.
+    scratch: sifbox_image::store::WorkDir,
+}
+
+impl Drop for Builder<'_> {
+    /// The build's scratch goes with it, what its steps' other ids wrote
+    /// there too (a tmpfs mount's files: removed from a sandbox with the
+    /// same id mapping when the caller cannot remove them on the host).
+    fn drop(&mut self) {
+        let _ = self
+            .layers
+            .remove_trees(&[self.scratch.path().to_path_buf()]);
+    }
+}
+
+impl Builder<'_> {
+    /// A fresh scratch dir (named `PREFIX.XXXXXX`) in the build's own dir,
+    /// removed when the returned handle is dropped.
+    fn scratch_dir(&self, prefix: &str) -> Result<tempfile::TempDir> {
+        let under = self.scratch.path();
+        tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir_in(under)
+            .map_err(|e| BuildError::io(under, e))
+    }
 }
 
 /// Builds the Dockerfile of `opts` into a store image.
@@ -192,6 +220,7 @@ pub fn build(
             .filter_map(|s| s.name.as_ref().map(|n| (n.to_lowercase(), s.index)))
             .collect(),
         cmd_in_stage: false,
+        scratch: store.work_dir("build")?,
     };
     let mut results: HashMap<usize, StageResult> = HashMap::new();
     for stage in &plan.stages {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use sifbox_engine::protocol::ExecRequest;
@@ -77,10 +77,7 @@ impl Builder<'_> {
             // apt drops privileges to _apt and checks that it did, which
             // faked set*id calls cannot pass: tell it to stay root (as
             // Charliecloud's builder does), without touching the image.
-            let t = tempfile::Builder::new()
-                .prefix("sifbox-apt.")
-                .tempdir()
-                .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+            let t = self.scratch_dir("sifbox-apt.")?;
             let conf = t.path().join("apt.conf");
             std::fs::write(&conf, "APT::Sandbox::User \"root\";\n")
                 .map_err(|e| BuildError::io(&conf, e))?;
@@ -245,10 +242,7 @@ impl Builder<'_> {
             }
             MountType::Tmpfs => {
                 let dst = target()?;
-                let t = tempfile::Builder::new()
-                    .prefix("sifbox-tmpfs.")
-                    .tempdir()
-                    .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                let t = self.scratch_dir("sifbox-tmpfs.")?;
                 let src = t.path().to_path_buf();
                 scratch.push(t);
                 Ok(Some((
@@ -293,10 +287,7 @@ impl Builder<'_> {
                         // the source looked up inside it, .dockerignore
                         // applied. Writes to it (rw) are thrown away with it.
                         let rel = crate::context::clean_rel(&source);
-                        let t = tempfile::Builder::new()
-                            .prefix("sifbox-bind.")
-                            .tempdir()
-                            .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                        let t = self.scratch_dir("sifbox-bind.")?;
                         let copy = t.path().join("src");
                         let hash = self
                             .ctx
@@ -307,10 +298,7 @@ impl Builder<'_> {
                     }
                     Some(from) => {
                         let st = self.state_of(inst, from, results)?;
-                        let t = tempfile::Builder::new()
-                            .prefix("sifbox-bind.")
-                            .tempdir()
-                            .map_err(|e| BuildError::io(Path::new("/tmp"), e))?;
+                        let t = self.scratch_dir("sifbox-bind.")?;
                         let dest = t.path().join("src");
                         let path = clean_abs(&source);
                         let sb = self.layers.reader(&st.state)?;

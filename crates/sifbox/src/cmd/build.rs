@@ -90,10 +90,9 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     let store = crate::cmd::image::open_store()?;
     let interrupted = Interruption::watch()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
-    let scratch = tempfile::Builder::new()
-        .prefix("sifbox-build.")
-        .tempdir()
-        .map_err(|e| Error::io("creating a temporary dir", e))?;
+    // The files of `--secret id=..,env=VAR`: in the store's tmp/, where
+    // `sifbox gc` finds them if the build is killed (SIGKILL), not in /tmp.
+    let scratch = store.work_dir("build-secrets")?;
     let host_ca = a
         .host_ca
         .clone()

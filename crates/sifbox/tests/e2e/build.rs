@@ -1347,23 +1347,81 @@ USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
     );
 }
 
+/// A build's scratch (a secret given by value, a tmpfs mount, a copy of
+/// the context for a bind mount) lives in the store's tmp/, not in TMPDIR,
+/// and goes with the build, files of other ids that a step wrote into its
+/// tmpfs mount too: an unprivileged caller could not remove those itself.
+#[test]
+fn a_builds_scratch_goes_with_it() {
+    let env = Env::new();
+    let tmp = tempdir("sifbox-build-tmpdir.");
+    env.file("data.txt", "data\n");
+    env.file(
+        "Dockerfile",
+        "FROM busybox\nRUN --mount=type=secret,id=token --mount=type=tmpfs,target=/scratch \
+--mount=type=bind,source=data.txt,target=/data.txt \
+test \"$(cat /run/secrets/token)\" = hunter2 && grep -q data /data.txt \
+&& mkdir /scratch/d && touch /scratch/d/f && chown -R 1000:1000 /scratch/d && chmod 700 /scratch/d\n",
+    );
+    let ctx = env.ctx.path().display().to_string();
+    env.store
+        .cmd([
+            "build",
+            "-q",
+            "--secret",
+            "id=token,env=SIFBOX_TEST_TOKEN",
+            &ctx,
+        ])
+        .env("TMPDIR", tmp.path())
+        .env("SIFBOX_TEST_TOKEN", "hunter2")
+        .timeout(BUILD_TIMEOUT)
+        .output()
+        .success();
+    let in_tmp: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("tmpdir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(in_tmp.is_empty(), "left in TMPDIR: {in_tmp:?}");
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "left in the store's tmp/: {:?}",
+        env.store.tmp_entries()
+    );
+}
+
 #[test]
 fn interrupted_build_leaves_nothing_after_gc() {
     let env = Env::new();
     let marker = harness::unique_number();
+    let tmp = tempdir("sifbox-build-tmpdir.");
     // Files of another id, which an unprivileged caller cannot remove on
-    // the host, are written before the build is killed.
+    // the host, are written before the build is killed; and the step has
+    // every kind of scratch a build makes: a secret given by value, a
+    // tmpfs mount (written by another id too), a copy of the context.
+    env.file("data.txt", "data\n");
     env.file(
         "Dockerfile",
         &format!(
-            "FROM busybox\nRUN mkdir -p /home/user/d && touch /home/user/d/f && chown -R 1000:1000 /home/user \
-&& chmod 700 /home/user/d && sleep {marker}\n"
+            "FROM busybox\nRUN --mount=type=secret,id=token --mount=type=tmpfs,target=/scratch \
+--mount=type=bind,source=data.txt,target=/data.txt \
+mkdir -p /home/user/d /scratch/d && touch /home/user/d/f /scratch/d/f \
+&& chown -R 1000:1000 /home/user /scratch/d && chmod 700 /home/user/d /scratch/d && sleep {marker}\n"
         ),
     );
     let ctx = env.ctx.path().display().to_string();
     let running = env
         .store
-        .cmd(["build", "--progress", "plain", &ctx])
+        .cmd([
+            "build",
+            "--progress",
+            "plain",
+            "--secret",
+            "id=token,env=SIFBOX_TEST_TOKEN",
+            &ctx,
+        ])
+        .env("TMPDIR", tmp.path())
+        .env("SIFBOX_TEST_TOKEN", "hunter2")
         .no_clean_check()
         .spawn();
     let started = harness::eventually(Duration::from_secs(20), || {
@@ -1376,6 +1434,19 @@ fn interrupted_build_leaves_nothing_after_gc() {
         harness::processes_with_arg(&marker.to_string()).is_empty()
     });
     assert!(gone, "the build's sandbox outlived it");
+    // Nothing of it went to TMPDIR, where no gc would find it: the
+    // scratch, the secret's copy with it, is in the store's tmp/.
+    let in_tmp: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("tmpdir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(in_tmp.is_empty(), "left in TMPDIR: {in_tmp:?}");
+    let left = env.store.tmp_entries();
+    assert!(
+        left.iter().any(|e| e.starts_with("build-")),
+        "the build's scratch is not in the store's tmp/: {left:?}"
+    );
     env.sifbox(&["gc"]).success();
     assert!(
         env.store.tmp_entries().is_empty(),
