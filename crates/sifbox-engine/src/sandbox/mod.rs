@@ -453,6 +453,14 @@ impl Sandbox {
     }
 
     fn proto(&self, e: ProtocolError) -> Error {
+        // A sandbox still setting up whose supervisor gave up after we
+        // connected (its listener was there, the request met a closed
+        // peer: EPIPE, EOF): its own reason is on the status pipe.
+        if !self.ready.get() && self.status.borrow().is_some() {
+            if let Err(setup) = self.wait_ready() {
+                return setup;
+            }
+        }
         Error::Protocol {
             name: self.name.clone(),
             why: e.to_string(),
