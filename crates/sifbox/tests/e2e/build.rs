@@ -1959,6 +1959,37 @@ mv /stubs /moved && ln -s {} /stubs\n",
     assert_eq!(env.sh("stubs2", "test -e /stubs || echo gone"), "gone\n");
 }
 
+/// A step plants symlinks to host paths in its tmpfs mount (whose dir is
+/// the build's scratch on the host), some in a dir of another id that only
+/// a sandbox can remove: removing the scratch removes the links, never
+/// what they point at, and leaves nothing.
+#[test]
+fn hostile_step_removes_no_host_file_through_its_scratch() {
+    let env = Env::new();
+    let decoy = tempdir("sifbox-build-decoy.");
+    std::fs::create_dir(decoy.path().join("x")).expect("mkdir");
+    std::fs::write(decoy.path().join("x/keep"), "").expect("write");
+    std::fs::write(decoy.path().join("e"), "").expect("write");
+    let d = decoy.path().display();
+    let df = format!(
+        "FROM busybox\nRUN --mount=type=tmpfs,target=/s \
+ln -s {d} /s/dir && ln -s {d}/e /s/file && ln -s {d}/x/keep /s/keep \
+&& mkdir /s/other && ln -s {d} /s/other/dir && ln -s {d}/x /s/other/x \
+&& chown -hR 1000:1000 /s/other && chmod 500 /s/other\n"
+    );
+    env.build_ok(&df, &["-t", "scratch-links"]);
+    assert!(
+        decoy.path().join("x/keep").is_file(),
+        "a host file was removed"
+    );
+    assert!(decoy.path().join("e").is_file(), "a host file was removed");
+    assert!(
+        env.store.tmp_entries().is_empty(),
+        "left in the store's tmp/: {:?}",
+        env.store.tmp_entries()
+    );
+}
+
 /// A built image's tree shares the files it did not change with the tree
 /// of its base (hard links, one copy on disk), keeps its own where it
 /// changed them, and neither tree sees a sandbox's writes to the other.
