@@ -305,6 +305,43 @@ impl Layers<'_> {
         sb.stop(std::time::Duration::ZERO)?;
         Ok(())
     }
+
+    /// Gives the trees `paths` (dirs on the host) to the caller, from inside
+    /// a sandbox with the same id mapping as the ones that wrote files of
+    /// other ids there (an eval job's dir): the caller can then read and
+    /// remove all of it. Nothing is followed (`Request::GiveBack`).
+    pub fn give_back_trees(&self, paths: &[PathBuf]) -> Result<()> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let binds: Vec<Bind> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Bind {
+                src: p.clone(),
+                dst: PathBuf::from(format!("/.sifbox-own/{i}")),
+                readonly: false,
+            })
+            .collect();
+        let state = FsState {
+            base: self.empty_base()?,
+            layers: Vec::new(),
+            key: String::new(),
+        };
+        let sb = self.sandbox(
+            &state,
+            &StepOptions {
+                net: NetMode::None,
+                binds: binds.clone(),
+            },
+            Writable::Tmpfs { size_mib: 1 },
+        )?;
+        let given = binds
+            .iter()
+            .try_for_each(|b| sb.give_back(&b.dst.display().to_string()));
+        sb.stop(std::time::Duration::ZERO)?;
+        Ok(given?)
+    }
 }
 
 impl FsState {
@@ -488,4 +525,25 @@ fn remove_stubs(upper: &Path, stubs: &[String]) {
             _ => {}
         }
     }
+}
+
+/// Gives the files under `dir` that sandboxes wrote as other ids of the
+/// caller's mapping (a task user's logs, what it wrote there) back to the
+/// caller, who could otherwise neither read nor remove them: one sandbox
+/// with the same mapping ([`Layers::give_back_trees`]), and only when a
+/// walk of `dir` (by fds, nothing followed) finds such a file. Host root
+/// reads and removes anything already: nothing to do.
+pub fn give_back_outputs(
+    store: &Store,
+    exe: PathBuf,
+    userns: UsernsMode,
+    dir: &Path,
+) -> Result<()> {
+    let (uid, gid) = (rustix::process::geteuid(), rustix::process::getegid());
+    if uid.is_root()
+        || !sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), gid.as_raw())
+    {
+        return Ok(());
+    }
+    Layers::new(store, exe, userns)?.give_back_trees(&[dir.to_path_buf()])
 }

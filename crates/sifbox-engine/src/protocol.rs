@@ -73,6 +73,11 @@ pub enum Request {
     /// files belong to ids of the sandbox's mapping, which the caller
     /// cannot remove on the host). A missing path is not an error.
     Remove { path: String },
+    /// Give `path` and every entry beneath it (a tree bound in from the
+    /// host) to the sandbox's root, following no symlink
+    /// (`transfer::give_back`): what other ids of the caller's mapping
+    /// wrote there becomes the caller's on the host.
+    GiveBack { path: String },
     /// Give the copy of the root file system at `dst` (bound in from the
     /// host) the owners of the original, where they are not root's.
     MirrorOwners { dst: String },

@@ -882,6 +882,146 @@ pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
     b.into_inner()?.flush()
 }
 
+/// How deep [`give_back`] goes below its top (two descriptors a level).
+const GIVE_BACK_DEPTH: usize = 256;
+
+/// Gives `top` and every entry beneath it to root of the sandbox (that is,
+/// to the caller outside): a tree on the host, bound in, that sandboxes
+/// filled with files of other ids of the caller's mapping, which the caller
+/// could neither read nor remove. Every step is relative to a directory
+/// fd: no symlink is followed (a link itself is given back), nothing on
+/// another file system is entered, and nothing deeper than
+/// [`GIVE_BACK_DEPTH`] levels. What cannot be given back (an id outside the
+/// mapping) is skipped; the first such error is returned once the rest is
+/// done.
+pub fn give_back(top: &Path) -> std::io::Result<()> {
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let (root_uid, root_gid) = (Some(Uid::from_raw(0)), Some(Gid::from_raw(0)));
+    let top_fd = rustix::fs::open(top, dir_flags, Mode::empty())?;
+    let dev = rustix::fs::fstat(&top_fd)?.st_dev;
+    let mut first: Option<std::io::Error> = None;
+    let mut keep = |e: std::io::Error| {
+        first.get_or_insert(e);
+    };
+    if let Err(e) = rustix::fs::fchown(&top_fd, root_uid, root_gid) {
+        keep(e.into());
+    }
+    let entries = rustix::fs::Dir::read_from(&top_fd)?;
+    let mut stack = vec![(top_fd, entries)];
+    while let Some((fd, entries)) = stack.last_mut() {
+        let entry = match entries.next() {
+            None => {
+                stack.pop();
+                continue;
+            }
+            Some(Err(e)) => {
+                keep(e.into());
+                stack.pop();
+                continue;
+            }
+            Some(Ok(entry)) => entry,
+        };
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        if let Err(e) =
+            rustix::fs::chownat(&*fd, name, root_uid, root_gid, AtFlags::SYMLINK_NOFOLLOW)
+        {
+            keep(e.into());
+        }
+        if !matches!(entry.file_type(), FileType::Directory | FileType::Unknown) {
+            continue;
+        }
+        // O_NOFOLLOW: a symlink (ELOOP) or what is no directory (ENOTDIR,
+        // a FIFO too, unopened) is not entered.
+        let sub = match rustix::fs::openat(&*fd, name, dir_flags, Mode::empty()) {
+            Ok(sub) => sub,
+            Err(Errno::LOOP | Errno::NOTDIR) => continue,
+            Err(e) => {
+                keep(e.into());
+                continue;
+            }
+        };
+        match rustix::fs::fstat(&sub) {
+            Ok(st) if st.st_dev == dev => {}
+            Ok(_) => continue,
+            Err(e) => {
+                keep(e.into());
+                continue;
+            }
+        }
+        if stack.len() >= GIVE_BACK_DEPTH {
+            keep(std::io::Error::other(format!(
+                "more than {GIVE_BACK_DEPTH} levels of directories"
+            )));
+            continue;
+        }
+        match rustix::fs::Dir::read_from(&sub) {
+            Ok(entries) => stack.push((sub, entries)),
+            Err(e) => keep(e.into()),
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Whether `top` or anything beneath it (not followed, on `top`'s file
+/// system) belongs to another uid or gid than `uid`:`gid`, or cannot be
+/// looked at: what [`give_back`] would change. Reads only metadata, by
+/// dir fds; stops at the first such entry.
+pub fn anything_not_owned_by(top: &Path, uid: u32, gid: u32) -> bool {
+    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let foreign = |st: &rustix::fs::Stat| st.st_uid != uid || st.st_gid != gid;
+    let Ok(top_fd) = rustix::fs::open(top, dir_flags, Mode::empty()) else {
+        return true;
+    };
+    let (dev, entries) = match (
+        rustix::fs::fstat(&top_fd),
+        rustix::fs::Dir::read_from(&top_fd),
+    ) {
+        (Ok(st), Ok(entries)) if !foreign(&st) => (st.st_dev, entries),
+        _ => return true,
+    };
+    let mut stack = vec![(top_fd, entries)];
+    loop {
+        let depth = stack.len();
+        let Some((fd, entries)) = stack.last_mut() else {
+            break;
+        };
+        let entry = match entries.next() {
+            None => {
+                stack.pop();
+                continue;
+            }
+            Some(Err(_)) => return true,
+            Some(Ok(entry)) => entry,
+        };
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        let Ok(st) = rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW) else {
+            return true;
+        };
+        if foreign(&st) {
+            return true;
+        }
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory || st.st_dev != dev {
+            continue;
+        }
+        if depth >= GIVE_BACK_DEPTH {
+            return true;
+        }
+        match rustix::fs::openat(&*fd, name, dir_flags, Mode::empty())
+            .and_then(|sub| rustix::fs::Dir::read_from(&sub).map(|e| (sub, e)))
+        {
+            Ok(next) => stack.push(next),
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
 /// Gives every entry of the tree `dst` (a copy of `/` made by the caller,
 /// owned by it, bound into the sandbox) the owner its original in `/` has
 /// here, where it is not root's: the copy then belongs to the ids of the
@@ -971,6 +1111,67 @@ fn split(rel: &Path) -> std::io::Result<(PathBuf, PathBuf)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// give_back and anything_not_owned_by on a tree of another id with a
+    /// symlink out, a FIFO and a deep chain: the link is changed, never
+    /// its target; the FIFO is not opened; nothing is left of the other
+    /// id but below the depth limit. (Root only: chown needs it.)
+    #[test]
+    fn give_back_changes_the_tree_and_follows_nothing() {
+        use std::os::unix::fs::{symlink, MetadataExt};
+        if !rustix::process::geteuid().is_root() {
+            return;
+        }
+        let t = tempfile::tempdir().expect("tmp");
+        let (top, outside) = (t.path().join("top"), t.path().join("outside"));
+        std::fs::create_dir_all(top.join("d/e")).expect("mkdir");
+        std::fs::write(top.join("d/e/f"), "x").expect("write");
+        std::fs::write(&outside, "o").expect("write");
+        symlink(&outside, top.join("d/link")).expect("symlink");
+        rustix::fs::mknodat(
+            CWD,
+            top.join("fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+        assert!(!anything_not_owned_by(&top, 0, 0));
+        let mut deep = top.join("deep");
+        for _ in 0..GIVE_BACK_DEPTH + 2 {
+            deep.push("x");
+        }
+        std::fs::create_dir_all(&deep).expect("deep");
+        let own = |p: &Path, id: u32| {
+            rustix::fs::chownat(
+                CWD,
+                p,
+                Some(Uid::from_raw(id)),
+                Some(Gid::from_raw(id)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .expect("chown");
+        };
+        for p in ["d", "d/e", "d/e/f", "d/link", "fifo", "deep/x"] {
+            own(&top.join(p), 4321);
+        }
+        own(&deep, 4321);
+        own(&outside, 4321);
+        assert!(anything_not_owned_by(&top, 0, 0));
+        let e = give_back(&top).expect_err("the deepest dirs are out of reach");
+        assert!(e.to_string().contains("levels"), "{e}");
+        for p in ["d", "d/e", "d/e/f", "d/link", "fifo", "deep/x"] {
+            let md = std::fs::symlink_metadata(top.join(p)).expect("stat");
+            assert_eq!((md.uid(), md.gid()), (0, 0), "{p}");
+        }
+        assert_eq!(std::fs::metadata(&outside).expect("stat").uid(), 4321);
+        assert_eq!(std::fs::symlink_metadata(&deep).expect("stat").uid(), 4321);
+        // Too deep to tell counts as not owned.
+        own(&deep, 0);
+        assert!(anything_not_owned_by(&top, 0, 0));
+        std::fs::remove_dir_all(top.join("deep")).expect("rm");
+        assert!(!anything_not_owned_by(&top, 0, 0));
+    }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn tree() -> tempfile::TempDir {

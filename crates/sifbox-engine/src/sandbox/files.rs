@@ -317,6 +317,18 @@ impl Sandbox {
         .map(drop)
     }
 
+    /// Gives the tree at `path` inside the sandbox to its root (see
+    /// [`Request::GiveBack`]).
+    pub fn give_back(&self, path: &str) -> Result<()> {
+        self.request(
+            &Request::GiveBack {
+                path: path.to_string(),
+            },
+            &[],
+        )
+        .map(drop)
+    }
+
     /// Gives `path` inside the sandbox (not followed) to `user` of the
     /// image (see [`Request::Chown`]).
     pub fn chown(&self, path: &str, user: &str) -> Result<()> {

@@ -331,6 +331,12 @@ fn serve_in_child(
             reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
             i32::from(failed)
         }
+        Request::GiveBack { path } => {
+            let r = transfer::give_back(Path::new(&path));
+            let failed = r.is_err();
+            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
+            i32::from(failed)
+        }
         Request::Chown { path, user } => {
             let r = chown_nofollow(&path, &user);
             let failed = r.is_err();

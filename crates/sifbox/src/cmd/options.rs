@@ -237,6 +237,8 @@ pub struct Planned {
     pub image: ImageRef,
     /// What commands default to, from the image.
     pub defaults: ExecDefaults,
+    /// How ids are mapped (`--userns`).
+    pub userns: UsernsMode,
 }
 
 /// Turns the sandbox options and the resolved image into a spec.
@@ -343,6 +345,7 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
         logs_owner,
         image,
         defaults,
+        userns: mode,
     })
 }
 

@@ -2204,3 +2204,74 @@ fn a_malformed_task_toml_refuses_the_whole_job() {
     }
     let _ = good;
 }
+
+/// A task whose agent runs as a user of the image writes files of that
+/// user's id into the job dir, which an unprivileged caller could neither
+/// read nor remove: at the job's end they are the caller's. Symlinks the
+/// agent planted are given back themselves, not followed: a file of
+/// another id in a bound dir they point at keeps its owner; a FIFO is
+/// given back without being opened.
+#[test]
+fn a_task_users_outputs_are_the_callers_after_the_job() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::with_evalbase();
+    let data = env.path("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("chmod");
+    env.task(
+        "as-user",
+        "[agent]\nuser = \"user\"\n",
+        "#!/bin/bash\nset -e\nmkdir /logs/agent/private\necho secret > /logs/agent/private/f\n\
+chmod 600 /logs/agent/private/f\nchmod 700 /logs/agent/private\n\
+echo mine > /logs/agent/out.txt\nchmod 600 /logs/agent/out.txt\n\
+echo victim > /data/victim\nchmod 600 /data/victim\n\
+ln -s /data/victim /logs/agent/victim\nln -s /data /logs/agent/data\nln -s / /logs/agent/root\n\
+mkfifo /logs/agent/fifo\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let bind = format!("{}:/data", data.display());
+    env.eval(&["--job", "j", "--bind", &bind, &tasks])
+        .output()
+        .success();
+    assert_eq!(outcome(&env.result("j", "as-user__1")), ok(1.0));
+    let agent = env.out().join("j/as-user__1/agent");
+    let read =
+        |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    assert_eq!(read(&agent.join("out.txt")), "mine\n");
+    assert_eq!(read(&agent.join("private/f")), "secret\n");
+    for (link, to) in [("victim", "/data/victim"), ("data", "/data"), ("root", "/")] {
+        let target = std::fs::read_link(agent.join(link)).expect("still a symlink");
+        assert_eq!(target, Path::new(to), "{link}");
+    }
+    let (uid, gid) = harness::my_ids();
+    let victim = std::fs::symlink_metadata(data.join("victim")).expect("victim");
+    if uid != 0 {
+        // Everything in the job dir is the caller's now...
+        let mut stack = vec![env.out().join("j")];
+        while let Some(p) = stack.pop() {
+            let md = std::fs::symlink_metadata(&p).expect("stat");
+            assert_eq!((md.uid(), md.gid()), (uid, gid), "{}", p.display());
+            if md.is_dir() {
+                stack.extend(
+                    std::fs::read_dir(&p)
+                        .expect("ls")
+                        .flatten()
+                        .map(|e| e.path()),
+                );
+            }
+        }
+        // ...and nothing beyond it: where the agent user's id is another
+        // host id, its file in the bound dir still has that id.
+        if harness::has_subid_range() {
+            assert_ne!(
+                victim.uid(),
+                uid,
+                "a file outside the job dir was given back"
+            );
+        }
+    }
+    // The caller can remove the job (and the victim: its dir is ours).
+    std::fs::remove_dir_all(env.out().join("j")).expect("removing the job dir");
+}

@@ -2482,6 +2482,16 @@ fn logs_owner_gets_the_logs_subdirs() {
     .output()
     .success();
     assert!(logs2.join("agent/x").is_file());
+    // Once the run is over, what the user wrote there is the caller's (an
+    // unprivileged caller could not otherwise remove it).
+    if !harness::is_root() {
+        use std::os::unix::fs::MetadataExt;
+        for p in [logs2.join("agent"), logs2.join("agent/x")] {
+            let md = std::fs::symlink_metadata(&p).expect("stat");
+            assert_eq!((md.uid(), md.gid()), harness::my_ids(), "{}", p.display());
+        }
+        std::fs::remove_dir_all(&logs2).expect("removing the logs dir");
+    }
     // A user the image does not have: one clear error, nothing left.
     let logs3 = parent.path().join("logs3");
     sb.cmd([
