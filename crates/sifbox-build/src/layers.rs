@@ -539,10 +539,19 @@ pub fn give_back_outputs(
     userns: UsernsMode,
     dir: &Path,
 ) -> Result<()> {
-    let (uid, gid) = (rustix::process::geteuid(), rustix::process::getegid());
-    if uid.is_root()
-        || !sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), gid.as_raw())
-    {
+    let uid = rustix::process::geteuid();
+    if uid.is_root() {
+        return Ok(());
+    }
+    // The caller's groups: a file of one of them (a setgid project dir's)
+    // is the caller's to read and remove.
+    let mut gids: Vec<u32> = rustix::process::getgroups()
+        .unwrap_or_default()
+        .into_iter()
+        .map(rustix::process::Gid::as_raw)
+        .collect();
+    gids.push(rustix::process::getegid().as_raw());
+    if !sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), &gids) {
         return Ok(());
     }
     Layers::new(store, exe, userns)?.give_back_trees(&[dir.to_path_buf()])

@@ -888,23 +888,37 @@ const GIVE_BACK_DEPTH: usize = 256;
 /// Gives `top` and every entry beneath it to root of the sandbox (that is,
 /// to the caller outside): a tree on the host, bound in, that sandboxes
 /// filled with files of other ids of the caller's mapping, which the caller
-/// could neither read nor remove. Every step is relative to a directory
-/// fd: no symlink is followed (a link itself is given back), nothing on
-/// another file system is entered, and nothing deeper than
-/// [`GIVE_BACK_DEPTH`] levels. What cannot be given back (an id outside the
-/// mapping) is skipped; the first such error is returned once the rest is
-/// done.
+/// could neither read nor remove. Only those ids change: a group that is
+/// not mapped here (the host group of a setgid project dir, which shows as
+/// the overflow gid) stays. Every step is relative to a directory fd: no
+/// symlink is followed (a link itself is given back), nothing on another
+/// file system is entered, and nothing deeper than [`GIVE_BACK_DEPTH`]
+/// levels. What cannot be given back is skipped; the first such error is
+/// returned once the rest is done.
 pub fn give_back(top: &Path) -> std::io::Result<()> {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let (root_uid, root_gid) = (Some(Uid::from_raw(0)), Some(Gid::from_raw(0)));
+    let overflow = std::fs::read_to_string("/proc/sys/fs/overflowgid")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(65534u32);
+    // The owner to set: root for an id of the mapping that is not root's,
+    // unchanged (None) otherwise.
+    let change = |st: &rustix::fs::Stat| {
+        let uid = (st.st_uid != 0).then(|| Uid::from_raw(0));
+        let gid = (st.st_gid != 0 && st.st_gid != overflow).then(|| Gid::from_raw(0));
+        (uid.is_some() || gid.is_some()).then_some((uid, gid))
+    };
     let top_fd = rustix::fs::open(top, dir_flags, Mode::empty())?;
-    let dev = rustix::fs::fstat(&top_fd)?.st_dev;
+    let top_st = rustix::fs::fstat(&top_fd)?;
+    let dev = top_st.st_dev;
     let mut first: Option<std::io::Error> = None;
     let mut keep = |e: std::io::Error| {
         first.get_or_insert(e);
     };
-    if let Err(e) = rustix::fs::fchown(&top_fd, root_uid, root_gid) {
-        keep(e.into());
+    if let Some((u, g)) = change(&top_st) {
+        if let Err(e) = rustix::fs::fchown(&top_fd, u, g) {
+            keep(e.into());
+        }
     }
     let entries = rustix::fs::Dir::read_from(&top_fd)?;
     let mut stack = vec![(top_fd, entries)];
@@ -925,12 +939,19 @@ pub fn give_back(top: &Path) -> std::io::Result<()> {
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
             continue;
         }
-        if let Err(e) =
-            rustix::fs::chownat(&*fd, name, root_uid, root_gid, AtFlags::SYMLINK_NOFOLLOW)
-        {
-            keep(e.into());
+        let st = match rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(e) => {
+                keep(e.into());
+                continue;
+            }
+        };
+        if let Some((u, g)) = change(&st) {
+            if let Err(e) = rustix::fs::chownat(&*fd, name, u, g, AtFlags::SYMLINK_NOFOLLOW) {
+                keep(e.into());
+            }
         }
-        if !matches!(entry.file_type(), FileType::Directory | FileType::Unknown) {
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
             continue;
         }
         // O_NOFOLLOW: a symlink (ELOOP) or what is no directory (ENOTDIR,
@@ -966,12 +987,13 @@ pub fn give_back(top: &Path) -> std::io::Result<()> {
 }
 
 /// Whether `top` or anything beneath it (not followed, on `top`'s file
-/// system) belongs to another uid or gid than `uid`:`gid`, or cannot be
-/// looked at: what [`give_back`] would change. Reads only metadata, by
-/// dir fds; stops at the first such entry.
-pub fn anything_not_owned_by(top: &Path, uid: u32, gid: u32) -> bool {
+/// system) belongs to another uid than `uid` or to a group not in `gids`
+/// (the caller's: a setgid project dir's group is fine), or cannot be
+/// looked at: what [`give_back`] is for. Reads only metadata, by dir fds;
+/// stops at the first such entry.
+pub fn anything_not_owned_by(top: &Path, uid: u32, gids: &[u32]) -> bool {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let foreign = |st: &rustix::fs::Stat| st.st_uid != uid || st.st_gid != gid;
+    let foreign = |st: &rustix::fs::Stat| st.st_uid != uid || !gids.contains(&st.st_gid);
     let Ok(top_fd) = rustix::fs::open(top, dir_flags, Mode::empty()) else {
         return true;
     };
@@ -1136,7 +1158,7 @@ mod tests {
             0,
         )
         .expect("mkfifo");
-        assert!(!anything_not_owned_by(&top, 0, 0));
+        assert!(!anything_not_owned_by(&top, 0, &[0]));
         let mut deep = top.join("deep");
         for _ in 0..GIVE_BACK_DEPTH + 2 {
             deep.push("x");
@@ -1157,20 +1179,34 @@ mod tests {
         }
         own(&deep, 4321);
         own(&outside, 4321);
-        assert!(anything_not_owned_by(&top, 0, 0));
+        // A group that is not mapped (seen as the overflow gid) stays.
+        std::fs::write(top.join("grouped"), "g").expect("write");
+        rustix::fs::chownat(
+            CWD,
+            top.join("grouped"),
+            Some(Uid::from_raw(4321)),
+            Some(Gid::from_raw(65534)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .expect("chown");
+        assert!(anything_not_owned_by(&top, 0, &[0]));
         let e = give_back(&top).expect_err("the deepest dirs are out of reach");
         assert!(e.to_string().contains("levels"), "{e}");
         for p in ["d", "d/e", "d/e/f", "d/link", "fifo", "deep/x"] {
             let md = std::fs::symlink_metadata(top.join(p)).expect("stat");
             assert_eq!((md.uid(), md.gid()), (0, 0), "{p}");
         }
+        let grouped = std::fs::metadata(top.join("grouped")).expect("stat");
+        assert_eq!((grouped.uid(), grouped.gid()), (0, 65534));
         assert_eq!(std::fs::metadata(&outside).expect("stat").uid(), 4321);
         assert_eq!(std::fs::symlink_metadata(&deep).expect("stat").uid(), 4321);
         // Too deep to tell counts as not owned.
         own(&deep, 0);
-        assert!(anything_not_owned_by(&top, 0, 0));
+        assert!(anything_not_owned_by(&top, 0, &[0]));
         std::fs::remove_dir_all(top.join("deep")).expect("rm");
-        assert!(!anything_not_owned_by(&top, 0, 0));
+        // The overflow group is none of the caller's here (root's: 0).
+        assert!(anything_not_owned_by(&top, 0, &[0]));
+        assert!(!anything_not_owned_by(&top, 0, &[0, 65534]));
     }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
