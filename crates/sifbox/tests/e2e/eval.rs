@@ -502,11 +502,18 @@ fn example_suite_gives_the_expected_rewards() {
         "{}",
         out.stdout
     );
-    // The verifier that timed out left nothing running (its very argv:
-    // other tests' numeric markers may contain "300").
+    // The verifier that timed out left nothing running: its very argv
+    // (other tests' numeric markers may contain "300") in a pid namespace
+    // of a sandbox, not the host's (where anything else on the machine,
+    // a developer's shell too, may be sleeping 300 s).
+    let host_ns = harness::host_namespace("pid");
     let left: Vec<String> = processes_with_arg("300")
         .into_iter()
-        .filter(|(_, argv)| argv == &["sleep", "300"])
+        .filter(|(pid, argv)| {
+            argv == &["sleep", "300"]
+                && std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+                    .is_ok_and(|ns| ns.to_string_lossy() != host_ns)
+        })
         .map(|(pid, _)| harness::describe_process(pid))
         .collect();
     assert!(left.is_empty(), "the timed-out verifier left {left:#?}");
