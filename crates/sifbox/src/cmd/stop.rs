@@ -35,10 +35,18 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
         spec::validate_name(name)?;
         match Sandbox::attach_to_stop(name) {
             Ok(sandbox) => {
-                let digest =
-                    runtime::read_state(&runtime::sandbox_dir(&root, name)).and_then(|s| s.digest);
+                let state = runtime::read_state(&runtime::sandbox_dir(&root, name));
+                let digest = state.as_ref().and_then(|s| s.digest.clone());
+                // Its `--logs` dir: where its record, sandbox.json, is.
+                let logs = state
+                    .and_then(|s| s.evidence)
+                    .filter(|p| p.file_name().is_some_and(|n| n == "sandbox.json"))
+                    .and_then(|p| p.parent().map(std::path::Path::to_path_buf));
                 sandbox.stop(grace)?;
                 outln!("{verb} {name}");
+                if let Some(logs) = logs {
+                    give_back_logs(&logs);
+                }
                 if digest.is_some() {
                     remove_deferred_images();
                 }
@@ -64,6 +72,28 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the image's other users wrote in a stopped sandbox's logs dir
+/// (files of other ids of the caller's mapping) is the caller's again.
+fn give_back_logs(logs: &std::path::Path) {
+    let given = std::env::current_exe()
+        .map_err(|e| e.to_string())
+        .and_then(|exe| {
+            crate::cmd::image::open_store()
+                .map_err(|e| e.to_string())
+                .map(|store| (exe, store))
+        })
+        .and_then(|(exe, store)| {
+            sifbox_build::layers::give_back_outputs(&store, exe, spec::UsernsMode::Auto, logs)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = given {
+        eprintln!(
+            "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
+            logs.display()
+        );
+    }
 }
 
 /// After a sandbox of a store image stopped: images removed with `image rm

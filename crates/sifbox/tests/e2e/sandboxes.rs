@@ -2466,6 +2466,14 @@ fn logs_owner_gets_the_logs_subdirs() {
         );
     }
     sandbox.stop();
+    // Once it is stopped, what the user wrote there is the caller's.
+    if !harness::is_root() {
+        use std::os::unix::fs::MetadataExt;
+        for p in [logs.join("agent"), logs.join("agent/x")] {
+            let md = std::fs::symlink_metadata(&p).expect("stat");
+            assert_eq!((md.uid(), md.gid()), harness::my_ids(), "{}", p.display());
+        }
+    }
     // `run --user` gives them to that user too.
     let logs2 = parent.path().join("logs2");
     sb.cmd([
