@@ -286,6 +286,18 @@ impl Layers<'_> {
                 readonly: false,
             });
         }
+        self.with_helper(binds, |sb| targets.iter().try_for_each(|t| sb.remove(t)))
+    }
+
+    /// Runs `f` in a helper sandbox of sifbox's own (the empty base, no
+    /// network, `binds` of host dirs) with the mapping of build sandboxes,
+    /// then stops it: what the caller cannot do on the host to files of
+    /// its subordinate ids. Runs nothing but sifbox's requests.
+    fn with_helper(
+        &self,
+        binds: Vec<Bind>,
+        f: impl FnOnce(&Sandbox) -> sifbox_engine::Result<()>,
+    ) -> Result<()> {
         let state = FsState {
             base: self.empty_base()?,
             layers: Vec::new(),
@@ -299,11 +311,9 @@ impl Layers<'_> {
             },
             Writable::Tmpfs { size_mib: 1 },
         )?;
-        for t in &targets {
-            sb.remove(t)?;
-        }
+        let done = f(&sb);
         sb.stop(std::time::Duration::ZERO)?;
-        Ok(())
+        Ok(done?)
     }
 
     /// Gives the trees `paths` (dirs on the host) to the caller, from inside
@@ -323,24 +333,8 @@ impl Layers<'_> {
                 readonly: false,
             })
             .collect();
-        let state = FsState {
-            base: self.empty_base()?,
-            layers: Vec::new(),
-            key: String::new(),
-        };
-        let sb = self.sandbox(
-            &state,
-            &StepOptions {
-                net: NetMode::None,
-                binds: binds.clone(),
-            },
-            Writable::Tmpfs { size_mib: 1 },
-        )?;
-        let given = binds
-            .iter()
-            .try_for_each(|b| sb.give_back(&b.dst.display().to_string()));
-        sb.stop(std::time::Duration::ZERO)?;
-        Ok(given?)
+        let targets: Vec<String> = binds.iter().map(|b| b.dst.display().to_string()).collect();
+        self.with_helper(binds, |sb| targets.iter().try_for_each(|t| sb.give_back(t)))
     }
 }
 
@@ -527,31 +521,35 @@ fn remove_stubs(upper: &Path, stubs: &[String]) {
     }
 }
 
-/// Gives the files under `dir` that sandboxes wrote as other ids of the
-/// caller's mapping (a task user's logs, what it wrote there) back to the
-/// caller, who could otherwise neither read nor remove them: one sandbox
-/// with the same mapping ([`Layers::give_back_trees`]), and only when a
-/// walk of `dir` (by fds, nothing followed) finds such a file. Host root
-/// reads and removes anything already: nothing to do.
-pub fn give_back_outputs(
-    store: &Store,
-    exe: PathBuf,
-    userns: UsernsMode,
-    dir: &Path,
-) -> Result<()> {
+/// Whether `dir` holds files that sandboxes wrote as other ids of the
+/// caller's mapping, which the caller can neither read nor remove (a walk
+/// by fds, nothing followed, that stops at the first). Never for host
+/// root, who reads and removes anything; a file of one of the caller's
+/// groups (a setgid project dir's) is the caller's.
+pub fn has_foreign_files(dir: &Path) -> bool {
     let uid = rustix::process::geteuid();
     if uid.is_root() {
-        return Ok(());
+        return false;
     }
-    // The caller's groups: a file of one of them (a setgid project dir's)
-    // is the caller's to read and remove.
     let mut gids: Vec<u32> = rustix::process::getgroups()
         .unwrap_or_default()
         .into_iter()
         .map(rustix::process::Gid::as_raw)
         .collect();
     gids.push(rustix::process::getegid().as_raw());
-    if !sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), &gids) {
+    sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), &gids)
+}
+
+/// Gives such files under `dir` ([`has_foreign_files`]) back to the
+/// caller: one sandbox with the same mapping ([`Layers::give_back_trees`]),
+/// only when there are any.
+pub fn give_back_outputs(
+    store: &Store,
+    exe: PathBuf,
+    userns: UsernsMode,
+    dir: &Path,
+) -> Result<()> {
+    if !has_foreign_files(dir) {
         return Ok(());
     }
     Layers::new(store, exe, userns)?.give_back_trees(&[dir.to_path_buf()])

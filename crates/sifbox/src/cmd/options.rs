@@ -396,3 +396,30 @@ pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> crate::error::Resu
         .into()),
     }
 }
+
+/// What the image's other users wrote in a finished sandbox's logs dir
+/// (files of other ids of the caller's mapping, unreadable and
+/// unremovable for an unprivileged caller) is the caller's again (`run`,
+/// `stop`); a failure is a warning. The store opens only when needed.
+pub fn give_back_logs(userns: UsernsMode, logs: &std::path::Path) {
+    if !sifbox_build::layers::has_foreign_files(logs) {
+        return;
+    }
+    let given = std::env::current_exe()
+        .map_err(|e| format!("locating the sifbox binary: {e}"))
+        .and_then(|exe| {
+            crate::cmd::image::open_store()
+                .map_err(|e| e.to_string())
+                .map(|store| (exe, store))
+        })
+        .and_then(|(exe, store)| {
+            sifbox_build::layers::give_back_outputs(&store, exe, userns, logs)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = given {
+        eprintln!(
+            "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
+            logs.display()
+        );
+    }
+}

@@ -94,7 +94,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         image: Some(planned.image.clone()),
         // The supervisor holds the image's pin too, for the sandbox's life.
         holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
-        ..StartOptions::new(exe.clone())
+        ..StartOptions::new(exe)
     };
     // Requests queue while the sandbox sets itself up.
     let sandbox = Sandbox::launch(planned.spec, &opts)?;
@@ -142,21 +142,8 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         return Ok(crate::exit_code(128 + sig));
     }
     stopped?;
-    // What the image's other users wrote in the logs dir (files of other
-    // ids of the caller's mapping) is the caller's again.
     if let Some(logs) = &planned.logs {
-        let given = crate::cmd::image::open_store()
-            .map_err(|e| e.to_string())
-            .and_then(|store| {
-                sifbox_build::layers::give_back_outputs(&store, exe, planned.userns, logs)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = given {
-            eprintln!(
-                "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
-                logs.display()
-            );
-        }
+        crate::cmd::options::give_back_logs(planned.userns, logs);
     }
     Ok(status_exit(&status?))
 }

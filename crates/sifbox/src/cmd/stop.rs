@@ -45,7 +45,7 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
                 sandbox.stop(grace)?;
                 outln!("{verb} {name}");
                 if let Some(logs) = logs {
-                    give_back_logs(&logs);
+                    crate::cmd::options::give_back_logs(spec::UsernsMode::Auto, &logs);
                 }
                 if digest.is_some() {
                     remove_deferred_images();
@@ -72,28 +72,6 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What the image's other users wrote in a stopped sandbox's logs dir
-/// (files of other ids of the caller's mapping) is the caller's again.
-fn give_back_logs(logs: &std::path::Path) {
-    let given = std::env::current_exe()
-        .map_err(|e| e.to_string())
-        .and_then(|exe| {
-            crate::cmd::image::open_store()
-                .map_err(|e| e.to_string())
-                .map(|store| (exe, store))
-        })
-        .and_then(|(exe, store)| {
-            sifbox_build::layers::give_back_outputs(&store, exe, spec::UsernsMode::Auto, logs)
-                .map_err(|e| e.to_string())
-        });
-    if let Err(e) = given {
-        eprintln!(
-            "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
-            logs.display()
-        );
-    }
 }
 
 /// After a sandbox of a store image stopped: images removed with `image rm

@@ -1347,6 +1347,16 @@ USER user\nRUN id -un > /tmp/who\nUSER root\nRUN cp /tmp/who /who\n";
     );
 }
 
+/// The TMPDIR a build ran with is empty: its scratch went to the store.
+fn assert_nothing_in_tmpdir(tmp: &Path) {
+    let in_tmp: Vec<_> = std::fs::read_dir(tmp)
+        .expect("tmpdir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(in_tmp.is_empty(), "left in TMPDIR: {in_tmp:?}");
+}
+
 /// A build's scratch (a secret given by value, a tmpfs mount, a copy of
 /// the context for a bind mount) lives in the store's tmp/, not in TMPDIR,
 /// and goes with the build, files of other ids that a step wrote into its
@@ -1377,12 +1387,7 @@ test \"$(cat /run/secrets/token)\" = hunter2 && grep -q data /data.txt \
         .timeout(BUILD_TIMEOUT)
         .output()
         .success();
-    let in_tmp: Vec<_> = std::fs::read_dir(tmp.path())
-        .expect("tmpdir")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(in_tmp.is_empty(), "left in TMPDIR: {in_tmp:?}");
+    assert_nothing_in_tmpdir(tmp.path());
     assert!(
         env.store.tmp_entries().is_empty(),
         "left in the store's tmp/: {:?}",
@@ -1436,12 +1441,7 @@ mkdir -p /home/user/d /scratch/d && touch /home/user/d/f /scratch/d/f \
     assert!(gone, "the build's sandbox outlived it");
     // Nothing of it went to TMPDIR, where no gc would find it: the
     // scratch, the secret's copy with it, is in the store's tmp/.
-    let in_tmp: Vec<_> = std::fs::read_dir(tmp.path())
-        .expect("tmpdir")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(in_tmp.is_empty(), "left in TMPDIR: {in_tmp:?}");
+    assert_nothing_in_tmpdir(tmp.path());
     let left = env.store.tmp_entries();
     assert!(
         left.iter().any(|e| e.starts_with("build-")),
