@@ -989,13 +989,16 @@ pub fn give_back(top: &Path) -> std::io::Result<()> {
 /// Whether `top` or anything beneath it (not followed, on `top`'s file
 /// system) belongs to another uid than `uid` or to a group not in `gids`
 /// (the caller's: a setgid project dir's group is fine), or cannot be
-/// looked at: what [`give_back`] is for. Reads only metadata, by dir fds;
-/// stops at the first such entry.
+/// looked at: what [`give_back`] is for. A `top` that does not exist has
+/// nothing. Reads only metadata, by dir fds; stops at the first such entry.
 pub fn anything_not_owned_by(top: &Path, uid: u32, gids: &[u32]) -> bool {
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let foreign = |st: &rustix::fs::Stat| st.st_uid != uid || !gids.contains(&st.st_gid);
-    let Ok(top_fd) = rustix::fs::open(top, dir_flags, Mode::empty()) else {
-        return true;
+    let top_fd = match rustix::fs::open(top, dir_flags, Mode::empty()) {
+        Ok(fd) => fd,
+        // Nothing there, nothing to give back.
+        Err(rustix::io::Errno::NOENT) => return false,
+        Err(_) => return true,
     };
     let (dev, entries) = match (
         rustix::fs::fstat(&top_fd),
@@ -1207,6 +1210,8 @@ mod tests {
         // The overflow group is none of the caller's here (root's: 0).
         assert!(anything_not_owned_by(&top, 0, &[0]));
         assert!(!anything_not_owned_by(&top, 0, &[0, 65534]));
+        // Nothing there is nothing to give back.
+        assert!(!anything_not_owned_by(&top.join("gone"), 0, &[0]));
     }
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 

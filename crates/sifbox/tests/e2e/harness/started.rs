@@ -135,6 +135,12 @@ impl<'a> Started<'a> {
             out.stdout.contains(&name),
             "stop does not name {name}: {out:?}"
         );
+        // A clean stop has nothing to warn about (as an unprivileged
+        // user, giving back a `--logs` dir included).
+        assert!(
+            !out.stderr.contains("warning"),
+            "stop of {name} warned: {out:?}"
+        );
     }
 
     /// Forgets the sandbox (it was ended some other way).
