@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// An exec worker: a child of init that serves execs one after another,
-/// each to its end (the command and everything it started), so that its
-/// page tables are warm and no exec after the first pays for a fork.
+/// A worker: a child of init that serves execs and transfers one after
+/// another, each to its end (an exec's command and everything it started),
+/// so that its page tables are warm and no request after the first pays
+/// for a fork.
 pub(super) struct Worker {
     pid: Pid,
     /// init's end of the socketpair: jobs go down, a byte per finished job
@@ -107,7 +108,7 @@ impl Pool {
     pub(super) fn dispatch(
         &mut self,
         conn: &UnixStream,
-        req: &ExecRequest,
+        req: &Request,
         fds: &[OwnedFd],
     ) -> std::result::Result<Pid, String> {
         use std::os::fd::AsFd;
@@ -120,7 +121,7 @@ impl Pool {
         passed.extend(fds.iter().map(AsFd::as_fd));
         if let Err(e) = protocol::send(&self.workers[i].chan, req, &passed) {
             self.workers.remove(i);
-            return Err(format!("handing the exec to a worker: {e}"));
+            return Err(format!("handing the request to a worker: {e}"));
         }
         self.workers[i].busy = true;
         Ok(self.workers[i].pid)
@@ -157,14 +158,14 @@ mod tests {
         pool.add(w1);
         pool.add(w2);
         let (conn, _client) = UnixStream::pair().expect("socketpair");
-        let req = ExecRequest::default();
+        let req = Request::Exec(ExecRequest::default());
         assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
         assert!(pool.any_busy() && pool.has_idle());
         assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(102)));
         assert!(!pool.has_idle());
         assert!(pool.dispatch(&conn, &req, &[]).is_err(), "none is free");
         // The job reached the worker, with the client's connection.
-        let (_, fds) = protocol::recv::<ExecRequest>(&far1).expect("the job");
+        let (_, fds) = protocol::recv::<Request>(&far1).expect("the job");
         assert_eq!(fds.len(), 1);
         // Worker 1 says it is done: free again, and the next exec is its.
         far1.write_all(b".").expect("write");

@@ -1,23 +1,24 @@
-//! init's exec server: one connection at a time; execs go to the worker
-//! pool, transfers to a process of their own; init reaps every orphan.
+//! init's exec server: one connection at a time; execs and transfers go
+//! to the worker pool (what would change a worker for good to a process of
+//! its own); init reaps every orphan.
 
 use super::*;
 
-/// A worker's life: jobs arrive on `chan`, each an exec request with the
-/// client's connection as the first fd and the request's own fds after it;
-/// it ends when init closes the channel.
+/// A worker's life: jobs arrive on `chan`, each a request ([`pooled`])
+/// with the client's connection as the first fd and the request's own fds
+/// after it; it ends when init closes the channel.
 fn worker_main(chan: &UnixStream, confinement: Confinement) -> i32 {
     loop {
         // No trim here: the pages of the exec path are what make the next
         // exec fast, also after an agent thought for a while.
-        let Ok((req, mut fds)) = protocol::recv::<ExecRequest>(chan) else {
+        let Ok((req, mut fds)) = protocol::recv::<Request>(chan) else {
             return 0;
         };
-        if fds.is_empty() {
+        if fds.is_empty() || !pooled(&req) {
             return 125;
         }
         let conn = UnixStream::from(fds.remove(0));
-        worker::run(&conn, req, fds, confinement);
+        serve_in_child(&conn, req, fds, confinement);
         drop(conn);
         if rustix::io::write(chan, b"d").is_err() {
             return 0;
@@ -39,15 +40,29 @@ pub(super) fn trim() {
     sifbox_sys::drop_clean_file_pages();
 }
 
-/// Whether an exec may run in a reusable worker: requests that change the
-/// serving process for good (a seccomp filter, a network namespace) get a
-/// process of their own.
-fn reusable(req: &ExecRequest) -> bool {
-    !req.fake_ids && !req.isolate_net
+/// Whether a request may be served by a reusable worker: an exec, unless
+/// it changes the serving process for good (a seccomp filter, a network
+/// namespace) or is the sandbox's last, and every transfer (they read and
+/// write files, and leave the process as they found it). A transfer in a
+/// worker costs no fork and no exit of a process of its own.
+fn pooled(req: &Request) -> bool {
+    match req {
+        Request::Exec(exec) => !exec.fake_ids && !exec.isolate_net && !exec.stop_after,
+        Request::Download { .. }
+        | Request::Upload { .. }
+        | Request::Extract { .. }
+        | Request::UploadTar { .. }
+        | Request::Snapshot
+        | Request::Remove { .. }
+        | Request::GiveBack { .. }
+        | Request::MirrorOwners { .. }
+        | Request::Chown { .. } => true,
+        _ => false,
+    }
 }
 
-/// The exec server: one connection at a time; each exec runs in a worker
-/// process (reused), each transfer in a process of its own.
+/// The exec server: one connection at a time; each exec and transfer is
+/// served by a worker process (reused), the rest by init itself.
 pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
@@ -180,7 +195,7 @@ pub(super) fn serve(
                 drop(conn);
                 exit_now(0);
             }
-            Request::Exec(exec) if reusable(&exec) => {
+            req if pooled(&req) => {
                 // Twice at most: a worker may have died (something in the
                 // sandbox killed it) since init last looked.
                 let mut outcome = Err(String::new());
@@ -207,14 +222,18 @@ pub(super) fn serve(
                             }
                         }
                     }
-                    outcome = workers.dispatch(&conn, &exec, &fds);
+                    outcome = workers.dispatch(&conn, &req, &fds);
                     if outcome.is_ok() {
                         break;
                     }
                 }
                 match outcome {
                     Ok(pid) => {
-                        if let Some(id) = exec.detach_id {
+                        if let Request::Exec(ExecRequest {
+                            detach_id: Some(id),
+                            ..
+                        }) = req
+                        {
                             detached.insert(id, pid);
                         }
                     }
@@ -252,7 +271,7 @@ pub(super) fn serve(
     }
 }
 
-/// A request served in a process of its own: an exec or a transfer.
+/// An exec or a transfer, served in a worker or a process of its own.
 fn serve_in_child(
     conn: &UnixStream,
     req: Request,

@@ -803,7 +803,8 @@ fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
         "an idle sandbox is two processes: {:?}",
         sandbox.processes()
     );
-    // A copy out: PID 1 serves it (in a short-lived child), no worker.
+    // A copy out is served by a worker, which then stays warm for the
+    // next request, as one that served an exec does.
     let dest = tempdir("warm-cp");
     let copy = dest.path().join("hostname");
     sandbox
@@ -813,10 +814,16 @@ fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
             &copy.to_string_lossy(),
         ])
         .success();
-    assert!(
-        eventually(Duration::from_secs(2), || sandbox.processes().len() == 2),
-        "the copy's process stayed: {:?}",
-        sandbox.processes()
+    let sorted = || {
+        let mut p = sandbox.processes();
+        p.sort_by_key(|p| p.pid);
+        p
+    };
+    let after_copy = sorted();
+    assert_eq!(
+        after_copy.len(),
+        3,
+        "after a copy: outer, PID 1 and one warm worker: {after_copy:?}"
     );
     let (_, busy_kb) = idle_rss();
     std::thread::sleep(Duration::from_millis(2500));
@@ -867,6 +874,12 @@ fn execs_reuse_a_worker_that_keeps_nothing_and_idle_sandboxes_stay_small() {
         parents.len(),
         1,
         "sequential execs had different parents: {parents:?}"
+    );
+    // ...and that parent is the worker that served the copy.
+    assert_eq!(
+        sorted(),
+        after_copy,
+        "the execs did not reuse the copy's worker"
     );
 
     // A timed-out exec (killing all it started) leaves the worker usable.
