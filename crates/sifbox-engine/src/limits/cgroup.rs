@@ -827,18 +827,40 @@ pub(crate) fn owned_writable(path: &Path, inputs: &Inputs) -> Result<(), String>
 }
 
 /// `top` and the cgroups below it, parents first (at most [`WALK_LIMIT`]).
+///
+/// A cgroup file system (kernfs) gives a directory 2 + the number of its
+/// subdirectories as its link count. A sandbox's cgroup has only
+/// `payload/` below it, and `payload/` nothing, as a rule: those are not
+/// listed (their 30-odd files each made listing cost more than the rest of
+/// reading a sandbox's counters). A link count below 2 (a file system
+/// that does not count) means: list.
 fn walk(top: &Path) -> Vec<PathBuf> {
     let mut out = vec![top.to_path_buf()];
     let mut i = 0;
     while i < out.len() && out.len() < WALK_LIMIT {
-        if let Ok(entries) = std::fs::read_dir(&out[i]) {
+        let dir = out[i].clone();
+        i += 1;
+        let subdirs = std::fs::symlink_metadata(&dir)
+            .ok()
+            .and_then(|m| m.nlink().checked_sub(2));
+        match subdirs {
+            Some(0) => continue,
+            Some(1) => {
+                let payload = dir.join(PAYLOAD);
+                if std::fs::symlink_metadata(&payload).is_ok_and(|m| m.is_dir()) {
+                    out.push(payload);
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
             for e in entries.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) && out.len() < WALK_LIMIT {
                     out.push(e.path());
                 }
             }
         }
-        i += 1;
     }
     out
 }
@@ -1161,6 +1183,38 @@ garbage line
         assert_eq!(l(1500).quota_us(), Some(150_000));
         assert_eq!(l(5).quota_us(), Some(MIN_QUOTA_US));
         assert_eq!(CgroupLimits::default().quota_us(), None);
+    }
+
+    #[test]
+    fn walk_finds_every_cgroup_below_and_lists_only_where_it_must() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let top = t.path().join("box-0a1b2c3d");
+        std::fs::create_dir_all(top.join(PAYLOAD)).expect("mkdir");
+        std::fs::write(top.join("memory.limit_in_bytes"), "1\n").expect("w");
+        std::fs::write(top.join("payload/cgroup.procs"), "").expect("w");
+        assert_eq!(walk(&top), vec![top.clone(), top.join(PAYLOAD)]);
+        // What nested namespaces may add below payload/.
+        for d in ["payload/a/b", "payload/c"] {
+            std::fs::create_dir_all(top.join(d)).expect("mkdir");
+        }
+        let mut found = walk(&top);
+        found.sort();
+        let mut want: Vec<PathBuf> = ["", "payload", "payload/a", "payload/a/b", "payload/c"]
+            .iter()
+            .map(|d| {
+                if d.is_empty() {
+                    top.clone()
+                } else {
+                    top.join(d)
+                }
+            })
+            .collect();
+        want.sort();
+        assert_eq!(found, want);
+        // One child that is not payload/ is found by listing.
+        let other = t.path().join("other");
+        std::fs::create_dir_all(other.join("x")).expect("mkdir");
+        assert_eq!(walk(&other), vec![other.clone(), other.join("x")]);
     }
 
     #[test]
