@@ -109,6 +109,11 @@ pub fn run(
     mut fds: Vec<OwnedFd>,
     confinement: Confinement,
 ) -> i32 {
+    // From the request on (the command could stop this process before it
+    // is spawned; init's rescue counts from the same moment).
+    let deadline = req
+        .timeout_ms
+        .map(|ms| Instant::now() + Duration::from_millis(ms));
     let mut status_file = if req.detach_id.is_some() && fds.len() == 4 {
         fds.pop().map(File::from)
     } else {
@@ -294,9 +299,6 @@ pub fn run(
     // An attached exec dies with its client: a client that gave up (or was
     // killed) must not leave the command running unseen.
     let watch_client = status_file.is_none();
-    let deadline = req
-        .timeout_ms
-        .map(|ms| Instant::now() + Duration::from_millis(ms));
     let (code, timed_out) = wait_for(pid, deadline, watch_client.then_some(conn));
     report(
         &Event::Exit {
@@ -401,6 +403,14 @@ fn wait_for(pid: Pid, deadline: Option<Instant>, client: Option<&UnixStream>) ->
                 return (124, true);
             }
             Ok(_) => {}
+        }
+        // Woken past the deadline: the time limit counts, whatever woke us
+        // (init kills the command of a worker that was stopped from inside
+        // and could not keep it, then lets it go on).
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            kill_tree(rustix::process::getpid());
+            let _ = wait_code(pid);
+            return (124, true);
         }
         if !fds[0].revents().is_empty() {
             return (wait_code(pid), false);

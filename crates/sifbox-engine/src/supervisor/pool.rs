@@ -13,7 +13,13 @@ pub(super) struct Worker {
     /// comes back; closing it tells an idle worker to exit.
     chan: UnixStream,
     busy: bool,
+    /// When init rescues the worker from its exec ([`Pool::overdue`]).
+    deadline: Option<std::time::Instant>,
 }
+
+/// How long past an exec's time limit init waits for its worker to report
+/// before it rescues the worker.
+pub(super) const RESCUE_AFTER: Duration = Duration::from_secs(1);
 
 pub(super) enum NewWorker {
     Parent(Worker),
@@ -32,6 +38,7 @@ pub(super) fn new_worker() -> std::result::Result<NewWorker, String> {
             pid,
             chan: mine,
             busy: false,
+            deadline: None,
         })),
     }
 }
@@ -80,6 +87,7 @@ impl Pool {
         match rustix::io::read(&w.chan, &mut b) {
             Ok(n) if n > 0 => {
                 w.busy = false;
+                w.deadline = None;
                 Some(w.pid)
             }
             _ => {
@@ -103,6 +111,26 @@ impl Pool {
         });
     }
 
+    /// The soonest time a busy worker is to be rescued.
+    pub(super) fn next_deadline(&self) -> Option<std::time::Instant> {
+        self.workers.iter().filter_map(|w| w.deadline).min()
+    }
+
+    /// The busy workers whose exec is past its time limit and
+    /// [`RESCUE_AFTER`] more without a word (stopped from inside, most
+    /// likely): their pids, to rescue; each is due again a moment later,
+    /// until it reports.
+    pub(super) fn overdue(&mut self, now: std::time::Instant) -> Vec<Pid> {
+        let mut out = Vec::new();
+        for w in &mut self.workers {
+            if w.busy && w.deadline.is_some_and(|d| d <= now) {
+                w.deadline = Some(now + RESCUE_AFTER);
+                out.push(w.pid);
+            }
+        }
+        out
+    }
+
     /// Hands an exec to a free worker; returns its pid. A worker that
     /// cannot take it is dropped from the pool.
     pub(super) fn dispatch(
@@ -119,11 +147,20 @@ impl Pool {
             .ok_or_else(|| "no exec worker is free".to_string())?;
         let mut passed = vec![conn.as_fd()];
         passed.extend(fds.iter().map(AsFd::as_fd));
+        // A free worker that a process of the sandbox stopped would sit on
+        // the request: it goes on first.
+        let _ = rustix::process::kill_process(self.workers[i].pid, Signal::CONT);
         if let Err(e) = protocol::send(&self.workers[i].chan, req, &passed) {
             self.workers.remove(i);
             return Err(format!("handing the request to a worker: {e}"));
         }
         self.workers[i].busy = true;
+        self.workers[i].deadline = match req {
+            Request::Exec(exec) => exec
+                .timeout_ms
+                .map(|ms| std::time::Instant::now() + Duration::from_millis(ms) + RESCUE_AFTER),
+            _ => None,
+        };
         Ok(self.workers[i].pid)
     }
 }
@@ -145,6 +182,7 @@ mod tests {
                 pid: pid(n),
                 chan,
                 busy: false,
+                deadline: None,
             },
             far,
         )
@@ -185,6 +223,37 @@ mod tests {
         assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
         pool.trim_idle();
         assert_eq!(pool.len(), 1);
+    }
+
+    #[test]
+    fn an_exec_past_its_limit_makes_its_worker_due_for_rescue_until_it_reports() {
+        let mut pool = Pool::default();
+        let (w1, mut far1) = worker(301);
+        pool.add(w1);
+        let (conn, _client) = UnixStream::pair().expect("socketpair");
+        // A transfer has no limit: never due.
+        let copy = Request::Remove { path: "/x".into() };
+        assert_eq!(pool.dispatch(&conn, &copy, &[]), Ok(pid(301)));
+        assert_eq!(pool.next_deadline(), None);
+        far1.write_all(b".").expect("write");
+        assert_eq!(pool.finished(0), Some(pid(301)));
+        let exec = Request::Exec(ExecRequest {
+            timeout_ms: Some(100),
+            ..ExecRequest::default()
+        });
+        let t = std::time::Instant::now();
+        assert_eq!(pool.dispatch(&conn, &exec, &[]), Ok(pid(301)));
+        let due = pool.next_deadline().expect("a deadline");
+        assert!(due >= t + Duration::from_millis(100) + RESCUE_AFTER);
+        assert!(pool.overdue(t).is_empty());
+        assert_eq!(pool.overdue(due), vec![pid(301)]);
+        // Due again a moment later while it says nothing...
+        assert!(pool.next_deadline().expect("again") >= due + RESCUE_AFTER);
+        // ...and never once it reported.
+        far1.write_all(b".").expect("write");
+        assert_eq!(pool.finished(0), Some(pid(301)));
+        assert_eq!(pool.next_deadline(), None);
+        assert!(pool.overdue(due + RESCUE_AFTER * 10).is_empty());
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub(super) fn serve(
     // Detached execs by id, for `Signal`: the pid of the worker serving it.
     let mut detached: HashMap<String, Pid> = HashMap::new();
     let mut workers = Pool::default();
+    // Execs with a time limit in a process of their own (not a worker):
+    // when to rescue each, as a worker is.
+    let mut oneoff: Vec<(Pid, Instant)> = Vec::new();
     // Whether anything ran since the last trim: setting up did, and the
     // first trim comes after a shorter idle time (a sandbox waiting for
     // its first command holds nothing it needs).
@@ -92,12 +95,13 @@ pub(super) fn serve(
         tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         tv_nsec: i64::from(d.subsec_nanos()),
     };
-    let mut idle_timeout = timespec(FIRST_TRIM);
+    let mut idle_after = FIRST_TRIM;
     loop {
         let reaped = reap_finished();
         if !reaped.is_empty() {
             detached.retain(|_, p| !reaped.contains(p));
             workers.reaped(&reaped);
+            oneoff.retain(|(p, _)| !reaped.contains(p));
         }
         if let Some(a) = &mut activity {
             a.check(&workers, &detached);
@@ -108,12 +112,37 @@ pub(super) fn serve(
                 fds.push(PollFd::new(r, PollFlags::IN));
             }
             fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
-            match poll(&mut fds, busy_since_trim.then_some(&idle_timeout)) {
+            // A worker whose exec is past its time limit is rescued (see
+            // [`Pool::overdue`]), also when nothing else happens.
+            let rescue_in = workers
+                .next_deadline()
+                .into_iter()
+                .chain(oneoff.iter().map(|(_, d)| *d))
+                .min()
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            let wait = match (busy_since_trim.then_some(idle_after), rescue_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match poll(&mut fds, wait.map(timespec).as_ref()) {
                 Ok(0) => {
                     drop(fds);
-                    trim();
-                    busy_since_trim = false;
-                    idle_timeout = timespec(IDLE_TRIM);
+                    let now = Instant::now();
+                    let mut overdue = workers.overdue(now);
+                    for (p, d) in &mut oneoff {
+                        if *d <= now {
+                            *d = now + pool::RESCUE_AFTER;
+                            overdue.push(*p);
+                        }
+                    }
+                    if overdue.is_empty() {
+                        trim();
+                        busy_since_trim = false;
+                        idle_after = IDLE_TRIM;
+                    }
+                    for pid in overdue {
+                        rescue(pid);
+                    }
                     continue;
                 }
                 Ok(_) => busy_since_trim = true,
@@ -248,12 +277,14 @@ pub(super) fn serve(
                     exit_now(serve_in_child(&conn, other, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
-                    if let Request::Exec(ExecRequest {
-                        detach_id: Some(id),
-                        ..
-                    }) = other
-                    {
-                        detached.insert(id, pid);
+                    if let Request::Exec(exec) = other {
+                        if let Some(ms) = exec.timeout_ms {
+                            let limit = Duration::from_millis(ms) + pool::RESCUE_AFTER;
+                            oneoff.push((pid, Instant::now() + limit));
+                        }
+                        if let Some(id) = exec.detach_id {
+                            detached.insert(id, pid);
+                        }
                     }
                 }
                 Err(e) => {
@@ -392,6 +423,19 @@ fn chown_nofollow(path: &str, user: &str) -> std::io::Result<()> {
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
     .map_err(std::io::Error::from)
+}
+
+/// A worker stopped (SIGSTOP from a process of the sandbox: it is no PID
+/// 1, so nothing shields it) cannot end its command at the time limit, nor
+/// report anything: its client would wait for ever, and an eval's agent
+/// would run on unbounded. init, which no signal from inside reaches,
+/// kills what runs below the worker and lets the worker go on; the worker
+/// sees its deadline passed and reports the timeout.
+fn rescue(worker: Pid) {
+    for p in worker::descendants(worker) {
+        let _ = rustix::process::kill_process(p, Signal::KILL);
+    }
+    let _ = rustix::process::kill_process(worker, Signal::CONT);
 }
 
 /// Signals a detached exec (whose subreaper is `anchor`): SIGKILL reaches

@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::harness::{
     self, copy_rootfs, debian_tar, eventually, mode_of, processes_with_arg, read_json, run_tool,
@@ -2281,4 +2281,41 @@ mkfifo /logs/agent/fifo\n",
     }
     // The caller can remove the job (and the victim: its dir is ours).
     std::fs::remove_dir_all(env.out().join("j")).expect("removing the job dir");
+}
+
+/// An agent that stops (SIGSTOP) the sandbox process serving it cannot run
+/// past its timeout, in a worker or, with a network of its own, in a
+/// process of its own: the rollouts end as agent timeouts and the job
+/// ends (it waited for ever before).
+#[test]
+fn an_agent_that_stops_its_server_still_times_out() {
+    let env = Env::with_evalbase();
+    let stopper =
+        "#!/bin/bash\nwhile :; do kill -STOP $PPID; done &\nkill -STOP $PPID\nsleep 1000\n";
+    let reward = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n";
+    env.task(
+        "stops-worker",
+        "[agent]\ntimeout_sec = 1\n",
+        stopper,
+        reward,
+    );
+    env.task(
+        "stops-own-process",
+        "[agent]\ntimeout_sec = 1\nnetwork_mode = \"no-network\"\n",
+        stopper,
+        reward,
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let t = Instant::now();
+    let out = env
+        .eval(&["--job", "j", "--jobs", "2", &tasks])
+        .timeout(Duration::from_secs(120))
+        .output();
+    out.success();
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    for task in ["stops-worker", "stops-own-process"] {
+        let r = env.result("j", &format!("{task}__1"));
+        assert_eq!(outcome(&r), failed("agent_timeout", Some(1.0)), "{r:#}");
+        assert_eq!(r["agent_run"]["exit_code"], 124, "{r:#}");
+    }
 }

@@ -900,3 +900,79 @@ fn cp_tar_stream_stays_in_its_directory() {
     sandbox.stop();
     sb.assert_clean();
 }
+
+/// A command that stops (SIGSTOP) the worker process serving it, once or
+/// in a loop, cannot outlive its time limit: init, which no signal from
+/// inside reaches, kills it and lets the worker report the timeout (124).
+/// Before, the client waited for ever, and an eval's agent ran unbounded.
+#[test]
+fn a_command_that_stops_its_worker_still_ends_at_its_time_limit() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "stopw");
+    for script in [
+        "kill -STOP $PPID; sleep 1000",
+        "while :; do kill -STOP $PPID; done",
+    ] {
+        let t = Instant::now();
+        let out = sandbox
+            .exec_cmd(&["--timeout", "1"], &["sh", "-c", script])
+            .timeout(Duration::from_secs(30))
+            .output();
+        out.code_is(124);
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{script}: {:?}",
+            t.elapsed()
+        );
+    }
+    // Nothing of them is left, and the sandbox serves on.
+    let out = sandbox.exec(&[], &["ps", "-o", "pid,ppid,stat,comm"]);
+    assert!(
+        !out.stdout.contains("sleep") && !out.stdout.contains(" sh"),
+        "{out:?}"
+    );
+    sandbox.sh("echo on").success();
+    sandbox.stop();
+    sb.assert_clean();
+}
+
+/// A process that stops the sandbox's idle worker does not make the next
+/// request (a copy here) wait for ever: init lets a worker go on before it
+/// hands it a request.
+#[test]
+fn a_stopped_idle_worker_still_serves_the_next_request() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "stopi");
+    // W1 serves a detached exec; W2 serves `touch /tmp/go` and is idle a
+    // second later, when the detached exec stops every sifbox process but
+    // init and W1, and counts them.
+    sandbox.sh("true").success();
+    let script = "while [ ! -e /tmp/go ]; do sleep 0.05; done; sleep 1; n=0; \
+                  for d in /proc/[0-9]*; do p=${d#/proc/}; \
+                  [ \"$p\" = 1 ] || [ \"$p\" = \"$PPID\" ] && continue; \
+                  [ \"$(cat $d/comm 2>/dev/null)\" = sifbox ] && kill -STOP $p && n=$((n+1)); \
+                  done; echo $n > /tmp/stopped; sleep 1000";
+    sandbox.exec(&["-d"], &["sh", "-c", script]).success();
+    sandbox.sh("touch /tmp/go").success();
+    std::thread::sleep(Duration::from_millis(2500));
+    let dest = tempdir("stopi-cp");
+    let t = Instant::now();
+    let out = sandbox
+        .cmd(&[
+            "cp",
+            &format!("{}:/tmp/stopped", sandbox.name),
+            &dest.path().to_string_lossy(),
+        ])
+        .timeout(Duration::from_secs(30))
+        .output();
+    out.success();
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    let stopped = std::fs::read_to_string(dest.path().join("stopped")).expect("stopped");
+    assert_eq!(
+        stopped.trim(),
+        "1",
+        "the idle worker was not the one stopped"
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
