@@ -106,42 +106,42 @@ pub(super) fn serve(
         if let Some(a) = &mut activity {
             a.check(&workers, &detached);
         }
+        // What serves an exec past its time limit and more is rescued (see
+        // [`Pool::overdue`]), whatever else keeps init busy.
+        let now = Instant::now();
+        let mut overdue = workers.overdue(now);
+        for (p, d) in &mut oneoff {
+            if *d <= now {
+                *d = now + pool::RESCUE_AFTER;
+                overdue.push(*p);
+            }
+        }
+        for pid in overdue {
+            rescue(pid);
+        }
         let (listener_ready, finished) = {
             let mut fds = vec![PollFd::new(&listener, PollFlags::IN)];
             if let Some(r) = &sigchld {
                 fds.push(PollFd::new(r, PollFlags::IN));
             }
             fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
-            // A worker whose exec is past its time limit is rescued (see
-            // [`Pool::overdue`]), also when nothing else happens.
+            // Woken for the next rescue too, when nothing else happens.
             let rescue_in = workers
                 .next_deadline()
                 .into_iter()
                 .chain(oneoff.iter().map(|(_, d)| *d))
                 .min()
                 .map(|d| d.saturating_duration_since(Instant::now()));
-            let wait = match (busy_since_trim.then_some(idle_after), rescue_in) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let trim_in = busy_since_trim.then_some(idle_after);
+            let rescue_first = rescue_in.is_some_and(|r| trim_in.is_none_or(|t| r < t));
+            let wait = if rescue_first { rescue_in } else { trim_in };
             match poll(&mut fds, wait.map(timespec).as_ref()) {
                 Ok(0) => {
                     drop(fds);
-                    let now = Instant::now();
-                    let mut overdue = workers.overdue(now);
-                    for (p, d) in &mut oneoff {
-                        if *d <= now {
-                            *d = now + pool::RESCUE_AFTER;
-                            overdue.push(*p);
-                        }
-                    }
-                    if overdue.is_empty() {
+                    if !rescue_first {
                         trim();
                         busy_since_trim = false;
                         idle_after = IDLE_TRIM;
-                    }
-                    for pid in overdue {
-                        rescue(pid);
                     }
                     continue;
                 }
