@@ -976,3 +976,56 @@ fn a_stopped_idle_worker_still_serves_the_next_request() {
     sandbox.stop();
     sb.assert_clean();
 }
+
+/// The cgroups a sandbox with nested namespaces could make below its own
+/// (a cgroup namespace, a cgroup file system mounted in it, directories
+/// made there) stay inside its cgroup and go with it: none is left after
+/// the run, and none of sifbox's walks of its cgroups (OOM kills, removal)
+/// misses one. On a cgroup v1 host the kernel refuses the mount from the
+/// sandbox's user namespace, and that is what the test sees there.
+#[test]
+fn cgroups_made_inside_a_sandbox_go_with_it() {
+    let store = Store::new("sifbox-nested-cg.");
+    store
+        .import(&harness::debian_tar(), "nested-cg")
+        .timeout(Duration::from_secs(300))
+        .output()
+        .success();
+    let name = unique("nestcg");
+    let script = "mkdir -p /tmp/cg && \
+                  unshare -C sh -c 'mount -t cgroup2 none /tmp/cg 2>/dev/null || \
+                  mount -t cgroup -o memory none /tmp/cg' 2>/dev/null || { echo refused; exit 0; }; \
+                  mkdir -p /tmp/cg/a/b && echo $$ > /tmp/cg/a/b/cgroup.procs && echo made";
+    let out = store
+        .cmd([
+            "run",
+            "--name",
+            &name,
+            "--allow-userns",
+            "--memory",
+            "256m",
+            "nested-cg",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
+        .timeout(Duration::from_secs(60))
+        .output();
+    out.success();
+    let said = out.stdout.trim();
+    assert!(said == "refused" || said == "made", "{out:?}");
+    // Whatever it made, nothing of the sandbox's is left in any hierarchy.
+    let mut left = Vec::new();
+    for mount in ["memory", "pids", "cpu,cpuacct", "cpu", "unified", ""] {
+        let base = Path::new("/sys/fs/cgroup").join(mount).join("sifbox");
+        if let Ok(rd) = std::fs::read_dir(&base) {
+            left.extend(
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&name))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    assert!(left.is_empty(), "cgroups left: {left:?}");
+}
