@@ -30,6 +30,9 @@ export SIFBOX_TEST_ROOTFS=$ROOTFS
 # (scripts/bootstrap-base.sh makes it once per machine).
 BASE_TAR=${SIFBOX_TEST_DEBIAN_TAR:-$REPO/target/bookworm-minbase.tar}
 export SIFBOX_TEST_DEBIAN_TAR=$BASE_TAR
+# The same with the real programs of the seccomp compatibility tests.
+COMPAT_TAR=${SIFBOX_TEST_COMPAT_TAR:-$REPO/target/bookworm-compat.tar}
+export SIFBOX_TEST_COMPAT_TAR=$COMPAT_TAR
 cd "$REPO"
 
 # shellcheck source=scripts/lib.sh
@@ -137,6 +140,7 @@ as_test_user() {
                 SIFBOX_BIN="$USER_DIR/sifbox" \
                 SIFBOX_TEST_ROOTFS="$USER_DIR/rootfs" \
                 SIFBOX_TEST_DEBIAN_TAR="$USER_DIR/base.tar" \
+                SIFBOX_TEST_COMPAT_TAR="$USER_DIR/compat.tar" \
                 SIFBOX_TEST_TASKS="$USER_DIR/tasks" \
                 SIFBOX_TEST_CORPUS="$USER_DIR/corpus" \
                 "$@"
@@ -163,6 +167,9 @@ user_tests() {
     # tasks (the repository may not be readable by the user).
     if [[ -f $BASE_TAR ]]; then
         cp -- "$BASE_TAR" "$USER_DIR/base.tar" || return 1
+    fi
+    if [[ -f $COMPAT_TAR ]]; then
+        cp -- "$COMPAT_TAR" "$USER_DIR/compat.tar" || return 1
     fi
     cp -a "$REPO/examples/tasks" "$USER_DIR/tasks" || return 1
     cp -a "$REPO/crates/sifbox/tests/e2e/tasks" "$USER_DIR/corpus" || return 1
@@ -212,7 +219,8 @@ fi
 
 # Tests that need it fail (with a message) when it could not be made; the
 # others run regardless.
-step "base image" env SIFBOX_BASE_TAR="$BASE_TAR" bash "$REPO/scripts/bootstrap-base.sh" || true
+step "base image" env SIFBOX_BASE_TAR="$BASE_TAR" SIFBOX_COMPAT_TAR="$COMPAT_TAR" \
+    bash "$REPO/scripts/bootstrap-base.sh" || true
 
 if ((built && rootfs)); then
     step "tests as root" root_tests || true

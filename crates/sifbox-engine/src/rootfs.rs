@@ -26,6 +26,7 @@
 //! so no host path shows in the sandbox's `/proc/self/mountinfo`.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
@@ -204,8 +205,27 @@ pub enum Step {
     Mask { at: At },
     /// A directory with `mode`, made only when missing.
     MakeDir { at: At, mode: u32 },
+    /// A file of the sandbox's own with `contents`, writable by its root:
+    /// made in a small fresh tmpfs and bound over `at` (as Docker binds
+    /// its `/etc/hosts`), so the image's file is left as it was.
+    File { at: At, contents: Vec<u8> },
     /// A symlink to `target`.
     Symlink { at: At, target: PathBuf },
+}
+
+/// Size of the tmpfs of a [`Step::File`].
+const FILE_TMPFS_BYTES: u64 = 64 << 10;
+
+/// The `/etc/hosts` of a sandbox with a network of its own (`--net none`):
+/// the loopback names and the sandbox's host name, as Docker writes one,
+/// for programs that connect to `localhost` (test servers, verifiers; an
+/// image's own file is often empty, Docker having bound one over it).
+pub fn own_hosts(hostname: &str) -> Vec<u8> {
+    let mut out = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    if !hostname.is_empty() && hostname != "localhost" {
+        out.push_str(&format!("127.0.1.1\t{hostname}\n"));
+    }
+    out.into_bytes()
 }
 
 /// Host-wide knobs of /proc, covered read-only (Docker's list).
@@ -329,6 +349,12 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
                 need: Need::BestEffort,
             });
         }
+    }
+    if spec.net == NetMode::None {
+        steps.push(Step::File {
+            at: At::new(Base::Root, "etc/hosts", Lookup::Image(Create::File)),
+            contents: own_hosts(&spec.hostname),
+        });
     }
     for b in &spec.binds {
         steps.push(Step::BindHost {
@@ -772,6 +798,37 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
                 (Err((_, e)), Need::BestEffort) => tracing::debug!("not {what}: {e}"),
                 (Err((_, e)), _) => return Err(e),
             }
+        }
+        Step::File { at, contents } => {
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            let what = format!("writing {}", at.shown());
+            let fs = make_fs(
+                &Fs::Tmpfs {
+                    mode: 0o755,
+                    size: FILE_TMPFS_BYTES,
+                },
+                Attrs::NOSUID_NODEV_NOEXEC,
+                &what,
+            )?;
+            let file = rustix::fs::openat(
+                &fs,
+                "file",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(sys_err(&what))?;
+            std::fs::File::from(file)
+                .write_all(contents)
+                .map_err(|e| Error::Setup(format!("{what}: {e}")))?;
+            let tree = open_tree(
+                &fs,
+                "file",
+                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(sys_err(format!("{what}: cloning it")))?;
+            attach(&tree, target.as_fd(), &what)?;
         }
         Step::ReadOnly { at } => {
             let Some(target) = root.resolve(at, None)? else {

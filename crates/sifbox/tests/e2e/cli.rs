@@ -28,9 +28,9 @@ use rustix::process::Signal;
 use serde_json::Value;
 
 use crate::harness::{
-    self, descendants, eventually, host_namespace, map_count, mount_at, mounts, my_ids,
-    path_exists, path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff, still_running,
-    tempdir, unique, unique_number, writable, Sifbox, Started, DEFAULT_PATH,
+    self, copy_rootfs, descendants, eventually, host_namespace, map_count, mount_at, mounts,
+    my_ids, path_exists, path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff,
+    still_running, tempdir, unique, unique_number, writable, Sifbox, Started, DEFAULT_PATH,
 };
 
 // ===========================================================================
@@ -841,6 +841,46 @@ fn network_none_has_only_loopback() {
         .filter_map(|i| i["name"].as_str().map(String::from))
         .collect();
     assert_eq!(inside, host, "--net host must show the host's interfaces");
+}
+
+/// `--net none` gets an /etc/hosts of its own with the loopback names and
+/// its host name (as Docker writes one), writable by its root, however
+/// the image's looks: Debian's bootstrapped trees and Docker's exports
+/// ship an empty one, and `localhost` did not resolve (Python's, pip's and
+/// Node's clients of a test server failed). The image's file is untouched.
+#[test]
+fn network_none_has_hosts_with_localhost() {
+    let sb = Sifbox::new();
+    let dir = tempdir("sifbox-hosts.");
+    let root = dir.path().join("root");
+    copy_rootfs(&root);
+    std::fs::write(root.join("etc/hosts"), "").expect("empty hosts");
+    let out = sb
+        .cmd([
+            "run",
+            "--rootfs",
+            root.to_str().expect("utf-8"),
+            "--net",
+            "none",
+            "--hostname",
+            "box1",
+            "--",
+            "sh",
+            "-c",
+            "cat /etc/hosts && echo '10.9.9.9 extra' >> /etc/hosts && grep -c extra /etc/hosts",
+        ])
+        .output();
+    out.success();
+    let said = &out.stdout;
+    assert!(said.contains("127.0.0.1\tlocalhost\n"), "{said}");
+    assert!(said.contains("::1\tlocalhost"), "{said}");
+    assert!(said.contains("127.0.1.1\tbox1\n"), "{said}");
+    assert!(said.ends_with("1\n"), "not writable: {out:?}");
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/hosts")).expect("read"),
+        "",
+        "the image's /etc/hosts changed"
+    );
 }
 
 /// A server on the host's 127.0.0.1 is unreachable with --net none, and

@@ -11,6 +11,7 @@
 //!
 //! Suites:
 //!  - `cli`: `sifbox run` (identity, namespaces, env, mounts, binds, teardown...)
+//!  - `compat`: real programs (TLS clients, pip, Node, Go, Rust, a JVM, gdb...) under the seccomp policy
 //!  - `sandboxes`: long-lived sandboxes (start, exec, cp, ps, stop, gc, evidence)
 //!  - `images`: importing, the store, exporting, interop with Apptainer's tools
 //!  - `registry`: pulls from a real registry
@@ -23,6 +24,7 @@ mod harness;
 
 mod build;
 mod cli;
+mod compat;
 mod eval;
 mod hostile;
 mod images;
