@@ -132,9 +132,12 @@ pub struct EvalOptions {
     pub binds: Vec<spec::Bind>,
     /// The seccomp policy of every rollout and build step.
     pub seccomp: spec::SeccompMode,
-    /// Every task's commands may create user namespaces (else only tasks
-    /// that ask for it with `[metadata.sifbox] allow_userns`).
+    /// Every task's commands may create user namespaces.
     pub allow_userns: bool,
+    /// The tasks whose commands may create user namespaces. A task's own
+    /// `[metadata.sifbox] allow_userns` grants nothing: a suite is
+    /// untrusted, and only the caller lifts a restriction.
+    pub allow_userns_tasks: Vec<String>,
     /// Limits set for every task (`--override-*`, `--pids`).
     pub limits: Overrides,
     /// Where rollouts' writable layers live.
@@ -159,8 +162,29 @@ impl EvalOptions {
     pub fn confinement(&self, task: &Task) -> spec::Confinement {
         spec::Confinement {
             seccomp: self.seccomp,
-            allow_userns: self.allow_userns || task.config.allow_userns,
+            allow_userns: self.userns_granted(task),
         }
+    }
+
+    /// Whether the caller lets `task`'s commands create user namespaces.
+    pub fn userns_granted(&self, task: &Task) -> bool {
+        self.allow_userns || self.allow_userns_tasks.contains(&task.name)
+    }
+
+    /// The note a rollout of `task` gets when the task asks for nested
+    /// user namespaces: what it asked and whether the caller granted it.
+    pub fn userns_note(&self, task: &Task) -> Option<String> {
+        if !task.config.allow_userns {
+            return None;
+        }
+        Some(if self.userns_granted(task) {
+            "the task asks for nested user namespaces ([metadata.sifbox] allow_userns): granted by the caller".to_string()
+        } else {
+            format!(
+                "the task asks for nested user namespaces ([metadata.sifbox] allow_userns): not granted (a task cannot lift its own confinement; the caller grants it with --allow-userns-task {} or --allow-userns)",
+                task.name
+            )
+        })
     }
 }
 

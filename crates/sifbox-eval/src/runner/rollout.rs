@@ -52,6 +52,7 @@ pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -
     let mut r = RolloutResult::new(&task.name, attempt, &ctx.job, &ctx.agent_label);
     r.limits = task.config.limits.resolve(&ctx.opts.limits);
     r.notes.extend(task.config.warnings.iter().cloned());
+    r.notes.extend(ctx.opts.userns_note(task));
     let dir = ctx.dir.join(&r.rollout);
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)

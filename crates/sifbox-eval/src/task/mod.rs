@@ -581,8 +581,10 @@ pub struct TaskConfig {
     pub default_user: Option<String>,
     /// A compose service's own command.
     pub service: Option<ServiceCommand>,
-    /// `[metadata.sifbox] allow_userns = true`: the task's commands may
-    /// create user namespaces (bubblewrap, Chromium's sandbox). Kept under
+    /// `[metadata.sifbox] allow_userns = true`: the task asks that its
+    /// commands may create user namespaces (bubblewrap, Chromium's
+    /// sandbox). A request only, noted in its results: the caller grants it
+    /// (`--allow-userns`, `--allow-userns-task NAME`). Kept under
     /// `[metadata]`, which Harbor and BenchFlow leave free-form.
     pub allow_userns: bool,
     /// BenchFlow's setup commands, run in order after the healthcheck and

@@ -66,11 +66,15 @@ pub struct EvalArgs {
     /// How ids are mapped in the sandboxes and build steps.
     #[arg(long, value_enum, default_value = "auto")]
     pub userns: UsernsArg,
-    /// The seccomp policy and user-namespace opt-in of every rollout
-    /// (a task can also ask for user namespaces with
-    /// `[metadata.sifbox] allow_userns = true`).
+    /// The seccomp policy and user-namespace opt-in of every rollout. A
+    /// task's `[metadata.sifbox] allow_userns = true` only asks: the caller
+    /// grants it (here, or to named tasks with --allow-userns-task).
     #[command(flatten)]
     pub confine: crate::cmd::options::ConfineArgs,
+    /// Let the commands of the task NAME create user namespaces (as
+    /// --allow-userns does for every task); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub allow_userns_task: Vec<String>,
     /// Every task's CPUs, replacing task.toml's `cpus` (Harbor's flag;
     /// fractions allowed).
     #[arg(long, value_name = "N")]
@@ -361,6 +365,16 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             );
         }
     }
+    for name in &a.allow_userns_task {
+        if !tasks.iter().any(|t| &t.name == name) {
+            return Err(usage(
+                format!("--allow-userns-task {name}"),
+                "no task of that name in the suite",
+                "name a task of the suite by its name (its directory's name, as result.json's `task` gives it)",
+            )
+            .into());
+        }
+    }
     let store = crate::cmd::image::open_store()?;
     let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
     let jobs = a.jobs.unwrap_or_else(|| {
@@ -393,6 +407,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         binds,
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
+        allow_userns_tasks: a.allow_userns_task.clone(),
         limits: task::Overrides {
             cpus: a.override_cpus,
             memory_mb: a.override_memory_mb,

@@ -1563,10 +1563,13 @@ exit 0
     assert!(!ev.contains("forged"), "{ev}");
 }
 
-/// User namespaces inside are denied by default and opted in per task
-/// (`[metadata.sifbox] allow_userns = true`) or per job (`--allow-userns`).
+/// User namespaces inside are denied by default, and only the caller
+/// grants them: per task (`--allow-userns-task NAME`) or per job
+/// (`--allow-userns`). A task's own `[metadata.sifbox] allow_userns = true`
+/// is a request, noted in its result.json, that grants nothing (it once
+/// did: a suite lifted its own confinement).
 #[test]
-fn user_namespaces_are_opted_in_per_task_or_per_job() {
+fn user_namespaces_are_granted_by_the_caller_not_the_task() {
     let env = Env::with_evalbase();
     // The agent records whether it could make a user namespace; the
     // verifier turns that into the reward.
@@ -1580,13 +1583,35 @@ fn user_namespaces_are_opted_in_per_task_or_per_job() {
         test,
     );
     let tasks = env.path("tasks").display().to_string();
-    env.eval(&["--job", "one", &tasks]).output().success();
+    let asks = |r: &serde_json::Value, granted: &str| {
+        r["notes"].as_array().into_iter().flatten().any(|n| {
+            n.as_str().is_some_and(|n| {
+                n.contains("asks for nested user namespaces") && n.contains(granted)
+            })
+        })
+    };
+    env.eval(&["--job", "none", &tasks]).output().success();
+    assert_eq!(outcome(&env.result("none", "plain__1")), ok(0.0));
+    let r = env.result("none", "opted-in__1");
+    assert_eq!(outcome(&r), ok(0.0), "the task granted itself namespaces");
+    assert!(asks(&r, "not granted"), "{r:#}");
+    assert!(!asks(&env.result("none", "plain__1"), "granted"));
+    env.eval(&["--job", "one", "--allow-userns-task", "opted-in", &tasks])
+        .output()
+        .success();
     assert_eq!(outcome(&env.result("one", "plain__1")), ok(0.0));
-    assert_eq!(outcome(&env.result("one", "opted-in__1")), ok(1.0));
+    let r = env.result("one", "opted-in__1");
+    assert_eq!(outcome(&r), ok(1.0));
+    assert!(asks(&r, "granted by the caller"), "{r:#}");
     env.eval(&["--job", "all", "--allow-userns", &tasks])
         .output()
         .success();
     assert_eq!(outcome(&env.result("all", "plain__1")), ok(1.0));
+    // A name that is no task of the suite is bad input, before anything runs.
+    env.eval(&["--job", "typo", "--allow-userns-task", "opted-inn", &tasks])
+        .output()
+        .sifbox_error()
+        .stderr_has("--allow-userns-task opted-inn");
     // A wrong type is bad input, before anything runs.
     env.task(
         "bad",
