@@ -545,6 +545,7 @@ pub fn rootfs_with_owners(store: &Store, digest: &Digest) -> Result<PathBuf> {
     store.rootfs(digest, |dest| {
         let opts = squash::UnpackOptions {
             owners: squash::Owners::Preserve,
+            devices: squash::DeviceNodes::Skip,
             ..squash::UnpackOptions::default()
         };
         unpack_sif_with(&sif_path, dest, &opts)
@@ -558,9 +559,14 @@ pub fn unpack_image(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
 }
 
 /// Unpacks the root file system of the SIF at `sif_path` into `dest`,
-/// owned by the caller.
+/// owned by the caller, without device nodes (no tree of the store holds a
+/// live one: see [`squash::DeviceNodes::Skip`]).
 fn unpack_sif(sif_path: &Path, dest: &Path) -> Result<()> {
-    unpack_sif_with(sif_path, dest, &squash::UnpackOptions::for_caller())
+    let opts = squash::UnpackOptions {
+        devices: squash::DeviceNodes::Skip,
+        ..squash::UnpackOptions::for_caller()
+    };
+    unpack_sif_with(sif_path, dest, &opts)
 }
 
 fn unpack_sif_with(sif_path: &Path, dest: &Path, opts: &squash::UnpackOptions) -> Result<()> {

@@ -10,6 +10,13 @@
 //! reaches that very inode), so a symlink in the tree never sends a chmod
 //! anywhere else. Directories keep their bits: there setgid only chooses the
 //! group of new entries.
+//!
+//! File capabilities (`security.capability`) go too: a file that host root
+//! (or a sandbox whose root is host root) gave `cap_setuid+ep` is as much a
+//! root shell for whoever runs it as a setuid-root one. The check is one
+//! `lgetxattr` a regular file; an unprivileged caller's trees can only hold
+//! capabilities bound to its own user namespace's root, which grant nothing
+//! on the host, and it may not remove them, so they are left.
 
 use std::ffi::{CStr, OsStr};
 use std::io;
@@ -59,7 +66,8 @@ fn chmod_fd(fd: &OwnedFd, mode: u32) -> rustix::io::Result<()> {
 }
 
 /// Takes the setuid and setgid bits off every entry below `root` that is
-/// not a directory or a symlink. Returns how many had them.
+/// not a directory or a symlink, and the file capabilities off every
+/// regular file. Returns how many entries had either.
 ///
 /// A directory of the caller that the caller cannot read or search is
 /// opened up for the walk and given its mode back afterwards. A file of
@@ -96,15 +104,22 @@ pub fn strip_tree(root: &Path) -> io::Result<u64> {
             let child = rel.join(OsStr::from_bytes(name.to_bytes()));
             let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(|e| err_at(&root.join(&child), "looking at", e))?;
-            match FileType::from_raw_mode(st.st_mode) {
+            let kind = FileType::from_raw_mode(st.st_mode);
+            match kind {
                 FileType::Directory => stack.push(child),
                 FileType::Symlink => {}
-                _ if st.st_mode & SETID != 0 => {
-                    let had =
-                        strip_one(&dir, name, me).map_err(|e| err_at(&root.join(&child), "", e))?;
+                _ => {
+                    let mut had = false;
+                    if st.st_mode & SETID != 0 {
+                        had |= strip_one(&dir, name, me)
+                            .map_err(|e| err_at(&root.join(&child), "", e))?;
+                    }
+                    if kind == FileType::RegularFile {
+                        had |= drop_caps(&dir, name, me)
+                            .map_err(|e| err_at(&root.join(&child), "", e))?;
+                    }
                     stripped += u64::from(had);
                 }
-                _ => {}
             }
         }
     }
@@ -144,6 +159,43 @@ fn open_dir(
             ),
         )),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// `security.capability`: the xattr of file capabilities.
+const CAPS: &str = "security.capability";
+
+/// Takes the file capabilities off the regular file `name` in `dir`;
+/// whether it had them.
+fn drop_caps(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
+    // The name under the directory's own fd link: lgetxattr follows the
+    // link to that directory and not a symlink the name might be.
+    let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd()))
+        .join(OsStr::from_bytes(name.to_bytes()));
+    let mut probe = [0u8; 0];
+    match rustix::fs::lgetxattr(&at, CAPS, &mut probe) {
+        Ok(_) | Err(Errno::RANGE) => {}
+        Err(Errno::NODATA | Errno::NOTSUP) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
+        return Ok(false);
+    }
+    match rustix::fs::removexattr(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()), CAPS) {
+        Ok(()) => Ok(true),
+        Err(Errno::NODATA) => Ok(false),
+        // Only host root's capabilities hold on the host (see the module).
+        Err(Errno::PERM) if me != 0 => Ok(false),
+        Err(e) => Err(io::Error::new(
+            io::Error::from(e).kind(),
+            format!("cannot take its file capabilities off: {e}"),
+        )),
     }
 }
 
@@ -243,6 +295,38 @@ mod tests {
         set(&locked, 0o700);
         assert_eq!(mode(&locked.join("inner")), 0o700);
         // Nothing left: a second pass finds nothing.
+        assert_eq!(strip_tree(&tree).expect("strip"), 0);
+    }
+
+    /// A file capability (cap_setuid+ep) goes, where the caller could set
+    /// one (host root); a symlink to a capable file outside is not
+    /// followed.
+    #[test]
+    fn file_capabilities_go_too() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let tree = t.path().join("tree");
+        std::fs::create_dir(&tree).expect("mkdir");
+        let outside = t.path().join("outside");
+        // VFS_CAP_REVISION_2 with the effective bit, permitted CAP_SETUID.
+        let caps: [u8; 20] = [
+            1, 0, 0, 2, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        let set_caps = |p: &Path| {
+            std::fs::write(p, b"x").expect("write");
+            rustix::fs::setxattr(p, CAPS, &caps, rustix::fs::XattrFlags::empty()).is_ok()
+        };
+        if !set_caps(&tree.join("capped")) || !set_caps(&outside) {
+            // Not permitted here (an unprivileged caller): nothing to test.
+            return;
+        }
+        std::os::unix::fs::symlink(&outside, tree.join("link")).expect("symlink");
+        assert_eq!(strip_tree(&tree).expect("strip"), 1);
+        let mut buf = [0u8; 64];
+        assert!(rustix::fs::getxattr(tree.join("capped"), CAPS, &mut buf).is_err());
+        assert!(
+            rustix::fs::getxattr(&outside, CAPS, &mut buf).is_ok(),
+            "followed"
+        );
         assert_eq!(strip_tree(&tree).expect("strip"), 0);
     }
 

@@ -161,6 +161,12 @@ pub enum DeviceNodes {
     /// count them in [`UnpackStats::skipped_devices`].
     #[default]
     SkipIfDenied,
+    /// Leave them all out, counted in [`UnpackStats::skipped_devices`]:
+    /// what the image store does (as rootless Docker does). A sandbox's
+    /// /dev is a fresh tmpfs of sifbox's own; a live node anywhere else in
+    /// a tree on the host (root's unpack could make a `c 1 7`, /dev/port,
+    /// in a store a lab group shares) is a door to the host's devices.
+    Skip,
 }
 
 /// How [`unpack`] extracts.
@@ -195,7 +201,8 @@ pub struct UnpackStats {
     pub devices: u64,
     /// Fifos and sockets.
     pub specials: u64,
-    /// Device nodes left out (see [`DeviceNodes::SkipIfDenied`]).
+    /// Device nodes left out (see [`DeviceNodes::SkipIfDenied`] and
+    /// [`DeviceNodes::Skip`]).
     pub skipped_devices: u64,
     /// Bytes of regular file data.
     pub bytes: u64,

@@ -369,6 +369,14 @@ pub fn run(
             dir.display()
         );
     }
+    // And nothing a task's root left there runs setuid or with file
+    // capabilities for whoever the job's results are shared with.
+    if let Err(e) = sifbox_image::setid::strip_tree(&dir) {
+        tracing::warn!(
+            "setuid/setgid bits or file capabilities that sandboxes left in {} could not all be removed ({e}): keep other users out of that dir",
+            dir.display()
+        );
+    }
     let done = done
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner);

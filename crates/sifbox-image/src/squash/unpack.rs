@@ -1011,6 +1011,11 @@ impl Walk<'_, '_> {
                         apply_at(&dir, name, &attrs, true, opts, &full)?;
                         self.stats.symlinks += 1;
                     }
+                    InodeKind::Device { .. } if opts.devices == DeviceNodes::Skip => {
+                        tracing::debug!(path = %full.display(), "device node left out");
+                        seen_nodes.remove(&r);
+                        self.stats.skipped_devices += 1;
+                    }
                     InodeKind::Device { block, rdev } => {
                         let (major, minor) = decode_dev(rdev);
                         let ft = if block {

@@ -400,11 +400,26 @@ pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> crate::error::Resu
 /// What the image's other users wrote in a finished sandbox's logs dir
 /// (files of other ids of the caller's mapping, unreadable and
 /// unremovable for an unprivileged caller) is the caller's again (`run`,
-/// `stop`); a failure is a warning. The store opens only when needed.
+/// `stop`), and no file there keeps a setuid or setgid bit or a file
+/// capability (which the sandbox's root, the caller outside, could set
+/// for other local users to run); a failure is a warning. The store opens
+/// only when needed.
 pub fn give_back_logs(userns: UsernsMode, logs: &std::path::Path) {
-    if !sifbox_build::layers::has_foreign_files(logs) {
-        return;
+    if sifbox_build::layers::has_foreign_files(logs) {
+        give_back_foreign(userns, logs);
     }
+    match sifbox_image::setid::strip_tree(logs) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!(
+            "sifbox: warning: setuid/setgid bits or file capabilities that the sandbox left in {} could not all be removed ({e}): keep other users out of that dir",
+            logs.display()
+        ),
+    }
+}
+
+/// The give-back of [`give_back_logs`].
+fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
     let given = std::env::current_exe()
         .map_err(|e| format!("locating the sifbox binary: {e}"))
         .and_then(|exe| {

@@ -1029,3 +1029,115 @@ fn cgroups_made_inside_a_sandbox_go_with_it() {
     }
     assert!(left.is_empty(), "cgroups left: {left:?}");
 }
+
+/// A SIF whose tree holds device nodes (mksquashfs pseudo files: a
+/// `c 1 7`, as the audit's, and a block device) unpacks without them, as
+/// root too: the audit's root unpack made the node live in the store's
+/// tree, where a member of a shared store could write through it. Nothing
+/// of the image's nodes shows in the sandbox either (its /dev is sifbox's).
+#[test]
+fn an_images_device_nodes_are_never_made_on_the_host() {
+    let store = Store::new("sifbox-devnodes.");
+    let dir = tempdir("sifbox-devnodes.");
+    let root = dir.path().join("root");
+    copy_rootfs(&root);
+    std::fs::create_dir_all(root.join("opt")).expect("mkdir opt");
+    let part = dir.path().join("root.sqfs");
+    harness::run_tool(
+        Command::new(harness::require("mksquashfs", "squashfs-tools"))
+            .arg(&root)
+            .arg(&part)
+            .args(["-comp", "gzip", "-noappend", "-quiet"])
+            .args(["-p", "opt/full c 666 0 0 1 7"])
+            .args(["-p", "opt/disk b 660 0 0 7 0"]),
+    );
+    let siftool = harness::require("siftool", "siftool");
+    let sif = dir.path().join("devnodes.sif");
+    harness::run_tool(Command::new(&siftool).arg("new").arg(&sif));
+    harness::run_tool(
+        Command::new(&siftool)
+            .args(["add", "--datatype", "4", "--parttype", "2", "--partfs", "1"])
+            .args(["--partarch", "2"])
+            .arg(&sif)
+            .arg(&part),
+    );
+    let digest = harness::digest_of(&store.import(&sif, "devnodes").output());
+    let out = store
+        .cmd([
+            "run",
+            "devnodes",
+            "--",
+            "sh",
+            "-c",
+            "ls /opt; test -e /opt/full && echo full-there; test -e /opt/disk && echo disk-there; true",
+        ])
+        .output();
+    out.success();
+    assert!(!out.stdout.contains("there"), "{out:?}");
+    // No device node anywhere in the store's tree of the image.
+    let tree = store.tree_of(&digest);
+    assert!(tree.join("etc").is_dir(), "no tree at {}", tree.display());
+    let mut nodes = Vec::new();
+    let mut stack = vec![tree];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let ft = e.file_type().expect("file type");
+            use std::os::unix::fs::FileTypeExt;
+            if ft.is_char_device() || ft.is_block_device() {
+                nodes.push(e.path());
+            } else if ft.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    assert!(nodes.is_empty(), "device nodes in the store: {nodes:?}");
+    store.empty();
+}
+
+/// A sandbox's root (the caller outside) makes files setuid in its
+/// `--logs` dir, at /logs and below (the audit's: another local user ran
+/// one with the caller's euid): once `run` ends, and once a `start`ed
+/// sandbox is stopped, none keeps a setuid or setgid bit. (As host root a
+/// file capability set there goes too: `setid` unit tests.)
+#[test]
+fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sifbox::new();
+    let parent = tempdir("sifbox-logs-setid.");
+    let plant = "cp /bin/busybox /logs/agent/sh && chmod 4755 /logs/agent/sh && \
+                 cp /bin/busybox /logs/top && chmod 6755 /logs/top && \
+                 mkdir -p /logs/artifacts/a/b && cp /bin/busybox /logs/artifacts/a/b/g && \
+                 chmod 2755 /logs/artifacts/a/b/g && ls -l /logs/agent/sh";
+    let setid_files = |logs: &Path| -> Vec<String> {
+        let mut found = Vec::new();
+        let mut stack = vec![logs.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+                let md = std::fs::symlink_metadata(e.path()).expect("stat");
+                if md.is_dir() {
+                    stack.push(e.path());
+                } else if md.permissions().mode() & 0o6000 != 0 {
+                    found.push(format!("{} {:o}", e.path().display(), md.permissions().mode()));
+                }
+            }
+        }
+        found
+    };
+    let logs = parent.path().join("run");
+    let out = sb
+        .run(["--logs", logs.to_str().expect("utf-8"), "sh", "-c", plant])
+        .output();
+    out.success();
+    assert!(out.stdout.contains("rws"), "the bit was not set inside: {out:?}");
+    assert_eq!(setid_files(&logs), Vec::<String>::new(), "after run");
+    let logs = parent.path().join("start");
+    let sandbox = Started::new(
+        &sb,
+        &unique("logs-setid"),
+        &["--logs", logs.to_str().expect("utf-8")],
+        &[],
+    );
+    sandbox.exec(&[], &["sh", "-c", plant]).success();
+    sandbox.stop();
+    assert_eq!(setid_files(&logs), Vec::<String>::new(), "after stop");
+}
