@@ -68,11 +68,9 @@ fn expand(s: &str, lookup: Option<&Lookup<'_>>) -> Result<String, String> {
         match (value, default) {
             (Some(v), _) => out.push_str(&v),
             (None, Some(d)) => out.push_str(d),
-            (None, None) => {
-                return Err(format!(
-                    "${{{name}}} is not set in the environment sifbox runs in"
-                ))
-            }
+            (None, None) => return Err(format!(
+                "${{{name}}} is not set for the task (only variables passed with --pass-env are)"
+            )),
         }
     }
     out.push_str(rest);

@@ -25,8 +25,25 @@ use super::rollout::rollout;
 use super::schedule::Scheduler;
 use super::{Ctx, EvalOptions, JobInfo, JobOutcome, Layer, Observer, Resolvers, TaskEnv};
 
-fn resolve_env(task: &Task) -> Result<TaskEnv> {
-    let lookup = |k: &str| std::env::var(k).ok();
+/// `task`'s env templates resolved: a `${VAR}` sees the caller's VAR only
+/// when the caller passes it (`pass_env`): a suite is untrusted and must
+/// not take API keys or `SSH_AUTH_SOCK` by naming them. Any other name
+/// counts as unset (Harbor's rules then: `${VAR:-default}` gives the
+/// default, with a warning when the caller does have VAR; `${VAR}` is an
+/// error naming it).
+fn resolve_env(task: &Task, pass_env: &[String]) -> Result<TaskEnv> {
+    let lookup = |k: &str| {
+        if pass_env.iter().any(|p| p == k) {
+            return std::env::var(k).ok();
+        }
+        if std::env::var_os(k).is_some() {
+            tracing::warn!(
+                "task {}: ${{{k}}} counts as unset: your environment's {k} is not passed to tasks (--pass-env {k} passes it)",
+                task.name
+            );
+        }
+        None
+    };
     let one = |list: &[(String, String)], key: &str| -> Result<Vec<(String, String)>> {
         list.iter()
             .map(|(k, v)| {
@@ -36,7 +53,7 @@ fn resolve_env(task: &Task) -> Result<TaskEnv> {
                         EvalError::bad(
                             format!("{}: {key}.{k}", task.config_file.display()),
                             why,
-                            "export the variable before running sifbox eval, or give a default: ${VAR:-default}",
+                            "pass the variable from your environment with --pass-env NAME (a task sees none it is not given), or give a default: ${VAR:-default}",
                         )
                     })
             })
@@ -238,7 +255,10 @@ pub fn run(
     }
     // Everything that can be wrong with the input is found before the job
     // dir exists: bad input leaves nothing behind.
-    let envs: Vec<TaskEnv> = tasks.iter().map(resolve_env).collect::<Result<_>>()?;
+    let envs: Vec<TaskEnv> = tasks
+        .iter()
+        .map(|t| resolve_env(t, &opts.pass_env))
+        .collect::<Result<_>>()?;
     let ids = idmap::resolve(opts.userns, &idmap::Caller::current())?;
     let scratch = layer_scratch(store, opts.layer)?;
     let (job, dir) = job_dir(opts)?;

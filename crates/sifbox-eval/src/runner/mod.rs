@@ -138,6 +138,10 @@ pub struct EvalOptions {
     /// `[metadata.sifbox] allow_userns` grants nothing: a suite is
     /// untrusted, and only the caller lifts a restriction.
     pub allow_userns_tasks: Vec<String>,
+    /// The names of the caller's environment variables that task.toml's
+    /// `${VAR}` templates may see (`--pass-env`); every other counts as
+    /// unset. Recorded (names only) in every result.json's notes.
+    pub pass_env: Vec<String>,
     /// Limits set for every task (`--override-*`, `--pids`).
     pub limits: Overrides,
     /// Where rollouts' writable layers live.

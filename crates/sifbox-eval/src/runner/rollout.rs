@@ -53,6 +53,12 @@ pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -
     r.limits = task.config.limits.resolve(&ctx.opts.limits);
     r.notes.extend(task.config.warnings.iter().cloned());
     r.notes.extend(ctx.opts.userns_note(task));
+    if !ctx.opts.pass_env.is_empty() {
+        r.notes.push(format!(
+            "the caller's environment variables its templates may see (--pass-env, names only): {}",
+            ctx.opts.pass_env.join(", ")
+        ));
+    }
     let dir = ctx.dir.join(&r.rollout);
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)

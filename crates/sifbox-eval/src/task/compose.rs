@@ -527,11 +527,13 @@ impl Service<'_> {
 
     /// `entrypoint`/`command`: a list of strings, a string (split into
     /// words, quotes removed), or null (none); interpolated as compose
-    /// does (`$$` is `$`, `${VAR}` sifbox's environment's value, empty
-    /// when unset).
+    /// does (`$$` is `$`, `${VAR}` empty when unset), except that no
+    /// variable of the caller's is set here: a suite is untrusted, and a
+    /// command line is no place for what `--pass-env` passes (env values
+    /// are).
     fn argv(&self, key: &str, v: &Value) -> Result<Vec<String>> {
         let words = self.words(key, v)?;
-        let lookup = |k: &str| std::env::var(k).ok();
+        let lookup = |_: &str| None;
         words
             .iter()
             .map(|w| {

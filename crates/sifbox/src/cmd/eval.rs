@@ -75,6 +75,11 @@ pub struct EvalArgs {
     /// --allow-userns does for every task); repeatable.
     #[arg(long, value_name = "NAME")]
     pub allow_userns_task: Vec<String>,
+    /// Let `${NAME}` in task.toml env values see your environment's NAME
+    /// (repeatable). A task sees no other variable of yours: without this,
+    /// `${NAME}` counts as unset (its `:-default`, else an error).
+    #[arg(long, value_name = "NAME")]
+    pub pass_env: Vec<String>,
     /// Every task's CPUs, replacing task.toml's `cpus` (Harbor's flag;
     /// fractions allowed).
     #[arg(long, value_name = "N")]
@@ -365,6 +370,16 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             );
         }
     }
+    for name in &a.pass_env {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(usage(
+                format!("--pass-env {name}"),
+                "not a variable name",
+                "give the name alone (letters, digits, _), not NAME=VALUE",
+            )
+            .into());
+        }
+    }
     for name in &a.allow_userns_task {
         if !tasks.iter().any(|t| &t.name == name) {
             return Err(usage(
@@ -408,6 +423,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         seccomp: a.confine.confinement().seccomp,
         allow_userns: a.confine.allow_userns,
         allow_userns_tasks: a.allow_userns_task.clone(),
+        pass_env: a.pass_env.clone(),
         limits: task::Overrides {
             cpus: a.override_cpus,
             memory_mb: a.override_memory_mb,

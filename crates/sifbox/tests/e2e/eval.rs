@@ -609,7 +609,15 @@ fn agents_limits_networks_users_env_and_healthchecks() {
     );
     let tasks = env.path("tasks").display().to_string();
     let out = env
-        .eval(&["--job", "j", "--jobs", "3", &tasks])
+        .eval(&[
+            "--job",
+            "j",
+            "--jobs",
+            "3",
+            "--pass-env",
+            "EVAL_TEST_GREETING",
+            &tasks,
+        ])
         .env("EVAL_TEST_GREETING", "hello-from-host")
         .output();
     out.success();
@@ -824,7 +832,19 @@ fn ctrl_c_stops_every_sandbox_and_resume_completes_the_rest() {
         argv.first().is_some_and(|a| a.ends_with("sleep")) && argv.get(1) == Some(&nap.to_string())
     };
     let running = env
-        .eval(&["--job", "r", "--attempts", "2", "--jobs", "2", &tasks])
+        .eval(&[
+            "--job",
+            "r",
+            "--attempts",
+            "2",
+            "--jobs",
+            "2",
+            "--pass-env",
+            "EVAL_TEST_NAP",
+            "--pass-env",
+            "EVAL_TEST_TOKEN",
+            &tasks,
+        ])
         .env("EVAL_TEST_NAP", nap.to_string())
         .env("EVAL_TEST_TOKEN", &token)
         .spawn();
@@ -880,6 +900,10 @@ fn ctrl_c_stops_every_sandbox_and_resume_completes_the_rest() {
             "--jobs",
             "2",
             "--resume",
+            "--pass-env",
+            "EVAL_TEST_NAP",
+            "--pass-env",
+            "EVAL_TEST_TOKEN",
             &tasks,
         ])
         .env("EVAL_TEST_NAP", "0")
@@ -921,12 +945,20 @@ fn ctrl_c_stops_every_sandbox_and_resume_completes_the_rest() {
         }
     }
     // A job that exists is not started again by mistake.
-    env.eval(&["--job", "r", &tasks])
-        .env("EVAL_TEST_NAP", "0")
-        .env("EVAL_TEST_TOKEN", &token)
-        .output()
-        .sifbox_error()
-        .stderr_has("--resume");
+    env.eval(&[
+        "--job",
+        "r",
+        "--pass-env",
+        "EVAL_TEST_NAP",
+        "--pass-env",
+        "EVAL_TEST_TOKEN",
+        &tasks,
+    ])
+    .env("EVAL_TEST_NAP", "0")
+    .env("EVAL_TEST_TOKEN", &token)
+    .output()
+    .sifbox_error()
+    .stderr_has("--resume");
 }
 
 #[test]
@@ -1005,8 +1037,10 @@ pub(crate) fn applied<'a>(r: &'a Value, limit: &str) -> Option<&'a Value> {
 
 /// A note on a limit this host does not enforce (which ones depends on
 /// the host and the caller).
+/// A note every rollout of a job gets (a limit this host cannot enforce,
+/// the variables passed), not one about the rollout itself.
 fn is_limit_note(n: &str) -> bool {
-    n.starts_with("limit not enforced: ")
+    n.starts_with("limit not enforced: ") || n.starts_with("the caller's environment variables")
 }
 
 fn notes(r: &Value) -> Vec<String> {
@@ -1561,6 +1595,49 @@ exit 0
     assert!(d.get("forged").is_none(), "{d:#}");
     let ev = std::fs::read_to_string(job.join("d-records__1/sandbox.json")).expect("read");
     assert!(!ev.contains("forged"), "{ev}");
+}
+
+/// A task's `${VAR}` sees only what the caller passes (`--pass-env`): the
+/// audit's suite took API keys from the caller's environment by naming
+/// them. Unpassed, `${VAR:-default}` gives the default (with a warning
+/// that the caller has VAR); passed, the value arrives, and result.json
+/// names the variable, never its value.
+#[test]
+fn a_task_sees_only_the_environment_the_caller_passes() {
+    let env = Env::with_evalbase();
+    let secret = unique("caller-secret");
+    env.task(
+        "greedy",
+        "[environment]\nenv = { KEY = \"${EVAL_TEST_API_KEY:-none}\" }\n",
+        "#!/bin/sh\necho \"$KEY\" > /logs/agent/key\n",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let key = |job: &str| {
+        std::fs::read_to_string(env.out().join(job).join("greedy__1/agent/key")).expect("key")
+    };
+    let out = env
+        .eval(&["--job", "kept", &tasks])
+        .env("EVAL_TEST_API_KEY", &secret)
+        .output();
+    out.success().stderr_has("--pass-env EVAL_TEST_API_KEY");
+    assert_eq!(key("kept"), "none\n", "the task read the caller's variable");
+    env.eval(&["--job", "passed", "--pass-env", "EVAL_TEST_API_KEY", &tasks])
+        .env("EVAL_TEST_API_KEY", &secret)
+        .output()
+        .success();
+    assert_eq!(key("passed"), format!("{secret}\n"));
+    let r = env.result("passed", "greedy__1");
+    let text = r.to_string();
+    assert!(text.contains("EVAL_TEST_API_KEY"), "{r:#}");
+    assert!(
+        !text.contains(&secret),
+        "the value is in result.json: {r:#}"
+    );
+    env.eval(&["--job", "bad", "--pass-env", "A=1", &tasks])
+        .output()
+        .sifbox_error()
+        .stderr_has("--pass-env A=1");
 }
 
 /// User namespaces inside are denied by default, and only the caller

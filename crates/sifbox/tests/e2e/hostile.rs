@@ -1117,7 +1117,11 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
                 if md.is_dir() {
                     stack.push(e.path());
                 } else if md.permissions().mode() & 0o6000 != 0 {
-                    found.push(format!("{} {:o}", e.path().display(), md.permissions().mode()));
+                    found.push(format!(
+                        "{} {:o}",
+                        e.path().display(),
+                        md.permissions().mode()
+                    ));
                 }
             }
         }
@@ -1128,7 +1132,10 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
         .run(["--logs", logs.to_str().expect("utf-8"), "sh", "-c", plant])
         .output();
     out.success();
-    assert!(out.stdout.contains("rws"), "the bit was not set inside: {out:?}");
+    assert!(
+        out.stdout.contains("rws"),
+        "the bit was not set inside: {out:?}"
+    );
     assert_eq!(setid_files(&logs), Vec::<String>::new(), "after run");
     let logs = parent.path().join("start");
     let sandbox = Started::new(
