@@ -68,9 +68,11 @@ fn expand(s: &str, lookup: Option<&Lookup<'_>>) -> Result<String, String> {
         match (value, default) {
             (Some(v), _) => out.push_str(&v),
             (None, Some(d)) => out.push_str(d),
-            (None, None) => return Err(format!(
+            (None, None) => {
+                return Err(format!(
                 "${{{name}}} is not set for the task (only variables passed with --pass-env are)"
-            )),
+            ))
+            }
         }
     }
     out.push_str(rest);

@@ -297,6 +297,7 @@ pub(super) fn phases(
     let plan = AgentPlan {
         instruction: &task.instruction,
         solution: task.solution.as_deref(),
+        root: &task.dir,
         user: agent_user,
         timeout: c.agent_timeout,
         fresh: false,
@@ -342,6 +343,8 @@ struct AgentPlan<'p> {
     instruction: &'p crate::task::Instruction,
     /// The oracle's: uploaded to /solution, runs solve.sh.
     solution: Option<&'p Path>,
+    /// The task's dir: its files are read beneath it.
+    root: &'p Path,
     user: Option<String>,
     timeout: Duration,
     /// What an earlier step left at /solution goes first.
@@ -387,13 +390,18 @@ fn agent(
                     return infra(r, "removing the last step's /solution", &e);
                 }
             }
-            if let Err(e) =
-                upload_with_script(sb, solution, "/solution", "solve.sh", agent_user.as_deref())
-            {
+            if let Err(e) = upload_with_script(
+                sb,
+                plan.root,
+                solution,
+                "/solution",
+                "solve.sh",
+                agent_user.as_deref(),
+            ) {
                 return infra(r, "uploading the solution", &e);
             }
             Some((
-                crate::task::script_argv(&script, "/solution/solve.sh"),
+                crate::task::script_argv(plan.root, &script, "/solution/solve.sh"),
                 with_env(&run.base_env, &[&env.solution]),
             ))
         }
@@ -475,6 +483,8 @@ pub(super) struct VerifierPlan {
     tests: Vec<PathBuf>,
     /// The test.sh that runs, at /tests/test.sh.
     script: PathBuf,
+    /// The task's dir: its files are read beneath it.
+    root: PathBuf,
     user: Option<String>,
     timeout: Duration,
     env: Vec<(String, String)>,
@@ -487,6 +497,7 @@ pub(super) fn task_verifier(task: &Task, env: &TaskEnv) -> VerifierPlan {
     VerifierPlan {
         tests: vec![task.tests.clone()],
         script: task.tests.join("test.sh"),
+        root: task.dir.clone(),
         user: task.config.verifier_user.clone(),
         timeout: task.config.verifier_timeout,
         env: env.verifier.clone(),
@@ -560,6 +571,7 @@ fn run_steps(
         let plan = AgentPlan {
             instruction: &files.instruction,
             solution: files.solution.as_deref(),
+            root: &task.dir,
             user: agent_user,
             timeout: step.agent_timeout,
             fresh: i > 0,
@@ -571,6 +583,7 @@ fn run_steps(
                 let vplan = VerifierPlan {
                     tests: files.tests.clone(),
                     script: files.test_script.clone(),
+                    root: task.dir.clone(),
                     user: step.verifier_user.clone(),
                     timeout: step.verifier_timeout,
                     env: with_env(&env.verifier, &[&env.steps_verifier[i]]),
@@ -783,10 +796,16 @@ pub(super) fn verify(
                 return infra(r, "removing the last step's /tests", &e);
             }
         }
-        if let Err(e) = upload_tests(sb, &plan.tests, &plan.script, verifier_user.as_deref()) {
+        if let Err(e) = upload_tests(
+            sb,
+            &plan.root,
+            &plan.tests,
+            &plan.script,
+            verifier_user.as_deref(),
+        ) {
             return infra(r, "uploading the tests", &e);
         }
-        crate::task::script_argv(&plan.script, "/tests/test.sh")
+        crate::task::script_argv(&plan.root, &plan.script, "/tests/test.sh")
     };
     r.timings_ms.setup += ms(t.elapsed());
     let ran = run.measured_exec(
@@ -1221,6 +1240,7 @@ fn upload_instruction(
 /// the execute bits added.
 fn upload_tests(
     sb: &Sandbox,
+    root: &Path,
     dirs: &[PathBuf],
     script: &Path,
     owner: Option<&str>,
@@ -1247,7 +1267,7 @@ fn upload_tests(
             .map_err(|e| e.to_string())?;
         }
     }
-    upload_script(sb, script, "/tests", "test.sh", owner)
+    upload_script(sb, root, script, "/tests", "test.sh", owner)
 }
 
 /// Whether `p` is a regular file itself (not a symlink to one).
@@ -1257,6 +1277,7 @@ fn is_regular_file(p: &Path) -> bool {
 
 fn upload_with_script(
     sb: &Sandbox,
+    root: &Path,
     dir: &std::path::Path,
     dst: &str,
     script: &str,
@@ -1269,20 +1290,29 @@ fn upload_with_script(
     }
     // A symlink: the file it names, once more, as the script.
     sb.upload(dir, dst, owner).map_err(|e| e.to_string())?;
-    upload_script(sb, &dir.join(script), dst, script, owner)
+    upload_script(sb, root, &dir.join(script), dst, script, owner)
 }
 
-/// `host` uploaded once more as `dst/name`, with the execute bits added.
+/// `host` (read beneath the task's dir `root`: see
+/// `task::open_task_file`) uploaded once more as `dst/name`, with the
+/// execute bits added.
 fn upload_script(
     sb: &Sandbox,
+    root: &Path,
     host: &Path,
     dst: &str,
     name: &str,
     owner: Option<&str>,
 ) -> std::result::Result<(), String> {
+    use std::io::Read as _;
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(host).map_err(|e| format!("{}: {e}", host.display()))?;
-    let data = std::fs::read(host).map_err(|e| format!("{}: {e}", host.display()))?;
+    let mut file = crate::task::open_task_file(root, host).map_err(|e| e.to_string())?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", host.display()))?;
+    let mut data = Vec::new();
+    file.read_to_end(&mut data)
+        .map_err(|e| format!("{}: {e}", host.display()))?;
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Regular);
     h.set_size(data.len() as u64);

@@ -1734,9 +1734,9 @@ pub fn is_sif_path(image: &str) -> bool {
 /// `bash path` (a script without one; Harbor's would fail to execute).
 /// `host` is the script in the task's dir, `inside` where it is in the
 /// sandbox.
-pub fn script_argv(host: &Path, inside: &str) -> Vec<String> {
+pub fn script_argv(root: &Path, host: &Path, inside: &str) -> Vec<String> {
     let mut head = [0u8; 2];
-    let shebang = std::fs::File::open(host)
+    let shebang = open_task_file(root, host)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
         .is_ok()
         && head == *b"#!";
@@ -1745,6 +1745,51 @@ pub fn script_argv(host: &Path, inside: &str) -> Vec<String> {
     } else {
         vec!["bash".to_string(), inside.to_string()]
     }
+}
+
+/// Opens the task's file `path` (below the task's directory `root`)
+/// through `openat2(RESOLVE_BENEATH)` from `root`: a symlink on the way is
+/// followed only while it stays inside the task's directory; one that leads
+/// out (a `solve.sh` naming the caller's `~/.ssh/id_ed25519`) is refused,
+/// and so is what is not a regular file. A suite is untrusted: eval reads
+/// nothing of the host through it.
+pub fn open_task_file(root: &Path, path: &Path) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let rel = path.strip_prefix(root).map_err(|_| {
+        std::io::Error::other(format!(
+            "{} is not in the task's directory {}",
+            path.display(),
+            root.display()
+        ))
+    })?;
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        rel,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::XDEV => std::io::Error::other(format!(
+            "{}: a symlink that leads out of the task's directory {} (a task's files are read only from inside it)",
+            path.display(),
+            root.display()
+        )),
+        e => std::io::Error::other(format!("{}: {e}", path.display())),
+    })?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{}: not a regular file",
+            path.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// Checks `--filter` patterns (shell globs: `*`, `?`, `[...]`) before
@@ -2128,6 +2173,49 @@ env = { HINT = "h" }
         assert!(c.warnings.iter().all(|w| w.starts_with("t/task.toml: ")));
     }
 
+    /// A task file is read beneath the task's dir: a symlink inside it is
+    /// followed, one that leads out (absolute, or by `..`) is refused, and
+    /// so is a FIFO (which would hang a plain read).
+    #[test]
+    fn task_files_are_read_beneath_the_task_dir_only() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let task = d.path().join("task");
+        std::fs::create_dir_all(task.join("solution")).expect("mkdir");
+        std::fs::write(d.path().join("secret"), "host secret").expect("write");
+        std::fs::write(task.join("shared.sh"), "#!/bin/sh\n").expect("write");
+        let link = |to: &str, name: &str| {
+            std::os::unix::fs::symlink(to, task.join("solution").join(name)).expect("symlink");
+        };
+        link("../shared.sh", "inside.sh");
+        link(&d.path().join("secret").display().to_string(), "abs.sh");
+        link("../../secret", "up.sh");
+        let read = |name: &str| {
+            open_task_file(&task, &task.join("solution").join(name)).map(|mut f| {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut f, &mut s).expect("read");
+                s
+            })
+        };
+        assert_eq!(read("inside.sh").expect("inside"), "#!/bin/sh\n");
+        for name in ["abs.sh", "up.sh"] {
+            let e = read(name).expect_err(name);
+            assert!(
+                e.to_string().contains("leads out of the task's directory"),
+                "{e}"
+            );
+        }
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            task.join("solution/fifo.sh"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .expect("mkfifo");
+        assert!(read("fifo.sh").is_err());
+        assert!(open_task_file(&task.join("solution"), &d.path().join("secret")).is_err());
+    }
+
     #[test]
     fn scripts_run_by_their_shebang() {
         let d = tempfile::tempdir().expect("tempdir");
@@ -2135,9 +2223,13 @@ env = { HINT = "h" }
         std::fs::write(&with, "#!/bin/sh\necho\n").expect("write");
         let without = d.path().join("b.sh");
         std::fs::write(&without, "echo\n").expect("write");
-        assert_eq!(script_argv(&with, "/tests/test.sh"), ["/tests/test.sh"]);
+        let dir = d.path();
         assert_eq!(
-            script_argv(&without, "/tests/test.sh"),
+            script_argv(dir, &with, "/tests/test.sh"),
+            ["/tests/test.sh"]
+        );
+        assert_eq!(
+            script_argv(dir, &without, "/tests/test.sh"),
             ["bash", "/tests/test.sh"]
         );
         assert!(is_sif_path("img.sif") && is_sif_path("/abs/IMG.SIF"));

@@ -1597,6 +1597,60 @@ exit 0
     assert!(!ev.contains("forged"), "{ev}");
 }
 
+/// A task whose solve.sh (or test.sh) is a symlink to a file of the
+/// caller's outside the task (the audit read any file the caller could)
+/// uploads nothing of it: the rollout fails saying why, and the file's
+/// contents reach neither the sandbox nor the job's files.
+#[test]
+fn a_task_script_symlinked_out_of_the_task_reads_nothing() {
+    let env = Env::with_evalbase();
+    let secret = unique("caller-file");
+    let decoy = env.path("decoy");
+    std::fs::write(
+        &decoy,
+        format!("#!/bin/sh\necho {secret} > /logs/agent/leak\n"),
+    )
+    .expect("decoy");
+    let reward = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n";
+    for name in ["solve-link", "test-link"] {
+        let t = env.task(name, "", "#!/bin/sh\ntrue\n", reward);
+        let script = if name == "solve-link" {
+            "solution/solve.sh"
+        } else {
+            "tests/test.sh"
+        };
+        std::fs::remove_file(t.join(script)).expect("rm");
+        std::os::unix::fs::symlink(&decoy, t.join(script)).expect("symlink");
+    }
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "j", &tasks]).output();
+    for name in ["solve-link", "test-link"] {
+        let r = env.result("j", &format!("{name}__1"));
+        assert_ne!(r["status"], "ok", "{r:#}");
+        assert!(
+            r.to_string().contains("leads out of the task's directory"),
+            "{r:#}"
+        );
+    }
+    // Nothing of the job's holds the decoy's contents.
+    let mut stack = vec![env.out()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let md = std::fs::symlink_metadata(e.path()).expect("stat");
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                let text = std::fs::read(e.path()).unwrap_or_default();
+                assert!(
+                    !String::from_utf8_lossy(&text).contains(&secret),
+                    "the caller's file reached {}",
+                    e.path().display()
+                );
+            }
+        }
+    }
+}
+
 /// A task's `${VAR}` sees only what the caller passes (`--pass-env`): the
 /// audit's suite took API keys from the caller's environment by naming
 /// them. Unpassed, `${VAR:-default}` gives the default (with a warning
