@@ -178,12 +178,7 @@ fn drop_caps(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
         Err(Errno::NODATA | Errno::NOTSUP) => return Ok(false),
         Err(e) => return Err(e.into()),
     }
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let fd = open_entry(dir, name)?;
     if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
         return Ok(false);
     }
@@ -199,14 +194,20 @@ fn drop_caps(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
     }
 }
 
-/// Takes the bits off `name` in `dir`; whether it had them.
-fn strip_one(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
-    let fd = rustix::fs::openat(
+/// An `O_PATH` handle of the entry `name` of `dir` itself (a symlink is
+/// not followed): what is changed through it is the inode looked at.
+fn open_entry(dir: &OwnedFd, name: &CStr) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
         dir,
         name,
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
-    )?;
+    )
+}
+
+/// Takes the bits off `name` in `dir`; whether it had them.
+fn strip_one(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
+    let fd = open_entry(dir, name)?;
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileType::from_raw_mode(st.st_mode);
     let mode = st.st_mode & 0o7777;

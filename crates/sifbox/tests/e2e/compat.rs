@@ -14,7 +14,7 @@
 //! as a check that passes unconfined and fails confined.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::harness::Store;
@@ -46,16 +46,11 @@ const CHECKS: &[&str] = &[
 
 /// The compat image's tarball. Panics (never skips) when it is missing.
 fn compat_tar() -> PathBuf {
-    let tar = match std::env::var_os("SIFBOX_TEST_COMPAT_TAR").filter(|v| !v.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-compat.tar"),
-    };
-    assert!(
-        tar.is_file(),
-        "the compat image's tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_COMPAT_TAR)",
-        tar.display()
-    );
-    tar
+    crate::harness::bootstrapped_tar(
+        "SIFBOX_TEST_COMPAT_TAR",
+        "bookworm-compat.tar",
+        "compat image's",
+    )
 }
 
 /// What each check said in one run: `ok`, or its failure.

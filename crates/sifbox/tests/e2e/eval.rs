@@ -1633,21 +1633,17 @@ fn a_task_script_symlinked_out_of_the_task_reads_nothing() {
         );
     }
     // Nothing of the job's holds the decoy's contents.
-    let mut stack = vec![env.out()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let md = std::fs::symlink_metadata(e.path()).expect("stat");
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.is_file() {
-                let text = std::fs::read(e.path()).unwrap_or_default();
-                assert!(
-                    !String::from_utf8_lossy(&text).contains(&secret),
-                    "the caller's file reached {}",
-                    e.path().display()
-                );
-            }
-        }
+    for (path, md) in harness::entries_below(&env.out()) {
+        let text = if md.is_file() {
+            std::fs::read(&path).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        assert!(
+            !String::from_utf8_lossy(&text).contains(&secret),
+            "the caller's file reached {}",
+            path.display()
+        );
     }
 }
 

@@ -211,16 +211,48 @@ pub fn copy_rootfs(dst: &Path) {
 /// `<repo>/target/bookworm-minbase.tar`. Panics (never skips) when it is
 /// missing.
 pub fn debian_tar() -> PathBuf {
-    let tar = match std::env::var_os("SIFBOX_TEST_DEBIAN_TAR").filter(|v| !v.is_empty()) {
+    bootstrapped_tar(
+        "SIFBOX_TEST_DEBIAN_TAR",
+        "bookworm-minbase.tar",
+        "Debian bookworm minbase",
+    )
+}
+
+/// A tarball scripts/bootstrap-base.sh makes: `$var`, else
+/// `<repo>/target/<file>`. Panics (never skips), naming `what`, when it is
+/// missing.
+pub fn bootstrapped_tar(var: &str, file: &str, what: &str) -> PathBuf {
+    let tar = match std::env::var_os(var).filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bookworm-minbase.tar"),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target")
+            .join(file),
     };
     assert!(
         tar.is_file(),
-        "the Debian bookworm minbase tarball {} is missing: run scripts/bootstrap-base.sh (or set SIFBOX_TEST_DEBIAN_TAR)",
+        "the {what} tarball {} is missing: run scripts/bootstrap-base.sh (or set {var})",
         tar.display()
     );
     tar
+}
+
+/// Every entry at any depth below `root`, with its metadata (symlinks
+/// not followed), in no particular order.
+pub fn entries_below(root: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let rd = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("listing {}: {e}", d.display()));
+        for e in rd.flatten() {
+            let md = std::fs::symlink_metadata(e.path())
+                .unwrap_or_else(|err| panic!("stat {}: {err}", e.path().display()));
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), md));
+        }
+    }
+    out
 }
 
 /// The SHA-256 of `data`, in hex.

@@ -1077,19 +1077,12 @@ fn an_images_device_nodes_are_never_made_on_the_host() {
     // No device node anywhere in the store's tree of the image.
     let tree = store.tree_of(&digest);
     assert!(tree.join("etc").is_dir(), "no tree at {}", tree.display());
-    let mut nodes = Vec::new();
-    let mut stack = vec![tree];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-            let ft = e.file_type().expect("file type");
-            use std::os::unix::fs::FileTypeExt;
-            if ft.is_char_device() || ft.is_block_device() {
-                nodes.push(e.path());
-            } else if ft.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
+    use std::os::unix::fs::FileTypeExt;
+    let nodes: Vec<PathBuf> = harness::entries_below(&tree)
+        .into_iter()
+        .filter(|(_, md)| md.file_type().is_char_device() || md.file_type().is_block_device())
+        .map(|(p, _)| p)
+        .collect();
     assert!(nodes.is_empty(), "device nodes in the store: {nodes:?}");
     store.empty();
 }
@@ -1109,23 +1102,11 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
                  mkdir -p /logs/artifacts/a/b && cp /bin/busybox /logs/artifacts/a/b/g && \
                  chmod 2755 /logs/artifacts/a/b/g && ls -l /logs/agent/sh";
     let setid_files = |logs: &Path| -> Vec<String> {
-        let mut found = Vec::new();
-        let mut stack = vec![logs.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
-                let md = std::fs::symlink_metadata(e.path()).expect("stat");
-                if md.is_dir() {
-                    stack.push(e.path());
-                } else if md.permissions().mode() & 0o6000 != 0 {
-                    found.push(format!(
-                        "{} {:o}",
-                        e.path().display(),
-                        md.permissions().mode()
-                    ));
-                }
-            }
-        }
-        found
+        harness::entries_below(logs)
+            .into_iter()
+            .filter(|(_, md)| !md.is_dir() && md.permissions().mode() & 0o6000 != 0)
+            .map(|(p, md)| format!("{} {:o}", p.display(), md.permissions().mode()))
+            .collect()
     };
     let logs = parent.path().join("run");
     let out = sb
