@@ -302,10 +302,24 @@ impl Builder<'_> {
                         let dest = t.path().join("src");
                         let path = clean_abs(&source);
                         let sb = self.layers.reader(&st.state)?;
+                        // As BuildKit, a symlink at the source is followed
+                        // inside the stage's tree: left as a link, the bind
+                        // would follow it on the host (the audit's escape).
                         // A private temp dir: the stage's setuid bits stay.
-                        sb.download_with(&path, &dest, SetId::Keep)?;
+                        sb.download_following(&path, &dest, SetId::Keep, true)?;
                         sb.stop(std::time::Duration::ZERO)?;
                         scratch.push(t);
+                        if dest
+                            .symlink_metadata()
+                            .map_err(|e| BuildError::io(&dest, e))?
+                            .file_type()
+                            .is_symlink()
+                        {
+                            return Err(self.err(
+                                inst,
+                                format!("--mount source {source:?} in {from:?} is a symlink that was not resolved; point the mount at what it links to"),
+                            ));
+                        }
                         (dest, format!("bind:{}:{path}", st.state.key))
                     }
                 };

@@ -759,6 +759,79 @@ fn a_build_step_cannot_reach_the_builders_fds() {
     harness::make_removable(store.path());
 }
 
+/// `RUN --mount=type=bind,from=STAGE,source=/k` where STAGE made `/k` a
+/// symlink to a host path (a file, and a dir mounted rw) reads and writes
+/// nothing of the host: the link is followed inside the stage's tree,
+/// where the path is not, so each build fails naming the source (the
+/// audit's: the link was left in the downloaded copy and the bind followed
+/// it on the host, as the builder). A link to a path the stage has still
+/// mounts it, as BuildKit.
+#[test]
+fn a_build_bind_from_a_stage_follows_its_symlinks_inside_the_stage() {
+    let store = Store::new("sifbox-hostile-bindfrom.");
+    let decoy = Decoy::new();
+    let before = snapshot(decoy.path());
+    let ctx = tempdir("sifbox-hostile-bindfrom.");
+    store.import(rootfs(), "busybox").output().success();
+    let d = decoy.path().display();
+    let ctx_arg = ctx.path().display().to_string();
+    let attacks = [
+        "RUN --mount=type=bind,from=s,source=/k,target=/m cat /m".to_string(),
+        "RUN --mount=type=bind,from=s,source=/kd,target=/m,rw sh -c 'cat /m/secret; echo planted > /m/planted'".to_string(),
+        "RUN --mount=type=bind,from=s,source=/rel,target=/m cat /m".to_string(),
+    ];
+    for (i, attack) in attacks.iter().enumerate() {
+        std::fs::write(
+            ctx.path().join("Dockerfile"),
+            format!(
+                "FROM busybox AS s\nRUN ln -s {d}/secret /k && ln -s {d} /kd && ln -s ../../../../../../..{d}/secret /rel\nFROM busybox\n{attack}\n"
+            ),
+        )
+        .expect("Dockerfile");
+        let out = store
+            .cmd([
+                "build",
+                "--progress",
+                "plain",
+                "-t",
+                &format!("bindfrom:{i}"),
+                &ctx_arg,
+            ])
+            .timeout(Duration::from_secs(120))
+            .output();
+        assert!(
+            !out.stdout.contains(&decoy.secret) && !out.stderr.contains(&decoy.secret),
+            "{attack}: the host file was read: {out:?}"
+        );
+        assert_eq!(out.code(), Some(125), "{attack}: {out:?}");
+        assert!(out.stderr.contains("--mount"), "{attack}: {out:?}");
+    }
+    assert_eq!(snapshot_diff(&before, &snapshot(decoy.path())), "");
+    // A link inside the stage to its own file still mounts that file.
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM busybox AS s\nRUN echo inside > /real && ln -s /real /k\nFROM busybox\nRUN --mount=type=bind,from=s,source=/k,target=/m cat /m > /got\n",
+    )
+    .expect("Dockerfile");
+    store
+        .cmd([
+            "build",
+            "--progress",
+            "plain",
+            "-t",
+            "bindfrom:ok",
+            &ctx_arg,
+        ])
+        .timeout(Duration::from_secs(120))
+        .output()
+        .success();
+    let got = store.cmd(["run", "bindfrom:ok", "cat", "/got"]).output();
+    got.success();
+    assert_eq!(got.stdout.trim(), "inside");
+    store.empty();
+    harness::make_removable(store.path());
+}
+
 // ===========================================================================
 // 6. Tar streams that `sifbox cp -` unpacks
 // ===========================================================================
