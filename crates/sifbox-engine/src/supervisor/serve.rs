@@ -450,12 +450,35 @@ fn signal_exec(anchor: Pid, signal: i32) {
         }
         return;
     }
-    for p in worker::descendants(anchor) {
-        // The command leads its own process group (or session).
-        if rustix::process::getpgid(Some(p)).ok() == Some(p) {
-            let _ = rustix::process::kill_process_group(p, sig);
+    // `exec -d` answers before its command has forked and made its own
+    // group: a signal sent in that window (a busy host) would find no group
+    // and be lost, so it waits for one, briefly, while the anchor lives.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let mut sent = false;
+        for p in worker::descendants(anchor) {
+            // The command leads its own process group (or session).
+            if rustix::process::getpgid(Some(p)).ok() == Some(p) {
+                let _ = rustix::process::kill_process_group(p, sig);
+                sent = true;
+            }
         }
+        if sent || !running(anchor) || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// Whether `pid` exists and has not exited (a zombie has).
+fn running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Reaps every child that has exited; returns their pids.

@@ -154,7 +154,8 @@ pub struct SandboxArgs {
     #[command(flatten)]
     pub env: EnvArgs,
     /// Bind DIR at /logs, with agent/, verifier/ and artifacts/ in it
-    /// (0755, owned by --logs-owner); sandbox.json is written there. DIR
+    /// (0700, owned by --logs-owner; DIR itself 0700, or 0711 when the
+    /// owner is not root); sandbox.json is written there. DIR
     /// outlives the sandbox.
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
@@ -270,10 +271,18 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
             other => Error::Setup(other.to_string()),
         })?;
     }
+    // The logs dir is the caller's alone (0700) unless a user of the image
+    // other than root gets its subdirs: that user must pass through /logs.
+    let owner = a.logs_owner.as_deref().or(a.user.as_deref()).or(image
+        .meta
+        .user
+        .as_deref()
+        .filter(|u| !u.is_empty()));
+    let passable = owner.is_some_and(|o| !matches!(o, "root" | "0" | "0:0" | "root:root"));
     let logs = a
         .logs
         .as_deref()
-        .map(sifbox_engine::evidence::prepare_logs_dir)
+        .map(|d| sifbox_engine::evidence::prepare_logs_dir(d, passable))
         .transpose()?
         .map(|l| l.path);
     if let Some(dir) = &logs {

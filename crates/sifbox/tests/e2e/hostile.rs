@@ -1199,6 +1199,22 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
         &[],
     );
     sandbox.exec(&[], &["sh", "-c", plant]).success();
+    // While it runs, no other local user reaches them (the dir and its
+    // subdirs are the caller's alone); root can be someone else.
+    if harness::is_root() {
+        use std::os::unix::process::CommandExt;
+        for p in [logs.join("top"), logs.join("agent/sh")] {
+            assert!(p.is_file(), "{} was not planted", p.display());
+            let reached = std::process::Command::new("sh")
+                .args(["-c", "test -e \"$1\"", "sh"])
+                .arg(&p)
+                .uid(65534)
+                .gid(65534)
+                .status()
+                .expect("sh as nobody");
+            assert!(!reached.success(), "nobody reaches {}", p.display());
+        }
+    }
     sandbox.stop();
     assert_eq!(setid_files(&logs), Vec::<String>::new(), "after stop");
 }

@@ -2401,12 +2401,17 @@ fn evidence_in_logs_dir() {
     // ps points at it.
     assert_eq!(ps(&sb)[0]["evidence"], path.to_str().expect("utf-8"));
 
-    // /logs inside: agent/, verifier/, artifacts/, 0755 and the sandbox
+    // /logs inside: agent/, verifier/, artifacts/, 0700 and the sandbox
     // root's (no --user, --logs-owner or USER in the image): root writes
-    // there, no other user does.
+    // there, no other user does, and no other host user gets in.
+    assert_eq!(
+        std::fs::metadata(&logs).expect("stat").mode() & 0o777,
+        0o700,
+        "the logs dir on the host"
+    );
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::metadata(logs.join(sub)).expect("stat");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub} on the host");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub} on the host");
         sandbox
             .exec(&[], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2464,7 +2469,7 @@ fn logs_owner_gets_the_logs_subdirs() {
     );
     for sub in ["agent", "verifier", "artifacts"] {
         let out = sandbox.exec(&[], &["stat", "-c", "%u:%g %a", &format!("/logs/{sub}")]);
-        assert_eq!(out.success().stdout, "1000:1000 755\n", "{sub}");
+        assert_eq!(out.success().stdout, "1000:1000 700\n", "{sub}");
         sandbox
             .exec(&["-u", "user"], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2580,7 +2585,7 @@ fn a_reused_logs_dir_follows_no_symlink_the_sandbox_left() {
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::symlink_metadata(logs.join(sub)).expect("stat");
         assert!(md.is_dir(), "{sub}");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub}");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub}");
     }
     sb.assert_clean();
 }
