@@ -125,6 +125,9 @@ pub struct Host {
     pub nofile_hard: Option<u64>,
     /// `fs.nr_open`: no process may have a higher `RLIMIT_NOFILE`.
     pub nr_open: Option<u64>,
+    /// The caller holds CAP_SYS_RESOURCE (may raise hard limits): root,
+    /// unless a container runtime dropped it.
+    pub sys_resource: bool,
 }
 
 impl Host {
@@ -140,6 +143,14 @@ impl Host {
             nr_open: std::fs::read_to_string("/proc/sys/fs/nr_open")
                 .ok()
                 .and_then(|t| t.trim().parse().ok()),
+            sys_resource: std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("CapEff:"))
+                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                })
+                .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0),
         }
     }
 
@@ -163,6 +174,9 @@ impl Host {
         host
     }
 }
+
+/// The capability's number (linux/capability.h).
+const CAP_SYS_RESOURCE: u32 = 24;
 
 /// The CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
@@ -321,9 +335,9 @@ pub fn plan(limits: &Limits, host: &Host, seed: u64) -> Enforcement {
         }
     }
     if let Some(n) = limits.nofile {
-        // Root may raise a hard limit up to fs.nr_open; anyone else only
-        // lower theirs.
-        let cap = if host.root {
+        // CAP_SYS_RESOURCE may raise a hard limit up to fs.nr_open;
+        // without it a hard limit only goes down.
+        let cap = if host.sys_resource {
             host.nr_open
         } else {
             match (host.nofile_hard, host.nr_open) {
