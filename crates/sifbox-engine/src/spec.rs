@@ -834,6 +834,34 @@ mod tests {
     }
 
     #[test]
+    fn default_limits_and_ulimit_parse() {
+        assert_eq!(default_memory_for(24 << 30), 4 << 30);
+        assert_eq!(default_memory_for(6 << 30), 3 << 30, "half the RAM");
+        assert_eq!(default_memory_for(0), 4 << 30, "unknown RAM");
+        assert_eq!(default_user_pids_for(32_768), 16_384);
+        assert_eq!(default_user_pids_for(0), 16_384);
+        assert_eq!(default_user_pids_for(4000), DEFAULT_PIDS);
+        assert_eq!(
+            parse_ulimit("nofile=1024:4096"),
+            Ok(Nofile {
+                soft: 1024,
+                hard: 4096
+            })
+        );
+        assert_eq!(parse_ulimit("nofile=64"), Ok(Nofile { soft: 64, hard: 64 }));
+        assert!(parse_ulimit("nproc=10").is_err());
+        assert!(parse_ulimit("nofile=10:5").is_err());
+        assert!(parse_ulimit("nofile=0").is_err());
+        assert!(parse_ulimit("nofile=x").is_err());
+        let d = Defaulted {
+            memory: true,
+            nofile: true,
+            ..Defaulted::default()
+        };
+        assert_eq!(d.names(), vec!["memory", "nofile"]);
+    }
+
+    #[test]
     fn limits_follow_dockers_rules() {
         let l = Limits {
             memory: Some(100),

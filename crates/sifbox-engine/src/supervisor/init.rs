@@ -32,10 +32,8 @@ pub(super) fn init_main(
     // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
     // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
     // system mounted inside (with nested namespaces) shows nothing above.
-    let mut flags = UnshareFlags::NEWNS
-        | UnshareFlags::NEWIPC
-        | UnshareFlags::NEWUTS
-        | UnshareFlags::NEWCGROUP;
+    let mut flags =
+        UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
     if spec.net == NetMode::None {
         flags |= UnshareFlags::NEWNET;
     }

@@ -127,7 +127,11 @@ fn parse_limits_config(
         return Ok(c);
     };
     let bad = |key: &str, v: &dyn std::fmt::Display, why: String, fix: &str| Error::BadInput {
-        what: format!("limits.{key} = {v} in {}", file.display()),
+        what: if key.is_empty() {
+            format!("limits = {v} in {}", file.display())
+        } else {
+            format!("limits.{key} = {v} in {}", file.display())
+        },
         why,
         fix: fix.into(),
     };
@@ -555,6 +559,68 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
         eprintln!(
             "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
             logs.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn args(memory: Option<MemoryArg>) -> LimitArgs {
+        LimitArgs {
+            memory,
+            memory_swap: None,
+            pids: spec::DEFAULT_PIDS,
+            cpus: None,
+            ulimit: None,
+        }
+    }
+
+    fn config(text: &str) -> sifbox_engine::Result<LimitsConfig> {
+        parse_limits_config(
+            std::path::Path::new("/c.toml"),
+            &text.parse::<toml::Table>().expect("toml"),
+        )
+    }
+
+    #[test]
+    fn flags_beat_the_config_which_beats_the_defaults() {
+        let l = args(None)
+            .limits_with(&LimitsConfig::default())
+            .expect("ok");
+        assert_eq!(l.memory, Some(spec::default_memory()));
+        assert!(l.defaults.memory && l.defaults.user_pids && l.defaults.nofile);
+        assert_eq!(l.nofile, Some(spec::DEFAULT_NOFILE));
+        let c = config("[limits]\nmemory = \"unlimited\"\nuser_pids = 50\nnofile = \"10:20\"")
+            .expect("config");
+        let l = args(None).limits_with(&c).expect("ok");
+        assert_eq!(l.memory, None);
+        assert_eq!(l.user_pids, Some(50));
+        assert_eq!(l.nofile, Some(spec::Nofile { soft: 10, hard: 20 }));
+        assert!(!l.defaults.memory && !l.defaults.user_pids && !l.defaults.nofile);
+        let l = args(Some(MemoryArg::Size(1 << 30)))
+            .limits_with(&c)
+            .expect("ok");
+        assert_eq!(l.memory, Some(1 << 30));
+    }
+
+    #[test]
+    fn a_bad_config_names_the_key_and_the_file() {
+        for bad in [
+            "[limits]\nmemory = 5",
+            "[limits]\nmemory = \"lots\"",
+            "[limits]\nuser_pids = -1",
+            "[limits]\nnofile = \"9:1\"",
+            "[limits]\nswap = 1",
+            "limits = 3",
+        ] {
+            let e = config(bad).expect_err(bad).to_string();
+            assert!(e.contains("/c.toml") && e.contains("limits"), "{bad}: {e}");
+        }
+        assert_eq!(
+            config("[store]\nshared = true").expect("ok"),
+            LimitsConfig::default()
         );
     }
 }

@@ -626,7 +626,10 @@ fn a_sandbox_has_a_default_memory_limit_that_unlimited_lifts() {
     );
     let defaults = record["limits"]["defaults"].as_array().expect("defaults");
     for d in ["memory", "pids", "user_pids", "nofile"] {
-        assert!(defaults.iter().any(|x| x == d), "{d} not a default: {record:#}");
+        assert!(
+            defaults.iter().any(|x| x == d),
+            "{d} not a default: {record:#}"
+        );
     }
     // A bit over the limit, every page touched (dd's buffer, filled by
     // full reads of /dev/zero).
@@ -707,7 +710,14 @@ fn open_files_have_a_default_limit_and_ulimit_changes_it() {
     assert_eq!(applied(&s.record(), "nofile")["value"], 1024);
     drop(s);
     let out = sb
-        .run(["--ulimit", "nofile=512:900", "--", "sh", "-c", "ulimit -n; ulimit -Hn"])
+        .run([
+            "--ulimit",
+            "nofile=512:900",
+            "--",
+            "sh",
+            "-c",
+            "ulimit -n; ulimit -Hn",
+        ])
         .output();
     out.success();
     assert_eq!(out.stdout, "512\n900\n");
@@ -725,13 +735,15 @@ fn sys_fs_cgroup_shows_only_the_sandboxs_own_cgroup() {
     let sb = Sifbox::new();
     let other = Limited::new(&sb, &[]);
     let s = Limited::new(&sb, &[]);
-    let out = s.exec(
-        "find /sys/fs/cgroup -maxdepth 3 -type d | sort; echo ===; cat /proc/self/cgroup",
-    );
+    let out =
+        s.exec("find /sys/fs/cgroup -maxdepth 3 -type d | sort; echo ===; cat /proc/self/cgroup");
     out.success();
     let (tree, own) = out.stdout.split_once("===").expect("sections");
     let name = other.sandbox.name.as_str();
-    assert!(!tree.contains(name), "another sandbox's cgroup listed: {tree}");
+    assert!(
+        !tree.contains(name),
+        "another sandbox's cgroup listed: {tree}"
+    );
     assert!(!tree.contains("sifbox"), "{tree}");
     assert!(!own.contains("sifbox"), "{own}");
     let record = s.record();
@@ -741,10 +753,12 @@ fn sys_fs_cgroup_shows_only_the_sandboxs_own_cgroup() {
         return;
     }
     // Its own memory cgroup is there, with its limit above it.
-    let stat = s.exec("cat /sys/fs/cgroup/memory/memory.stat /sys/fs/cgroup/memory.max 2>/dev/null; true");
+    let stat =
+        s.exec("cat /sys/fs/cgroup/memory/memory.stat /sys/fs/cgroup/memory.max 2>/dev/null; true");
     let limit = applied(&record, "memory")["value"].as_u64().expect("value");
     assert!(
-        stat.stdout.contains(&format!("hierarchical_memory_limit {limit}"))
+        stat.stdout
+            .contains(&format!("hierarchical_memory_limit {limit}"))
             || stat.stdout.contains(&limit.to_string()),
         "{}",
         stat.stdout

@@ -377,7 +377,10 @@ mod tests {
         assert_eq!(last(&mem.join("memory.memsw.limit_in_bytes")), "134217728");
         assert_eq!(last(&pids.join("pids.max")), "20");
         // The user's cap is on the parent of all their sandboxes.
-        assert_eq!(last(&r.join("pids/sifbox").join(&uid).join("pids.max")), "300");
+        assert_eq!(
+            last(&r.join("pids/sifbox").join(&uid).join("pids.max")),
+            "300"
+        );
         assert_eq!(h.bases()[1], r.join("memory/sifbox").join(&uid));
         // The sandbox's /sys/fs/cgroup shows each payload, named as the mount.
         assert_eq!(
