@@ -99,7 +99,7 @@ impl Evidence {
     /// The record of a sandbox that has just become ready.
     pub fn new(spec: &SandboxSpec, image: ImageRef, inside_ready_ns: u64) -> Evidence {
         let uname = rustix::system::uname();
-        let mut namespaces: Vec<String> = ["user", "pid", "mount", "ipc", "uts"]
+        let mut namespaces: Vec<String> = ["user", "pid", "mount", "ipc", "uts", "cgroup"]
             .iter()
             .map(|s| (*s).to_string())
             .collect();

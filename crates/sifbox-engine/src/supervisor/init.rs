@@ -29,19 +29,29 @@ pub(super) fn init_main(
     // A session keyring of the sandbox's own: the caller's (an ssh login's
     // keys) is out of reach even of commands that may call keyctl.
     join_keyring(spec)?;
-    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
+    // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
+    // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
+    // system mounted inside (with nested namespaces) shows nothing above.
+    let mut flags =
+        UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
     if spec.net == NetMode::None {
         flags |= UnshareFlags::NEWNET;
     }
     sifbox_sys::unshare_namespaces(flags).map_err(|e| Error::Host {
-        what: "creating the sandbox's mount, ipc, uts and network namespaces".into(),
+        what: "creating the sandbox's mount, ipc, uts, cgroup and network namespaces".into(),
         source: e,
         fix: "run `sifbox doctor` to see what this host allows".into(),
     })?;
     // Host supplementary groups do not follow into the sandbox where the
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
-    let root = rootfs::assemble(spec, &launch.dir, disk)?;
+    let views = launch
+        .limits
+        .cgroup
+        .as_ref()
+        .map(crate::limits::cgroup::SandboxCgroup::views)
+        .unwrap_or_default();
+    let root = rootfs::assemble(spec, &launch.dir, disk, views)?;
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -72,6 +82,11 @@ pub(super) fn init_main(
     // a user namespace (all the sandbox's, whatever their ids) at the
     // RLIMIT_NPROC its creator had when it made it.
     if let Some(n) = launch.limits.nproc {
+        // Not above the user-wide cap outer set (a hard limit only goes
+        // down here).
+        let n = rustix::process::getrlimit(rustix::process::Resource::Nproc)
+            .maximum
+            .map_or(n, |h| n.min(h));
         let l = rustix::process::Rlimit {
             current: Some(n),
             maximum: Some(n),

@@ -1091,13 +1091,17 @@ fn cgroups_made_inside_a_sandbox_go_with_it() {
     // Whatever it made, nothing of the sandbox's is left in any hierarchy.
     let mut left = Vec::new();
     for mount in ["memory", "pids", "cpu,cpuacct", "cpu", "unified", ""] {
+        // v1: the user's sandboxes are in sifbox/UID/.
         let base = Path::new("/sys/fs/cgroup").join(mount).join("sifbox");
-        if let Ok(rd) = std::fs::read_dir(&base) {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&name))
-                    .map(|e| e.path()),
-            );
+        let uid = rustix::process::geteuid().as_raw().to_string();
+        for base in [base.join(uid), base] {
+            if let Ok(rd) = std::fs::read_dir(&base) {
+                left.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&name))
+                        .map(|e| e.path()),
+                );
+            }
         }
     }
     assert!(left.is_empty(), "cgroups left: {left:?}");
