@@ -60,6 +60,13 @@ pub struct BuildOptions {
     /// running when it is set must be stopped by its caller:
     /// `sifbox_engine::supervisor::kill_sandboxes_of_thread`.)
     pub interrupted: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// What `RUN --mount=type=cache` dirs are kept apart by. `None` (`sifbox
+    /// build`): a mount without `id=` gets a dir of its build context (its
+    /// canonical path) and target, one with `id=` the store-wide dir of that
+    /// id, as the Dockerfile's author asked. `Some(scope)` (eval: the task):
+    /// every cache mount, `id=` or not, gets a dir of that scope, so that no
+    /// task plants a file in another's cache.
+    pub cache_scope: Option<String>,
 }
 
 /// What a build made.

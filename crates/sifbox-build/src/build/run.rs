@@ -229,7 +229,7 @@ impl Builder<'_> {
                     .store
                     .root()
                     .join("build-cache")
-                    .join(&chain_key("cache", &id)[..24]);
+                    .join(&chain_key("cache", &self.cache_scope(m, &id))[..24]);
                 std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
                 Ok(Some((
                     Bind {
@@ -339,6 +339,24 @@ impl Builder<'_> {
                 inst,
                 format!("--mount type {other:?} is not supported by sifbox"),
             )),
+        }
+    }
+}
+
+impl Builder<'_> {
+    /// What names a cache mount's dir (see `BuildOptions::cache_scope`):
+    /// the id alone when the Dockerfile gave one to `sifbox build` (the
+    /// store-wide dir of that id), else the id within the build's context,
+    /// or within the caller's scope (eval's task).
+    fn cache_scope(&self, m: &dockerfile::Mount, id: &str) -> String {
+        match (&self.opts.cache_scope, &m.id) {
+            (Some(scope), _) => format!("scope\n{scope}\n{id}"),
+            (None, Some(_)) => id.to_string(),
+            (None, None) => {
+                let ctx = std::fs::canonicalize(&self.opts.context)
+                    .unwrap_or_else(|_| self.opts.context.clone());
+                format!("context\n{}\n{id}", ctx.display())
+            }
         }
     }
 }

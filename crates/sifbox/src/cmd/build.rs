@@ -146,6 +146,7 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         exe,
         confinement: a.confine.confinement(),
         interrupted: Some(Arc::clone(&interrupted.flag)),
+        cache_scope: None,
     };
     let progress = Arc::new(Progress::new(mode));
     let resolver = |r: &str| resolve_image(&store, r);

@@ -419,6 +419,37 @@ COPY --from=busybox /etc/sifbox-test-rootfs /from-image\n";
     );
 }
 
+/// Cache mounts are kept apart by build context: one context's build
+/// plants nothing in another's cache (the audit: a wheel), unless both
+/// name the same `id=`.
+#[test]
+fn cache_mounts_are_per_context_unless_they_share_an_id() {
+    let env = Env::new();
+    let other = Tree::temp("sifbox-build-ctx2.");
+    let df = "FROM busybox\nARG WHO\n\
+RUN --mount=type=cache,target=/c echo $WHO >> /c/log && cp /c/log /seen\n\
+RUN --mount=type=cache,id=shared,target=/s echo $WHO >> /s/log && cp /s/log /seen-shared\n";
+    env.build_ok(df, &["--build-arg", "WHO=first", "-t", "first"]);
+    other.file("Dockerfile", df);
+    let ctx = other.path().display().to_string();
+    env.sifbox(&[
+        "build",
+        "--progress",
+        "plain",
+        "--build-arg",
+        "WHO=second",
+        "-t",
+        "second",
+        &ctx,
+    ])
+    .success();
+    assert_eq!(env.sh("second", "cat /seen"), "second\n");
+    assert_eq!(env.sh("second", "cat /seen-shared"), "first\nsecond\n");
+    // The same context again: its own cache is kept.
+    env.build_ok(df, &["--build-arg", "WHO=third", "-t", "third"]);
+    assert_eq!(env.sh("third", "cat /seen"), "first\nthird\n");
+}
+
 #[test]
 fn run_mounts_and_network() {
     let env = Env::new();
