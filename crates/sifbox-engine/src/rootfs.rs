@@ -368,6 +368,25 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             need: Need::Required,
         });
     }
+    for t in &spec.tmpfs {
+        steps.push(Step::Mount {
+            fs: Fs::Tmpfs {
+                mode: t.mode,
+                size: t.size,
+            },
+            at: At {
+                base: Base::Root,
+                path: relative(&t.dst),
+                lookup: Lookup::Image(Create::Dir),
+            },
+            attrs: Attrs {
+                nosuid: true,
+                nodev: true,
+                ..Attrs::default()
+            },
+            names: None,
+        });
+    }
     steps
 }
 
@@ -398,6 +417,9 @@ pub struct NewRoot {
     /// The first empty read-only tmpfs that masks a directory: the others
     /// are clones of it (one superblock for all).
     empty: Option<OwnedFd>,
+    /// The overlay's upper dir, for a sandbox whose layer is kept
+    /// ([`SandboxSpec::keep_layer`]).
+    pub upper: Option<OwnedFd>,
 }
 
 impl NewRoot {
@@ -1128,6 +1150,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         fd,
         mounts: HashMap::new(),
         empty: None,
+        upper: spec.keep_layer.is_some().then_some(upper),
     })
 }
 
@@ -1171,6 +1194,8 @@ mod tests {
                 dst: "/mnt/../data".into(),
                 readonly: true,
             }],
+            tmpfs: Vec::new(),
+            keep_layer: None,
             host_dns: true,
             shm_bytes: 1 << 20,
             confinement: Confinement::default(),

@@ -67,6 +67,9 @@ pub struct BuildOptions {
     /// every cache mount, `id=` or not, gets a dir of that scope, so that no
     /// task plants a file in another's cache.
     pub cache_scope: Option<String>,
+    /// The most one step's layer may hold, in bytes (`--layer-size`; see
+    /// `Layers::with_layer_size`).
+    pub layer_size: u64,
 }
 
 /// What a build made.
@@ -203,7 +206,9 @@ pub fn build(
         progress.warn(&w);
     }
     let layers =
-        Layers::new(store, opts.exe.clone(), opts.userns)?.with_confinement(opts.confinement);
+        Layers::new(store, opts.exe.clone(), opts.userns)?
+            .with_confinement(opts.confinement)
+            .with_layer_size(opts.layer_size);
     let fake_ids = layers.ids().mode == UsernsMode::Single;
     let total = plan.stages.iter().map(|s| s.instructions.len() + 1).sum();
     let mut b = Builder {

@@ -450,6 +450,47 @@ RUN --mount=type=cache,id=shared,target=/s echo $WHO >> /s/log && cp /s/log /see
     assert_eq!(env.sh("third", "cat /seen"), "first\nthird\n");
 }
 
+/// `RUN --mount=type=tmpfs,size=1m` is a tmpfs of that size (the audit:
+/// a host dir that took 300 MiB).
+#[test]
+fn tmpfs_mounts_are_real_and_bounded_by_their_size() {
+    let env = Env::new();
+    let df = "FROM busybox\n\
+RUN --mount=type=tmpfs,target=/t,size=1m sh -c 'if head -c 2097152 /dev/zero > /t/big 2>/dev/null; \
+then echo wrote; else echo full; fi > /result; grep -c \" /t tmpfs \" /proc/mounts >> /result'\n\
+RUN --mount=type=tmpfs,target=/u sh -c 'head -c 2097152 /dev/zero > /u/big && echo wrote >> /result'\n";
+    env.build_ok(df, &["-t", "tmpfs"]);
+    assert_eq!(
+        env.sh("tmpfs", "cat /result; ls /t /u | wc -l"),
+        "full\n1\nwrote\n0\n"
+    );
+}
+
+/// A file of 1 GiB holding 4 KiB of data keeps its holes through `COPY
+/// --from` (the audit: 2 GB), and an image with a sparse file exports
+/// (it failed: "GNU sparse files are not supported").
+#[test]
+fn copy_from_keeps_holes_and_sparse_files_export() {
+    let env = Env::new();
+    let df = "FROM busybox AS maker\n\
+RUN dd if=/dev/urandom of=/s bs=4096 count=1 2>/dev/null && truncate -s 1G /s\n\
+FROM busybox\n\
+COPY --from=maker /s /s\n\
+RUN stat -c '%s %b %B' /s > /s-stat && rm /s && truncate -s 10M /small-sparse\n";
+    env.build_ok(df, &["-t", "sparse"]);
+    let out = env.sh("sparse", "cat /s-stat; stat -c %s /small-sparse");
+    let n: Vec<u64> = out
+        .split_whitespace()
+        .map(|n| n.parse().expect("number"))
+        .collect();
+    assert_eq!((n[0], n[3]), (1 << 30, 10 << 20), "{out}");
+    assert!(
+        n[1] * n[2] <= 1 << 20,
+        "the copy takes {} bytes in its layer",
+        n[1] * n[2]
+    );
+}
+
 #[test]
 fn run_mounts_and_network() {
     let env = Env::new();
