@@ -450,6 +450,34 @@ RUN --mount=type=cache,id=shared,target=/s echo $WHO >> /s/log && cp /s/log /see
     assert_eq!(env.sh("third", "cat /seen"), "first\nthird\n");
 }
 
+/// A step's layer holds at most `--layer-size` (the audit: a 1 GiB layer
+/// was accepted): one that writes more fails naming the flag; one within
+/// it keeps what it wrote (owners, modes, links, a deletion of the base's
+/// file) once copied out of the bounded file system.
+#[test]
+fn step_layers_are_bounded_by_layer_size() {
+    let env = Env::new();
+    let df = "FROM busybox\nRUN dd if=/dev/zero of=/big bs=1M count=64\n";
+    env.file("Dockerfile", df);
+    let out = env.build(&["--layer-size", "32m"]);
+    out.command_failed().stderr_has("--layer-size");
+    let df = "FROM busybox\n\
+RUN head -c 1048576 /dev/urandom > /f && chown 1000:1000 /f && chmod 640 /f && ln /f /h \
+&& ln -s f /l && rm /etc/sifbox-test-rootfs && mkdir -p /d/e && head -c 8388608 /dev/zero > /d/e/z\n";
+    env.build_ok(df, &["--layer-size", "32m", "-t", "kept"]);
+    let got = env.sh(
+        "kept",
+        "stat -c '%s %a' /f; readlink /l; test -e /etc/sifbox-test-rootfs || echo gone; \
+         stat -c %s /d/e/z; test /f -ef /h && echo linked",
+    );
+    assert_eq!(got, "1048576 640\nf\ngone\n8388608\nlinked\n");
+    if keeps_owners() {
+        assert_eq!(env.sh("kept", "stat -c %u:%g /f"), "1000:1000\n");
+    }
+    // Below the least: refused up front.
+    input_error(&env.build(&["--layer-size", "1m"])).stderr_has("--layer-size");
+}
+
 /// `RUN --mount=type=tmpfs,size=1m` is a tmpfs of that size (the audit:
 /// a host dir that took 300 MiB).
 #[test]
