@@ -1312,6 +1312,40 @@ mod tests {
     }
 
     #[test]
+    fn tmpfs_mounts_are_real_tmpfs_of_their_size_after_the_binds() {
+        let mut s = spec();
+        s.tmpfs.push(crate::spec::TmpfsMount {
+            dst: "/scratch/t".into(),
+            size: 1 << 20,
+            mode: 0o1777,
+        });
+        let steps = plan(&s);
+        let last = steps.last().expect("steps");
+        assert_eq!(
+            last,
+            &Step::Mount {
+                fs: Fs::Tmpfs {
+                    mode: 0o1777,
+                    size: 1 << 20
+                },
+                at: At {
+                    base: Base::Root,
+                    path: "scratch/t".into(),
+                    lookup: Lookup::Image(Create::Dir),
+                },
+                attrs: Attrs {
+                    nosuid: true,
+                    nodev: true,
+                    ..Attrs::default()
+                },
+                names: None,
+            }
+        );
+        s.tmpfs[0].size = 0;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
     fn binds_follow_the_spec_and_the_image_cannot_lead_them_out() {
         let steps = plan(&spec());
         let bind = steps
@@ -1363,6 +1397,7 @@ mod tests {
             fd,
             mounts: HashMap::new(),
             empty: None,
+            upper: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(

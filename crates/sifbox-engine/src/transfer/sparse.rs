@@ -564,6 +564,54 @@ mod tests {
         assert!(read_map(&mut &block[..], 4096, 100).is_err());
     }
 
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any bytes as a map: an error or extents that are in order,
+            /// apart, inside the size and account for the entry exactly;
+            /// never a panic.
+            #[test]
+            fn read_map_takes_any_bytes(
+                data in proptest::collection::vec(any::<u8>(), 0..2048),
+                entry_size in 0u64..4096,
+                real_size in 0u64..1 << 40,
+            ) {
+                if let Ok(ext) = read_map(&mut &data[..], entry_size, real_size) {
+                    let mut end = 0;
+                    let mut stored = 0;
+                    for (off, len) in &ext {
+                        prop_assert!(*off >= end && off + len <= real_size);
+                        end = off + len;
+                        stored += len;
+                    }
+                    prop_assert!(stored <= entry_size);
+                }
+            }
+
+            /// Maps the writer makes read back as they were.
+            #[test]
+            fn maps_round_trip(
+                gaps in proptest::collection::vec((0u64..1 << 30, 0u64..1 << 20), 0..64),
+            ) {
+                let mut ext = Vec::new();
+                let mut at = 0;
+                for (gap, len) in gaps {
+                    ext.push((at + gap, len));
+                    at += gap + len;
+                }
+                let map = map_block(&ext);
+                let stored: u64 = ext.iter().map(|e| e.1).sum();
+                let got = read_map(&mut &map[..], map.len() as u64 + stored, at)
+                    .expect("map");
+                prop_assert_eq!(got, ext);
+            }
+        }
+    }
+
     #[test]
     fn the_budget_stops_at_its_limits() {
         let mut b = Budget::new(Limits { max_bytes: 10, max_entries: 2 });
