@@ -675,7 +675,9 @@ impl CopyPlan {
                     // Exactly `size` bytes whatever happens to the file (a
                     // change is caught just after), holes kept: a sparse
                     // file of another stage (`COPY --from`) stays sparse.
-                    sifbox_engine::transfer::sparse::append_file(&mut b, &mut h, &e.name, &f, *size)?;
+                    sifbox_engine::transfer::sparse::append_file(
+                        &mut b, &mut h, &e.name, &f, *size,
+                    )?;
                     e.src.check(&f)?;
                 }
             }

@@ -80,13 +80,14 @@ fn copy_xattrs(src: &impl AsFd, dst: &impl AsFd) -> std::io::Result<()> {
                 Err(e) => return Err(e.into()),
             }
         };
-        rustix::fs::fsetxattr(dst, name, &value[..len], rustix::fs::XattrFlags::empty())
-            .map_err(|e| {
+        rustix::fs::fsetxattr(dst, name, &value[..len], rustix::fs::XattrFlags::empty()).map_err(
+            |e| {
                 std::io::Error::new(
                     std::io::Error::from(e).kind(),
                     format!("extended attribute {}: {e}", name.to_string_lossy()),
                 )
-            })?;
+            },
+        )?;
     }
     Ok(())
 }
@@ -98,7 +99,9 @@ fn copy_data(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
     for (off, len) in extents {
         let mut done = 0u64;
         while done < len {
-            let want = usize::try_from(len - done).unwrap_or(usize::MAX).min(buf.len());
+            let want = usize::try_from(len - done)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
             let n = src.read_at(&mut buf[..want], off + done)?;
             if n == 0 {
                 break;
@@ -132,12 +135,11 @@ pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
             continue;
         };
         let rel = level.rel.join(&name);
-        let at = |e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{}: {e}", rel.display()))
-        };
+        let at =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", rel.display()));
         let (s, d) = (&level.src, &level.dst);
-        let st = rustix::fs::statat(s, &name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| at(e.into()))?;
+        let st =
+            rustix::fs::statat(s, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| at(e.into()))?;
         let ft = FileType::from_raw_mode(st.st_mode);
         let perm = Mode::from_raw_mode(st.st_mode & 0o7777);
         let (uid, gid) = (
@@ -170,8 +172,14 @@ pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
                 if st.st_nlink > 1 {
                     if let Some(first) = linked.get(&(st.st_dev, st.st_ino)) {
                         let top = &stack[0].dst;
-                        rustix::fs::linkat(top, first, &stack.last().expect("a level").dst, &name, AtFlags::empty())
-                            .map_err(|e| at(e.into()))?;
+                        rustix::fs::linkat(
+                            top,
+                            first,
+                            &stack.last().expect("a level").dst,
+                            &name,
+                            AtFlags::empty(),
+                        )
+                        .map_err(|e| at(e.into()))?;
                         continue;
                     }
                     linked.insert((st.st_dev, st.st_ino), rel.clone());
@@ -184,7 +192,12 @@ pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
                         Mode::empty(),
                     )?);
                     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | nofollow;
-                    let df = File::from(rustix::fs::openat(d, &name, flags, Mode::from_raw_mode(0o600))?);
+                    let df = File::from(rustix::fs::openat(
+                        d,
+                        &name,
+                        flags,
+                        Mode::from_raw_mode(0o600),
+                    )?);
                     copy_data(&sf, &df, u64::try_from(st.st_size).unwrap_or(0))?;
                     // Owner first (chown clears setuid bits), then the
                     // mode; capabilities last (a chown drops them too).
@@ -230,8 +243,12 @@ pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
 /// Where [`copy_tree`] is used from: the tests only.
 #[cfg(test)]
 fn open_dir(p: &std::path::Path) -> OwnedFd {
-    rustix::fs::open(p, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .expect("open")
+    rustix::fs::open(
+        p,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .expect("open")
 }
 
 #[cfg(test)]
@@ -252,7 +269,7 @@ mod tests {
         let sp = File::create(src.join("sparse")).expect("create");
         sp.write_all_at(b"x", 8 << 20).expect("write");
         rustix::fs::mknodat(
-            &open_dir(&src),
+            open_dir(&src),
             "fifo",
             FileType::Fifo,
             Mode::from_raw_mode(0o640),
@@ -265,10 +282,16 @@ mod tests {
         )
         .expect("chmod");
         let old = Timestamps {
-            last_access: Timespec { tv_sec: 1_500_000_000, tv_nsec: 0 },
-            last_modification: Timespec { tv_sec: 1_500_000_000, tv_nsec: 0 },
+            last_access: Timespec {
+                tv_sec: 1_500_000_000,
+                tv_nsec: 0,
+            },
+            last_modification: Timespec {
+                tv_sec: 1_500_000_000,
+                tv_nsec: 0,
+            },
         };
-        rustix::fs::utimensat(&open_dir(&src), "d", &old, AtFlags::empty()).expect("utime");
+        rustix::fs::utimensat(open_dir(&src), "d", &old, AtFlags::empty()).expect("utime");
         copy_tree(open_dir(&src), open_dir(&dst)).expect("copy");
         assert_eq!(std::fs::read(dst.join("h")).expect("read"), b"data");
         let (a, b) = (
@@ -282,7 +305,10 @@ mod tests {
         );
         let md = std::fs::metadata(dst.join("d/e")).expect("stat");
         assert_eq!(md.mode() & 0o7777, 0o705);
-        assert_eq!(std::fs::metadata(dst.join("d")).expect("stat").mtime(), 1_500_000_000);
+        assert_eq!(
+            std::fs::metadata(dst.join("d")).expect("stat").mtime(),
+            1_500_000_000
+        );
         let sp = std::fs::metadata(dst.join("sparse")).expect("stat");
         assert_eq!(sp.len(), (8 << 20) + 1);
         assert!(sp.blocks() < 1024, "{} blocks", sp.blocks());

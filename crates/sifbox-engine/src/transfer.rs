@@ -357,7 +357,14 @@ pub fn unpack_to_host_limited(
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     let root = open_root(dst)?;
-    unpack_with(input, root, relative_name, owner, SetId::Keep, Limits::UNLIMITED)
+    unpack_with(
+        input,
+        root,
+        relative_name,
+        owner,
+        SetId::Keep,
+        Limits::UNLIMITED,
+    )
 }
 
 /// Unpacks a tar stream of relative names (`sifbox cp - NAME:DIR`, as
@@ -383,7 +390,14 @@ pub fn extract_into(
         ),
         e => e.into(),
     })?;
-    unpack_with(input, root, relative_name, owner, SetId::Keep, Limits::UNLIMITED)
+    unpack_with(
+        input,
+        root,
+        relative_name,
+        owner,
+        SetId::Keep,
+        Limits::UNLIMITED,
+    )
 }
 
 /// An entry's name as a path below the destination: plain components only
@@ -489,95 +503,95 @@ impl<W: Write> Retar<'_, W> {
     ) -> std::io::Result<()> {
         let (b, sent) = (&mut *self.b, &mut *self.sent);
         let rel = entry_path(raw, name, name)?;
-    let header = entry.header();
-    let kind = header.entry_type();
-    let new = if kind.is_dir() {
-        Written::Dir
-    } else if kind.is_symlink() {
-        Written::Symlink
-    } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
-        Written::File { dev: 0, ino: 0 }
-    } else {
-        tracing::debug!("leaving out special file {}", raw.display());
-        return Ok(());
-    };
-    for above in rel.ancestors().skip(1) {
-        if let Some(w) = sent.get(above).filter(|w| !matches!(w, Written::Dir)) {
-            return Err(std::io::Error::other(format!(
-                "below {}, which this stream sent as {}: refused",
-                above.display(),
-                w.what()
-            )));
+        let header = entry.header();
+        let kind = header.entry_type();
+        let new = if kind.is_dir() {
+            Written::Dir
+        } else if kind.is_symlink() {
+            Written::Symlink
+        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
+            Written::File { dev: 0, ino: 0 }
+        } else {
+            tracing::debug!("leaving out special file {}", raw.display());
+            return Ok(());
+        };
+        for above in rel.ancestors().skip(1) {
+            if let Some(w) = sent.get(above).filter(|w| !matches!(w, Written::Dir)) {
+                return Err(std::io::Error::other(format!(
+                    "below {}, which this stream sent as {}: refused",
+                    above.display(),
+                    w.what()
+                )));
+            }
         }
-    }
-    if let Some(old) = sent.get(&rel) {
-        if std::mem::discriminant(old) != std::mem::discriminant(&new) {
-            return Err(std::io::Error::other(format!(
-                "this stream sent {} there before and now sends {}: refused",
-                old.what(),
-                new.what()
-            )));
+        if let Some(old) = sent.get(&rel) {
+            if std::mem::discriminant(old) != std::mem::discriminant(&new) {
+                return Err(std::io::Error::other(format!(
+                    "this stream sent {} there before and now sends {}: refused",
+                    old.what(),
+                    new.what()
+                )));
+            }
         }
-    }
-    let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
-    if setid == SetId::Strip {
-        mode &= !0o6000;
-    }
-    let mut h = tar::Header::new_gnu();
-    h.set_mode(mode);
-    h.set_mtime(header.mtime().unwrap_or(0));
-    h.set_uid(header.uid().unwrap_or(0));
-    h.set_gid(header.gid().unwrap_or(0));
-    h.set_size(0);
-    if kind.is_dir() {
-        h.set_entry_type(tar::EntryType::Directory);
-        b.append_data(&mut h, &rel, std::io::empty())?;
-    } else if kind.is_symlink() {
-        let target = entry.link_name()?.ok_or_else(|| {
-            std::io::Error::other(format!("symlink {} has no target", raw.display()))
-        })?;
-        h.set_entry_type(tar::EntryType::Symlink);
-        b.append_link(&mut h, &rel, target)?;
-    } else if kind.is_hard_link() {
-        let target = entry.link_name()?.ok_or_else(|| {
-            std::io::Error::other(format!("hard link {} has no target", raw.display()))
-        })?;
-        let trel = entry_path(&target, name, name).map_err(|e| {
-            let to = target.display();
-            std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
-        })?;
-        if !matches!(sent.get(&trel), Some(Written::File { .. })) {
-            return Err(std::io::Error::other(format!(
-                "a hard link to {}, which is not a regular file sent earlier in this stream: \
+        let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
+        if setid == SetId::Strip {
+            mode &= !0o6000;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_mtime(header.mtime().unwrap_or(0));
+        h.set_uid(header.uid().unwrap_or(0));
+        h.set_gid(header.gid().unwrap_or(0));
+        h.set_size(0);
+        if kind.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            b.append_data(&mut h, &rel, std::io::empty())?;
+        } else if kind.is_symlink() {
+            let target = entry.link_name()?.ok_or_else(|| {
+                std::io::Error::other(format!("symlink {} has no target", raw.display()))
+            })?;
+            h.set_entry_type(tar::EntryType::Symlink);
+            b.append_link(&mut h, &rel, target)?;
+        } else if kind.is_hard_link() {
+            let target = entry.link_name()?.ok_or_else(|| {
+                std::io::Error::other(format!("hard link {} has no target", raw.display()))
+            })?;
+            let trel = entry_path(&target, name, name).map_err(|e| {
+                let to = target.display();
+                std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
+            })?;
+            if !matches!(sent.get(&trel), Some(Written::File { .. })) {
+                return Err(std::io::Error::other(format!(
+                    "a hard link to {}, which is not a regular file sent earlier in this stream: \
                  refused",
-                target.display()
-            )));
+                    target.display()
+                )));
+            }
+            h.set_entry_type(tar::EntryType::Link);
+            b.append_link(&mut h, &rel, &trel)?;
+        } else if let Some(sp) = sp {
+            // Passed on sparse, under the checked name.
+            let size = entry.size();
+            let extents = sparse::read_map(entry, size, sp.real_size)?;
+            let stored: u64 = extents.iter().map(|e| e.1).sum();
+            self.budget.bytes(stored)?;
+            sparse::append_sparse(b, &h, &rel, sp.real_size, &extents, entry.by_ref())?;
+        } else {
+            // Exactly the size in the header: a stream cut short is padded
+            // here and fails at its next header.
+            let size = entry.size();
+            self.budget.bytes(size)?;
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(size);
+            let data = entry
+                .by_ref()
+                .take(size)
+                .chain(std::io::repeat(0))
+                .take(size);
+            b.append_data(&mut h, &rel, data)?;
         }
-        h.set_entry_type(tar::EntryType::Link);
-        b.append_link(&mut h, &rel, &trel)?;
-    } else if let Some(sp) = sp {
-        // Passed on sparse, under the checked name.
-        let size = entry.size();
-        let extents = sparse::read_map(entry, size, sp.real_size)?;
-        let stored: u64 = extents.iter().map(|e| e.1).sum();
-        self.budget.bytes(stored)?;
-        sparse::append_sparse(b, &h, &rel, sp.real_size, &extents, entry.by_ref())?;
-    } else {
-        // Exactly the size in the header: a stream cut short is padded
-        // here and fails at its next header.
-        let size = entry.size();
-        self.budget.bytes(size)?;
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_size(size);
-        let data = entry
-            .by_ref()
-            .take(size)
-            .chain(std::io::repeat(0))
-            .take(size);
-        b.append_data(&mut h, &rel, data)?;
-    }
-    sent.insert(rel, new);
-    Ok(())
+        sent.insert(rel, new);
+        Ok(())
     }
 }
 
@@ -680,14 +694,23 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
     /// root without following anything; what cannot be removed stays.
     fn remove_created(&mut self) {
         for rel in self.created.drain(..).rev() {
-            let Ok((parent, file)) = split(&rel) else { continue };
-            let Ok(dir) = walk(&self.root, &parent, None) else { continue };
+            let Ok((parent, file)) = split(&rel) else {
+                continue;
+            };
+            let Ok(dir) = walk(&self.root, &parent, None) else {
+                continue;
+            };
             let st = rustix::fs::statat(&dir, &file, AtFlags::SYMLINK_NOFOLLOW);
             let flags = match st {
                 Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
                     // Its mode may forbid removing what is in it.
                     if let Ok(d) = open_dir(&dir, &file, None) {
-                        let _ = rustix::fs::chmodat(&d, "", Mode::from_raw_mode(0o700), AtFlags::EMPTY_PATH);
+                        let _ = rustix::fs::chmodat(
+                            &d,
+                            "",
+                            Mode::from_raw_mode(0o700),
+                            AtFlags::EMPTY_PATH,
+                        );
                     }
                     AtFlags::REMOVEDIR
                 }
@@ -887,9 +910,8 @@ fn walk(
         };
         so_far.push(n);
         let base = cur.as_ref().map_or(root.as_fd(), AsFd::as_fd);
-        let named = |e: std::io::Error| {
-            std::io::Error::new(e.kind(), format!("{}: {e}", so_far.display()))
-        };
+        let named =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", so_far.display()));
         if let Some(made) = made.as_deref_mut() {
             if make_dir(&base, Path::new(n), Mode::from_raw_mode(0o755)).map_err(named)? {
                 made.push(so_far.clone());
@@ -2035,15 +2057,25 @@ mod tests {
     fn a_download_past_its_limits_fails_and_leaves_nothing() {
         let (t, data) = sparse_tree();
         for limits in [
-            Limits { max_bytes: 4096, max_entries: 100 },
-            Limits { max_bytes: 1 << 30, max_entries: 2 },
+            Limits {
+                max_bytes: 4096,
+                max_entries: 100,
+            },
+            Limits {
+                max_bytes: 1 << 30,
+                max_entries: 2,
+            },
         ] {
             let out = t.path().join("out");
             std::fs::create_dir(&out).expect("mkdir");
             let e = unpack_to_host_limited(&data[..], &out, "src", SetId::Strip, limits)
                 .expect_err("past the limit");
             assert!(LimitExceeded::find(&e).is_some(), "{e}");
-            assert_eq!(std::fs::read_dir(&out).expect("ls").count(), 0, "left behind");
+            assert_eq!(
+                std::fs::read_dir(&out).expect("ls").count(),
+                0,
+                "left behind"
+            );
             std::fs::remove_dir(&out).expect("rmdir");
             let e = retar_limited(&data[..], "src", SetId::Strip, limits, std::io::sink())
                 .expect_err("past the limit");

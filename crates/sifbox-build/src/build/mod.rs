@@ -205,10 +205,9 @@ pub fn build(
     for w in plan.warnings() {
         progress.warn(&w);
     }
-    let layers =
-        Layers::new(store, opts.exe.clone(), opts.userns)?
-            .with_confinement(opts.confinement)
-            .with_layer_size(opts.layer_size);
+    let layers = Layers::new(store, opts.exe.clone(), opts.userns)?
+        .with_confinement(opts.confinement)
+        .with_layer_size(opts.layer_size);
     let fake_ids = layers.ids().mode == UsernsMode::Single;
     let total = plan.stages.iter().map(|s| s.instructions.len() + 1).sum();
     let mut b = Builder {

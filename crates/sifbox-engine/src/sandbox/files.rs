@@ -233,7 +233,7 @@ impl Sandbox {
         self.download_stream(src, follow, move |r| {
             transfer::retar_limited(r, &name, setid, limits, out)
         })
-            .map_err(|e| e.ctx_io(|| "writing the tar stream".to_string()))
+        .map_err(|e| e.ctx_io(|| "writing the tar stream".to_string()))
     }
 
     /// Asks for a tar stream of `src` and hands the pipe it comes through

@@ -77,11 +77,7 @@ impl std::fmt::Display for LimitExceeded {
                 "the copy passed its limit of {} bytes of file data",
                 self.limit
             ),
-            Limit::Entries => write!(
-                f,
-                "the copy passed its limit of {} entries",
-                self.limit
-            ),
+            Limit::Entries => write!(f, "the copy passed its limit of {} entries", self.limit),
         }
     }
 }
@@ -376,7 +372,8 @@ pub fn sparse_of(entry: &mut tar::Entry<'_, impl Read>) -> std::io::Result<Optio
              read): not supported",
         ));
     }
-    let name = name.ok_or_else(|| std::io::Error::other("a sparse entry with no GNU.sparse.name"))?;
+    let name =
+        name.ok_or_else(|| std::io::Error::other("a sparse entry with no GNU.sparse.name"))?;
     let real_size =
         size.ok_or_else(|| std::io::Error::other("a sparse entry with no GNU.sparse.realsize"))?;
     Ok(Some(Sparse { name, real_size }))
@@ -438,7 +435,6 @@ pub fn read_map(
         stored += len;
         extents.push((off, len));
     }
-    drop(next);
     let map_len = buf.len() as u64;
     if map_len.checked_add(stored) != Some(entry_size) {
         return Err(bad("the extents do not add up to the entry's data"));
@@ -460,7 +456,9 @@ pub fn write_extents(
         budget.bytes(len)?;
         let mut done = 0u64;
         while done < len {
-            let want = usize::try_from(len - done).unwrap_or(usize::MAX).min(buf.len());
+            let want = usize::try_from(len - done)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
             data.read_exact(&mut buf[..want])?;
             out.write_all_at(&buf[..want], off + done)?;
             done += want as u64;
@@ -471,7 +469,11 @@ pub fn write_extents(
 
 /// Copies a plain entry's data into `out`, counted against `budget` as it
 /// goes.
-pub fn write_plain(data: &mut impl Read, out: &mut File, budget: &mut Budget) -> std::io::Result<()> {
+pub fn write_plain(
+    data: &mut impl Read,
+    out: &mut File,
+    budget: &mut Budget,
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match data.read(&mut buf) {
@@ -528,9 +530,20 @@ mod tests {
         assert!(tarball.len() < 64 << 10, "{} bytes sent", tarball.len());
         assert!(ext.len() >= 2);
         let mut ar = tar::Archive::new(&tarball[..]);
-        let mut e = ar.entries().expect("entries").next().expect("one").expect("entry");
+        let mut e = ar
+            .entries()
+            .expect("entries")
+            .next()
+            .expect("one")
+            .expect("entry");
         let sp = sparse_of(&mut e).expect("pax").expect("sparse");
-        assert_eq!(sp, Sparse { name: "dir/s".into(), real_size: size });
+        assert_eq!(
+            sp,
+            Sparse {
+                name: "dir/s".into(),
+                real_size: size
+            }
+        );
         let entry_size = e.size();
         let map = read_map(&mut e, entry_size, size).expect("map");
         assert_eq!(map, ext);
@@ -541,17 +554,20 @@ mod tests {
         let md = std::fs::metadata(&out_p).expect("stat");
         assert_eq!(md.len(), size);
         assert!(md.blocks() * 512 < 1 << 20, "{} blocks", md.blocks());
-        assert_eq!(std::fs::read(&out_p).expect("read"), std::fs::read(&p).expect("read"));
+        assert_eq!(
+            std::fs::read(&out_p).expect("read"),
+            std::fs::read(&p).expect("read")
+        );
     }
 
     #[test]
     fn bad_maps_are_refused() {
         let cases: &[(&[u8], u64, u64)] = &[
             (b"2\n0\n10\n5\n10\n", 512 + 20, 100), // overlapping
-            (b"1\n90\n20\n", 512 + 20, 100),         // past the end
-            (b"1\n0\n10\n", 512 + 11, 100),          // does not add up
-            (b"99999999999\n", 512, 100),            // too many
-            (b"x\n", 512, 100),                      // not a number
+            (b"1\n90\n20\n", 512 + 20, 100),       // past the end
+            (b"1\n0\n10\n", 512 + 11, 100),        // does not add up
+            (b"99999999999\n", 512, 100),          // too many
+            (b"x\n", 512, 100),                    // not a number
         ];
         for (map, entry_size, real) in cases {
             let mut block = map.to_vec();
@@ -614,11 +630,20 @@ mod tests {
 
     #[test]
     fn the_budget_stops_at_its_limits() {
-        let mut b = Budget::new(Limits { max_bytes: 10, max_entries: 2 });
+        let mut b = Budget::new(Limits {
+            max_bytes: 10,
+            max_entries: 2,
+        });
         b.bytes(10).expect("at the limit");
         let e = b.bytes(1).expect_err("past it");
         let l = LimitExceeded::find(&e).expect("typed");
-        assert_eq!(l, LimitExceeded { which: Limit::Bytes, limit: 10 });
+        assert_eq!(
+            l,
+            LimitExceeded {
+                which: Limit::Bytes,
+                limit: 10
+            }
+        );
         b.entry().expect("1");
         b.entry().expect("2");
         assert!(b.entry().is_err());

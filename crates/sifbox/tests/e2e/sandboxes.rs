@@ -1387,7 +1387,11 @@ fn cp_keeps_the_holes_of_sparse_files() {
     sandbox
         .sh("dd if=/dev/urandom of=/tmp/s bs=4096 count=1 2>/dev/null && truncate -s 1G /tmp/s")
         .success();
-    let want = sandbox.sh("head -c 4096 /tmp/s | md5sum").success().stdout.clone();
+    let want = sandbox
+        .sh("head -c 4096 /tmp/s | md5sum")
+        .success()
+        .stdout
+        .clone();
     let out = work.path().join("s");
     sandbox
         .sifbox(&[
@@ -1426,9 +1430,16 @@ fn cp_keeps_the_holes_of_sparse_files() {
         .map(|n| n.parse().expect("number"))
         .collect();
     assert_eq!(f[0], 1 << 30);
-    assert!(f[1] * f[2] <= 1 << 20, "the upload takes {} bytes", f[1] * f[2]);
+    assert!(
+        f[1] * f[2] <= 1 << 20,
+        "the upload takes {} bytes",
+        f[1] * f[2]
+    );
     assert_eq!(
-        sandbox.sh("head -c 4096 /tmp/back | md5sum").success().stdout,
+        sandbox
+            .sh("head -c 4096 /tmp/back | md5sum")
+            .success()
+            .stdout,
         want
     );
     sandbox.stop();
