@@ -95,9 +95,25 @@ fn copy_xattrs(src: &impl AsFd, dst: &impl AsFd) -> std::io::Result<()> {
 /// Copies the data of `src` (`size` bytes) into `dst`, holes kept.
 fn copy_data(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
     let extents = crate::transfer::sparse::extents(src, size)?.unwrap_or_else(|| vec![(0, size)]);
-    let mut buf = vec![0u8; 256 << 10];
+    let mut buf = Vec::new();
     for (off, len) in extents {
         let mut done = 0u64;
+        // In the kernel where it can (the same kind of file system on both
+        // sides), else through a buffer.
+        while done < len {
+            let (mut from, mut to) = (off + done, off + done);
+            let want = usize::try_from(len - done)
+                .unwrap_or(usize::MAX)
+                .min(1 << 30);
+            match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want) {
+                Ok(0) => break,
+                Ok(n) => done += n as u64,
+                Err(_) => break,
+            }
+        }
+        if done < len && buf.is_empty() {
+            buf = vec![0u8; 256 << 10];
+        }
         while done < len {
             let want = usize::try_from(len - done)
                 .unwrap_or(usize::MAX)
