@@ -376,6 +376,25 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             need: Need::Required,
         });
     }
+    for t in &spec.tmpfs {
+        steps.push(Step::Mount {
+            fs: Fs::Tmpfs {
+                mode: t.mode,
+                size: t.size,
+            },
+            at: At {
+                base: Base::Root,
+                path: relative(&t.dst),
+                lookup: Lookup::Image(Create::Dir),
+            },
+            attrs: Attrs {
+                nosuid: true,
+                nodev: true,
+                ..Attrs::default()
+            },
+            names: None,
+        });
+    }
     steps
 }
 
@@ -406,6 +425,9 @@ pub struct NewRoot {
     /// The first empty read-only tmpfs that masks a directory: the others
     /// are clones of it (one superblock for all).
     empty: Option<OwnedFd>,
+    /// The overlay's upper dir, for a sandbox whose layer is kept
+    /// ([`SandboxSpec::keep_layer`]).
+    pub upper: Option<OwnedFd>,
 }
 
 impl NewRoot {
@@ -1205,6 +1227,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         fd,
         mounts: HashMap::new(),
         empty: None,
+        upper: spec.keep_layer.is_some().then_some(upper),
     })
 }
 
@@ -1272,6 +1295,8 @@ mod tests {
                 dst: "/mnt/../data".into(),
                 readonly: true,
             }],
+            tmpfs: Vec::new(),
+            keep_layer: None,
             host_dns: true,
             shm_bytes: 1 << 20,
             confinement: Confinement::default(),
@@ -1388,6 +1413,40 @@ mod tests {
     }
 
     #[test]
+    fn tmpfs_mounts_are_real_tmpfs_of_their_size_after_the_binds() {
+        let mut s = spec();
+        s.tmpfs.push(crate::spec::TmpfsMount {
+            dst: "/scratch/t".into(),
+            size: 1 << 20,
+            mode: 0o1777,
+        });
+        let steps = plan(&s);
+        let last = steps.last().expect("steps");
+        assert_eq!(
+            last,
+            &Step::Mount {
+                fs: Fs::Tmpfs {
+                    mode: 0o1777,
+                    size: 1 << 20
+                },
+                at: At {
+                    base: Base::Root,
+                    path: "scratch/t".into(),
+                    lookup: Lookup::Image(Create::Dir),
+                },
+                attrs: Attrs {
+                    nosuid: true,
+                    nodev: true,
+                    ..Attrs::default()
+                },
+                names: None,
+            }
+        );
+        s.tmpfs[0].size = 0;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
     fn binds_follow_the_spec_and_the_image_cannot_lead_them_out() {
         let steps = plan(&spec());
         let bind = steps
@@ -1439,6 +1498,7 @@ mod tests {
             fd,
             mounts: HashMap::new(),
             empty: None,
+            upper: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(

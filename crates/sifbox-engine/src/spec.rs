@@ -392,6 +392,20 @@ pub enum Writable {
     Disk { size_mib: u64, scratch: PathBuf },
 }
 
+/// A tmpfs of its own at a path inside the sandbox (a build's `RUN
+/// --mount=type=tmpfs`): a real file system of `size` bytes, nosuid and
+/// nodev, gone with the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsMount {
+    pub dst: PathBuf,
+    pub size: u64,
+    pub mode: u32,
+}
+
+/// The size of a `RUN --mount=type=tmpfs` without `size=`: 1 GiB, a
+/// bound where BuildKit sets none (what a step writes there is memory).
+pub const DEFAULT_TMPFS_MOUNT_BYTES: u64 = 1 << 30;
+
 /// A host path made visible inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
@@ -461,6 +475,16 @@ pub struct SandboxSpec {
     pub ids: IdMapping,
     pub writable: Writable,
     pub binds: Vec<Bind>,
+    /// Tmpfs mounts of their own, made after the binds.
+    #[serde(default)]
+    pub tmpfs: Vec<TmpfsMount>,
+    /// An empty host dir that init opens at the start (as the caller's
+    /// root in the sandbox): `Sandbox::stop_keeping_layer` copies the
+    /// writable layer's upper dir into it once every process is gone (see
+    /// [`crate::layer_copy`]). For a writable layer on a bounded file
+    /// system (`Writable::Tmpfs`, `Writable::Disk`): a build step's.
+    #[serde(default)]
+    pub keep_layer: Option<PathBuf>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
     /// Size of the tmpfs at `/dev/shm`, in bytes. (`/tmp` is the image's,
@@ -494,6 +518,8 @@ impl SandboxSpec {
                 size_mib: DEFAULT_TMPFS_MIB,
             },
             binds: Vec::new(),
+            tmpfs: Vec::new(),
+            keep_layer: None,
             host_dns: true,
             shm_bytes: DEFAULT_SHM_BYTES,
             confinement: Confinement::default(),
@@ -543,6 +569,22 @@ impl SandboxSpec {
                 "a tmpfs needs some space",
                 "give a size, e.g. 64 MiB",
             ));
+        }
+        if self.keep_layer.is_some() && matches!(self.writable, Writable::Overlay { .. }) {
+            return Err(bad(
+                "keep_layer with an overlay dir".into(),
+                "the overlay dir's upper is kept already",
+                "give a tmpfs or disk writable layer, or no keep_layer",
+            ));
+        }
+        for t in &self.tmpfs {
+            if !t.dst.is_absolute() || t.size == 0 {
+                return Err(bad(
+                    format!("the tmpfs at {} of {} bytes", t.dst.display(), t.size),
+                    "needs an absolute path and some space",
+                    "give an absolute path inside the sandbox and a size, e.g. 64 MiB",
+                ));
+            }
         }
         for b in &self.binds {
             if !b.dst.is_absolute() {

@@ -15,6 +15,21 @@ pub(super) fn init_main(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let spec = &launch.spec;
+    // The dir a kept layer is copied into, opened while the host's paths
+    // are still in reach; the copy comes when the sandbox stops.
+    let keep_dst = match &spec.keep_layer {
+        Some(p) => Some(
+            rustix::fs::open(
+                p,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| Error::io(format!("opening {}", p.display()), e))?,
+        ),
+        None => None,
+    };
     // Nothing of the client's stdin or stdout (the control pipe, when the
     // supervisor was executed) stays in the sandbox; stderr goes before
     // the first request is served.
@@ -51,7 +66,11 @@ pub(super) fn init_main(
         .as_ref()
         .map(crate::limits::cgroup::SandboxCgroup::views)
         .unwrap_or_default();
-    let root = rootfs::assemble(spec, &launch.dir, disk, views)?;
+    let mut root = rootfs::assemble(spec, &launch.dir, disk, views)?;
+    let keep = match (root.upper.take(), keep_dst) {
+        (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
+        _ => None,
+    };
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -170,7 +189,13 @@ pub(super) fn init_main(
             idle: false,
         })
     });
-    serve(listener, spec.confinement, activity)
+    serve(listener, spec.confinement, activity, keep)
+}
+
+/// A layer to keep when the sandbox stops: its upper dir and where to.
+pub(super) struct KeptLayer {
+    pub(super) upper: OwnedFd,
+    pub(super) dst: OwnedFd,
 }
 
 /// init's side of the watchdog's idle protocol. The sandbox is idle when

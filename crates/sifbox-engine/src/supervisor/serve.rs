@@ -67,6 +67,7 @@ pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
+    mut keep: Option<super::init::KeptLayer>,
 ) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
@@ -203,6 +204,30 @@ pub(super) fn serve(
                 let _ = protocol::send(&conn, &ok(), &[]);
                 exit_now(0);
             }
+            Request::StopKeepingLayer { grace_ms } => {
+                stop_all(Duration::from_millis(grace_ms));
+                kill_and_reap_all(Duration::from_secs(10));
+                let copied = match keep.take() {
+                    Some(k) => rustix::fs::openat(
+                        &k.upper,
+                        ".",
+                        rustix::fs::OFlags::RDONLY
+                            | rustix::fs::OFlags::DIRECTORY
+                            | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .map_err(std::io::Error::from)
+                    .and_then(|upper| crate::layer_copy::copy_tree(upper, k.dst))
+                    .map_err(|e| format!("copying the writable layer out: {e}")),
+                    None => Err("this sandbox keeps no layer (no keep_layer)".to_string()),
+                };
+                let reply = match copied {
+                    Ok(()) => ok(),
+                    Err(message) => Event::Error { code: 125, message },
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
+                exit_now(0);
+            }
             Request::Signal { exec_id, signal } => {
                 let reply = match detached.get(&exec_id) {
                     Some(pid) => {
@@ -236,7 +261,7 @@ pub(super) fn serve(
                                 // client's connection and stdio come again
                                 // with the job, and another worker's channel
                                 // must reach EOF when init closes its end.
-                                drop((listener, conn, fds, workers, sigchld, activity));
+                                drop((listener, conn, fds, workers, sigchld, activity, keep));
                                 // The exits of a worker's commands are its
                                 // own business, not a reason to wake init.
                                 if let Some(id) = sigchld_id {
@@ -273,7 +298,7 @@ pub(super) fn serve(
             }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
-                    drop((listener, workers, activity));
+                    drop((listener, workers, activity, keep));
                     exit_now(serve_in_child(&conn, other, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
