@@ -26,14 +26,26 @@ use crate::spec::{Confinement, SeccompMode};
 /// runs under the same policy).
 static POLICY_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Installs the sandbox's seccomp policy on this process, once.
+/// Installs the sandbox's seccomp policy on this process, once, with a
+/// listener that counts its denials ([`crate::denials`]) unless this
+/// process's filter chain has one already (a sifbox inside a sandbox:
+/// denials stay silent there).
 fn confine(c: Confinement) -> std::io::Result<()> {
     use std::sync::atomic::Ordering;
     if c.seccomp == SeccompMode::Unconfined || POLICY_INSTALLED.load(Ordering::Relaxed) {
         return Ok(());
     }
-    crate::seccomp::install(c.allow_userns)?;
+    let listener = crate::seccomp::install_reporting(c.allow_userns)?;
     POLICY_INSTALLED.store(true, Ordering::Relaxed);
+    if let Some(fd) = listener {
+        // Without its thread every denied call would wait for ever.
+        crate::denials::serve(fd).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("starting the seccomp listener's thread: {e}"),
+            )
+        })?;
+    }
     Ok(())
 }
 
@@ -156,6 +168,9 @@ pub fn run(
     if let Err(e) = confine(confinement) {
         return fail(125, e.to_string());
     }
+    // What processes of an earlier exec were denied after it ended is not
+    // this exec's (the sandbox's totals have it).
+    let _ = crate::denials::take_exec();
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());
     };
@@ -305,6 +320,7 @@ pub fn run(
             code,
             timed_out,
             time_ns: now_ns(),
+            denied: crate::denials::take_exec(),
         },
         &mut status_file,
     );

@@ -6,7 +6,8 @@
 //! that run between `fork` and `exec` of a `std::process::Command`,
 //! `mount_setattr`, bringing the loopback interface up, attaching loop
 //! devices, giving idle supervisors' clean pages back (`madvise`),
-//! installing seccomp filters and (feature `probe`, for tests) raw system
+//! installing seccomp filters (and hearing their denials,
+//! [`seccomp_notify`]) and (feature `probe`, for tests) raw system
 //! call probes. Each function is
 //! small, checks its preconditions, and maps each failing call to its own
 //! error variant so that an error names the exact syscall that failed.
@@ -14,6 +15,7 @@
 #![allow(unsafe_code)]
 
 pub mod lockfile;
+pub mod seccomp_notify;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

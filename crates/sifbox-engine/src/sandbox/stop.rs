@@ -91,8 +91,14 @@ impl Sandbox {
                 // The reply comes once every process had its grace time
                 // and what was left was killed and reaped.
                 Some(c) => {
-                    if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
+                    if let Ok((Event::Ok { time_ns, denied }, _)) = protocol::recv::<Event>(&c) {
                         self.stop_inside_ns.set(time_ns);
+                        // init's count covers every exec of the sandbox
+                        // (empty where it could not count: then what this
+                        // handle's execs reported stays).
+                        if !denied.is_empty() {
+                            *self.denied.borrow_mut() = denied;
+                        }
                     }
                 }
                 None => {
@@ -135,7 +141,7 @@ impl Sandbox {
         if let Some(path) = self.evidence_path() {
             // A record inside the runtime dir goes with it.
             if !path.starts_with(&self.dir) {
-                Evidence::record_stop(&path, inside_ns)?;
+                Evidence::record_stop(&path, inside_ns, &self.denied.borrow())?;
             }
         }
         // Only if no other sandbox has taken the name since the
