@@ -90,6 +90,10 @@ fn main() -> ExitCode {
         ),
         ("install_does_not_set_no_new_privs", keeps_setuid),
         ("a_foreign_abi_is_killed", foreign_abi),
+        (
+            "denials_are_heard_counted_and_answered_eperm",
+            denials_heard,
+        ),
     ];
     if std::env::var_os("SIFBOX_SECCOMP_BENCH").is_some() {
         cases.push(("bench", bench));
@@ -305,6 +309,70 @@ fn denied_calls() -> Outcome {
             .collect();
         confine(false)?;
         expect(&rows, Some(&before))
+    })
+}
+
+/// The reporting install: a denied call still fails with EPERM (answered
+/// by the listener's thread), is counted by name, and allowed or ENOSYS
+/// calls are not; a second listener in the chain (a nested sifbox) falls
+/// back to the plain policy, whose EPERM then wins unheard.
+fn denials_heard() -> Outcome {
+    use sifbox_engine::denials::{self, Denied};
+    in_child(|| {
+        if !has_cap_sys_admin() {
+            rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
+        }
+        let fd = seccomp::install_reporting(false)
+            .map_err(|e| e.to_string())?
+            .ok_or("no listener: this process's chain had one already")?;
+        denials::serve(fd).map_err(|e| format!("serving the listener: {e}"))?;
+        expect(
+            &[
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::AddKeyNull, Some(EPERM)),
+                (P::Getpid, None),
+                (P::IoUringSetupNull, Some(ENOSYS)),
+                (P::Unassigned, Some(ENOSYS)),
+            ],
+            None,
+        )?;
+        let d = |name: &str, count| Denied {
+            syscall: name.into(),
+            count,
+        };
+        let mut got = denials::take_exec();
+        got.sort_by(|a, b| a.syscall.cmp(&b.syscall));
+        if got != [d("add_key", 1), d("keyctl", 3)] {
+            return Err(format!("counted {got:?}"));
+        }
+        if !denials::take_exec().is_empty() {
+            return Err("take_exec did not clear the counts".into());
+        }
+        // A program's own program exec'd below is heard too.
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let out = Command::new(exe)
+            .env(PROBE_ENV, "keyctl")
+            .output()
+            .map_err(|e| format!("running the probe: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if said.trim() != EPERM.to_string() {
+            return Err(format!("the exec'd probe said {said:?}"));
+        }
+        if denials::take_exec() != [d("keyctl", 1)] {
+            return Err("the exec'd program's denial was not counted".into());
+        }
+        // A nested sifbox: no second listener; the plain policy stacks.
+        match seccomp::install_reporting(false) {
+            Ok(None) => {}
+            other => return Err(format!("a second listener: {other:?}")),
+        }
+        expect(&[(P::KeyctlSessionKeyringId, Some(EPERM))], None)?;
+        if !denials::take_exec().is_empty() {
+            return Err("the inner filter's EPERM should win, unheard".into());
+        }
+        Ok(())
     })
 }
 

@@ -294,11 +294,11 @@ impl Sandbox {
         crate::denials::merge(&mut self.denied.borrow_mut(), denied);
     }
 
-    /// The calls the default seccomp policy denied in the sandbox: after a
-    /// stop, every one (init's count); before, those of this handle's
-    /// execs. Takes them: the next call starts from none.
-    pub fn take_denied(&self) -> Vec<Denied> {
-        std::mem::take(&mut self.denied.borrow_mut())
+    /// The calls the default seccomp policy denied in the sandbox: once
+    /// init answered a stop, every one (its count); before, those of this
+    /// handle's execs.
+    pub fn denied(&self) -> Vec<Denied> {
+        self.denied.borrow().clone()
     }
 
     fn note_last(&self, last: bool, inside_ns: u64) {

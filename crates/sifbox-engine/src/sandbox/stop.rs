@@ -48,6 +48,12 @@ impl Stopping {
     pub fn name(&self) -> &str {
         &self.0.name
     }
+
+    /// Every call the default seccomp policy denied in the sandbox (see
+    /// [`Sandbox::denied`]).
+    pub fn denied(&self) -> Vec<crate::denials::Denied> {
+        self.0.denied()
+    }
 }
 
 impl Sandbox {

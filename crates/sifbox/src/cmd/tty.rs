@@ -92,9 +92,12 @@ pub fn exec(sandbox: &Sandbox, mut req: ExecRequest) -> sifbox_engine::Result<Ex
             let _ = out.flush();
         }
     });
-    let status = session.wait(sandbox.name());
+    let status = session.wait_reporting(sandbox.name());
     // The command is gone; what it wrote is drained once the pty closes.
     let _ = output.join();
     drop(raw);
-    status
+    status.map(|(status, denied)| {
+        crate::cmd::report_denials(&denied);
+        status
+    })
 }
