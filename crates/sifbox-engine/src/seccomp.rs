@@ -119,7 +119,10 @@ pub fn install_reporting(allow_userns: bool) -> std::io::Result<Option<std::os::
 /// The name of system call `nr` on this architecture, if the policy names
 /// it (every call it allows or names as denied).
 pub fn syscall_name(nr: i64) -> Option<&'static str> {
-    NUMBERS.iter().find(|(_, n)| *n == nr).map(|(name, _)| *name)
+    NUMBERS
+        .iter()
+        .find(|(_, n)| *n == nr)
+        .map(|(name, _)| *name)
 }
 
 /// The system calls allowed (some with argument checks) with and without

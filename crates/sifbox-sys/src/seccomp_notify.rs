@@ -110,7 +110,8 @@ impl Notifier {
     /// A notifier for the listener `fd`, its buffer sized by the kernel.
     pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
         let sizes = notif_sizes()?;
-        let bytes = usize::from(sizes.seccomp_notif).max(std::mem::size_of::<libc::seccomp_notif>());
+        let bytes =
+            usize::from(sizes.seccomp_notif).max(std::mem::size_of::<libc::seccomp_notif>());
         Ok(Self {
             fd,
             buf: vec![0; bytes.div_ceil(8)],

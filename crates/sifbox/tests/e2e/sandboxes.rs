@@ -2713,7 +2713,10 @@ fn run_reports_the_calls_the_seccomp_policy_denied() {
     out.code_is(3);
     assert_eq!(out.stdout.trim(), "done", "{out:?}");
     let lines = denial_lines(&out.stderr);
-    for want in [denial_line("keyctl", "4 times"), denial_line("add_key", "1 time")] {
+    for want in [
+        denial_line("keyctl", "4 times"),
+        denial_line("add_key", "1 time"),
+    ] {
         assert!(lines.contains(&want.as_str()), "no {want:?} in {lines:#?}");
     }
     assert!(
@@ -2731,7 +2734,12 @@ fn run_reports_the_calls_the_seccomp_policy_denied() {
     assert_eq!(names.len(), all, "{lines:#?}");
 
     let out = sb
-        .run(["--", "sh", "-c", "echo hi; ls / >/dev/null; sifbox-probe >/dev/null"])
+        .run([
+            "--",
+            "sh",
+            "-c",
+            "echo hi; ls / >/dev/null; sifbox-probe >/dev/null",
+        ])
         .output();
     out.success();
     assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
@@ -2764,7 +2772,14 @@ fn exec_reports_denials_and_sandbox_json_counts_them_at_stop() {
         [denial_line("keyctl", "1 time")],
         "{out:?}"
     );
-    let out = s.exec(&["--json"], &["sh", "-c", "sifbox-probe attack keyring; sifbox-probe attack keyring"]);
+    let out = s.exec(
+        &["--json"],
+        &[
+            "sh",
+            "-c",
+            "sifbox-probe attack keyring; sifbox-probe attack keyring",
+        ],
+    );
     out.success();
     let report = out.json();
     assert_eq!(
@@ -2772,7 +2787,10 @@ fn exec_reports_denials_and_sandbox_json_counts_them_at_stop() {
         serde_json::json!([{"syscall": "keyctl", "count": 2}]),
         "{report}"
     );
-    assert_eq!(denial_lines(&out.stderr), [denial_line("keyctl", "2 times")]);
+    assert_eq!(
+        denial_lines(&out.stderr),
+        [denial_line("keyctl", "2 times")]
+    );
     // An exec with nothing denied says nothing, and carries none of the
     // earlier execs' denials.
     let out = s.exec(&[], &["true"]);
