@@ -734,6 +734,16 @@ fn bench() -> Outcome {
             t.elapsed()
         }),
         (
+            "install_reporting(false) + denials::serve (the listener's thread)",
+            || {
+                let t = Instant::now();
+                if let Ok(Some(fd)) = seccomp::install_reporting(false) {
+                    let _ = sifbox_engine::denials::serve(fd);
+                }
+                t.elapsed()
+            },
+        ),
+        (
             "seccompiler's linear programs for the same policy, stacked",
             || {
                 let stack = reference_programs();
@@ -753,43 +763,72 @@ fn bench() -> Outcome {
         report(what, timed_children(N, body)?);
     }
     // fork + exit of a child, with and without installing first.
-    for (what, install) in [("fork+wait, no filter", false), ("fork+install+wait", true)] {
-        let mut v = Vec::new();
-        for _ in 0..N {
+    // Interleaved, so that the machine's load falls on all three alike.
+    let whats = [
+        "fork+wait, no filter",
+        "fork+install+wait",
+        "fork+install_reporting+serve+wait",
+    ];
+    let mut v = vec![Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..N {
+        for (i, times) in v.iter_mut().enumerate() {
             let t = Instant::now();
             fork_child(|| {
-                if install {
+                if i == 1 {
                     seccomp::install(false).map_err(|e| e.to_string())?;
+                } else if i == 2 {
+                    if let Some(fd) =
+                        seccomp::install_reporting(false).map_err(|e| e.to_string())?
+                    {
+                        sifbox_engine::denials::serve(fd).map_err(|e| e.to_string())?;
+                    }
                 }
                 Ok(())
             })?;
-            v.push(t.elapsed());
+            times.push(t.elapsed());
         }
-        report(what, v);
+    }
+    for (what, times) in whats.iter().zip(v) {
+        report(what, times);
     }
     // Per-call overhead: getpid (constant answer: the kernel caches it) and
-    // ioctl (argument checks: the filters run every time).
-    let (mut r, mut w) = std::io::pipe().map_err(|e| e.to_string())?;
-    fork_child(|| {
-        let n = 2_000_000;
-        let mut rows = Vec::new();
-        for round in 0..2 {
-            if round == 1 {
-                seccomp::install(false).map_err(|e| e.to_string())?;
+    // ioctl (argument checks: the filters run every time), under the plain
+    // policy and under the reporting one (allowed calls never reach its
+    // listener: the same program, other return values).
+    for reporting in [false, true] {
+        let (mut r, mut w) = std::io::pipe().map_err(|e| e.to_string())?;
+        fork_child(|| {
+            let n = 2_000_000;
+            let mut rows = Vec::new();
+            for round in 0..2 {
+                if round == 1 && reporting {
+                    let fd = seccomp::install_reporting(false).map_err(|e| e.to_string())?;
+                    if let Some(fd) = fd {
+                        sifbox_engine::denials::serve(fd).map_err(|e| e.to_string())?;
+                    }
+                } else if round == 1 {
+                    seccomp::install(false).map_err(|e| e.to_string())?;
+                }
+                rows.push(per_call(P::Getpid, n));
+                rows.push(per_call(P::IoctlDevNull(IoctlRequest::Tcgets), n / 10));
+                rows.push(per_call(P::Clone3Null, n / 4));
             }
-            rows.push(per_call(P::Getpid, n));
-            rows.push(per_call(P::IoctlDevNull(IoctlRequest::Tcgets), n / 10));
-            rows.push(per_call(P::Clone3Null, n / 4));
-        }
-        let line = format!(
-            "  getpid: {:.0} ns -> {:.0} ns; open+ioctl(TCGETS)+close: {:.0} ns -> {:.0} ns; clone3 (denied): {:.0} ns -> {:.0} ns (no filter -> policy)\n",
-            rows[0], rows[3], rows[1], rows[4], rows[2], rows[5]
-        );
-        w.write_all(line.as_bytes()).map_err(|e| e.to_string())
-    })?;
-    drop(w);
-    let mut s = String::new();
-    r.read_to_string(&mut s).map_err(|e| e.to_string())?;
-    print!("{s}");
+            let line = format!(
+                "  getpid: {:.0} ns -> {:.0} ns; open+ioctl(TCGETS)+close: {:.0} ns -> {:.0} ns; clone3 (ENOSYS): {:.0} ns -> {:.0} ns (no filter -> {})\n",
+                rows[0],
+                rows[3],
+                rows[1],
+                rows[4],
+                rows[2],
+                rows[5],
+                if reporting { "the reporting policy" } else { "the plain policy" }
+            );
+            w.write_all(line.as_bytes()).map_err(|e| e.to_string())
+        })?;
+        drop(w);
+        let mut s = String::new();
+        r.read_to_string(&mut s).map_err(|e| e.to_string())?;
+        print!("{s}");
+    }
     Ok(())
 }
