@@ -1019,6 +1019,13 @@ mod probe {
         /// personality(persona): changes the caller's execution domain (and
         /// that of programs it execs) when the value is valid; no memory.
         Personality(u32),
+        /// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+        /// a static one-instruction program that allows every call): what a
+        /// program that wants its own seccomp listener does. Where it is
+        /// installed it changes nothing the caller may do; the listener's
+        /// descriptor is closed at once. EBUSY where the caller's filter
+        /// chain has a listener already.
+        SeccompListenerAllowAll,
         /// System call number 1000, which no kernel assigns, with zero
         /// arguments: ENOSYS from the kernel.
         Unassigned,
@@ -1385,6 +1392,35 @@ mod probe {
                 // SAFETY: an integer.
                 unsafe { libc::syscall(libc::SYS_personality, persona as libc::c_ulong) },
             ),
+            ProbeSyscall::SeccompListenerAllowAll => {
+                static ALLOW_ALL: [libc::sock_filter; 1] = [libc::sock_filter {
+                    code: 0x06, // ret #k
+                    jt: 0,
+                    jf: 0,
+                    k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+                }];
+                let fprog = libc::sock_fprog {
+                    len: 1,
+                    filter: ALLOW_ALL.as_ptr().cast_mut(),
+                };
+                // SAFETY: `fprog` points at a static one-instruction program,
+                // which the kernel copies and never writes through.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_seccomp,
+                        libc::SECCOMP_SET_MODE_FILTER,
+                        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                        &fprog as *const libc::sock_fprog,
+                    )
+                };
+                let answer = check(rc);
+                if let Ok(fd) = answer {
+                    // SAFETY: closes the listener the kernel just returned
+                    // to us, which nothing else holds.
+                    unsafe { libc::close(fd as libc::c_int) };
+                }
+                answer
+            }
             ProbeSyscall::Unassigned => check(
                 // SAFETY: no arguments; no kernel implements this number.
                 unsafe { libc::syscall(UNASSIGNED) },

@@ -2757,6 +2757,38 @@ fn run_reports_the_calls_the_seccomp_policy_denied() {
     assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
 }
 
+/// A program inside that asks for a seccomp listener of its own gets EBUSY
+/// under the default policy (the kernel allows one listener per filter
+/// chain, and sifbox's is there), as SECURITY.md says; that is no denial.
+/// Unconfined it gets one.
+#[test]
+fn a_program_inside_gets_ebusy_for_its_own_seccomp_listener() {
+    let sb = Sifbox::new();
+    for (opts, busy) in [
+        (vec![], true),
+        (vec!["--allow-userns"], true),
+        (vec!["--seccomp", "unconfined"], false),
+    ] {
+        let mut args = opts.clone();
+        args.extend(["--", "sifbox-probe", "attack", "seccomp-listener"]);
+        let out = sb.run(args).output();
+        out.success();
+        let report = out.json();
+        let got = &report["attacks"]["seccomp-listener"];
+        assert_eq!(got["contained"], busy, "{opts:?}: {report}");
+        if busy {
+            assert!(
+                got["detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("os error 16"),
+                "{opts:?}: not EBUSY: {report}"
+            );
+        }
+        assert!(denial_lines(&out.stderr).is_empty(), "{opts:?}: {out:?}");
+    }
+}
+
 /// `exec` reports each exec's own denials (also in `--json`), and the
 /// sandbox's sandbox.json counts every denial of the sandbox at stop.
 #[test]
