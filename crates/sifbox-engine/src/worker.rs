@@ -32,19 +32,27 @@ static POLICY_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 /// denials stay silent there).
 fn confine(c: Confinement) -> std::io::Result<()> {
     use std::sync::atomic::Ordering;
+    /// Why the listener's thread could not start: the filter is in place
+    /// without it (the kernel answers ENOSYS instead of EPERM), so every
+    /// exec of this process fails with the reason rather than run so.
+    static NO_LISTENER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(why) = NO_LISTENER.get() {
+        return Err(std::io::Error::other(why.clone()));
+    }
     if c.seccomp == SeccompMode::Unconfined || POLICY_INSTALLED.load(Ordering::Relaxed) {
         return Ok(());
     }
     let listener = crate::seccomp::install_reporting(c.allow_userns)?;
     POLICY_INSTALLED.store(true, Ordering::Relaxed);
     if let Some(fd) = listener {
-        // Without its thread every denied call would wait for ever.
-        crate::denials::serve(fd).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("starting the seccomp listener's thread: {e}"),
-            )
-        })?;
+        // Nobody else answers the listener (held, unserved, it would
+        // stop every denied call for ever; closed, the kernel answers
+        // ENOSYS).
+        if let Err(e) = crate::denials::serve(fd) {
+            let why = format!("starting the seccomp listener's thread: {e}");
+            let _ = NO_LISTENER.set(why.clone());
+            return Err(std::io::Error::new(e.kind(), why));
+        }
     }
     Ok(())
 }
