@@ -1414,10 +1414,14 @@ mod probe {
                     )
                 };
                 let answer = check(rc);
-                if let Ok(fd) = answer {
+                if let Some(fd) = answer
+                    .as_ref()
+                    .ok()
+                    .and_then(|fd| libc::c_int::try_from(*fd).ok())
+                {
                     // SAFETY: closes the listener the kernel just returned
                     // to us, which nothing else holds.
-                    unsafe { libc::close(fd as libc::c_int) };
+                    unsafe { libc::close(fd) };
                 }
                 answer
             }
