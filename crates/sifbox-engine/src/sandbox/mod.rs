@@ -289,8 +289,9 @@ impl Sandbox {
         }
     }
 
-    /// Adds an exec's denials to the handle's.
-    fn note_denied(&self, denied: &[Denied]) {
+    /// Adds an exec's denials to the handle's (for a pty exec, which its
+    /// caller waits for: [`TtyExec::wait_reporting`]'s).
+    pub fn note_denied(&self, denied: &[Denied]) {
         crate::denials::merge(&mut self.denied.borrow_mut(), denied);
     }
 

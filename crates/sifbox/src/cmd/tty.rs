@@ -97,6 +97,8 @@ pub fn exec(sandbox: &Sandbox, mut req: ExecRequest) -> sifbox_engine::Result<Ex
     let _ = output.join();
     drop(raw);
     status.map(|(status, denied)| {
+        // Also for sandbox.json at stop.
+        sandbox.note_denied(&denied);
         crate::cmd::report_denials(&denied);
         status
     })
