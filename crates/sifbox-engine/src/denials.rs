@@ -124,15 +124,19 @@ pub fn serve(listener: OwnedFd) -> std::io::Result<()> {
     let mut notifier = sifbox_sys::seccomp_notify::Notifier::new(listener)?;
     std::thread::Builder::new()
         .stack_size(STACK)
-        .spawn(move || loop {
-            match notifier.receive() {
-                Ok(n) => {
-                    count(n.nr);
-                    // ENOENT: the caller is gone; nothing to answer.
-                    let _ = notifier.deny(n.id, libc::EPERM);
+        .spawn(move || {
+            // Signals to the process stay the main thread's business.
+            let _ = sifbox_sys::seccomp_notify::block_signals_in_this_thread();
+            loop {
+                match notifier.receive() {
+                    Ok(n) => {
+                        count(n.nr);
+                        // ENOENT: the caller is gone; nothing to answer.
+                        let _ = notifier.deny(n.id, libc::EPERM);
+                    }
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ENOENT)) => {}
+                    Err(_) => return,
                 }
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ENOENT)) => {}
-                Err(_) => return,
             }
         })?;
     SERVING.store(true, Ordering::Relaxed);

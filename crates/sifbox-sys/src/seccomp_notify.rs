@@ -172,6 +172,23 @@ impl Notifier {
     }
 }
 
+/// Blocks every signal in the calling thread (SIGKILL and SIGSTOP stay, as
+/// always), so that signals sent to the process go to its other threads as
+/// before: for a thread that only serves a listener.
+pub fn block_signals_in_this_thread() -> std::io::Result<()> {
+    // SAFETY: sigfillset initialises the set on our stack; pthread_sigmask
+    // reads it and writes no old mask (NULL).
+    let rc = unsafe {
+        let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigfillset(set.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_BLOCK, set.as_ptr(), std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
 /// `n` counters in an anonymous shared mapping, zeroed: processes forked
 /// after this call count into the same memory, so that one process reads
 /// what all its forked children counted. The mapping is never unmapped.
@@ -279,6 +296,24 @@ mod tests {
             getppid_errno()
         });
         assert_eq!(confined.join().expect("thread"), libc::ENOSYS);
+    }
+
+    #[test]
+    fn a_serving_thread_blocks_signals() {
+        let blocked = std::thread::spawn(|| {
+            block_signals_in_this_thread().expect("block");
+            // SAFETY: reads this thread's mask into a set on our stack.
+            unsafe {
+                let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+                libc::sigemptyset(set.as_mut_ptr());
+                libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), set.as_mut_ptr());
+                [libc::SIGTERM, libc::SIGCHLD, libc::SIGINT]
+                    .map(|sig| libc::sigismember(set.as_ptr(), sig) == 1)
+            }
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(blocked, [true; 3]);
     }
 
     #[test]
