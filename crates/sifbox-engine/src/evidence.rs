@@ -85,6 +85,10 @@ pub struct Evidence {
     /// How its limits were enforced, and what could not be.
     #[serde(default)]
     pub limits: crate::limits::Enforcement,
+    /// The calls the default seccomp policy denied, counted; written at
+    /// stop (empty: none, or the policy was off).
+    #[serde(default)]
+    pub seccomp_denied: Vec<crate::denials::Denied>,
 }
 
 /// Host clock now, Unix nanoseconds.
@@ -128,6 +132,7 @@ impl Evidence {
             },
             stopped: None,
             limits: crate::limits::Enforcement::default(),
+            seccomp_denied: Vec::new(),
         }
     }
 
@@ -148,8 +153,13 @@ impl Evidence {
             .ctx(|| format!("writing {}", path.display()))
     }
 
-    /// Adds the stop times to the record at `path`.
-    pub fn record_stop(path: &Path, inside_unix_ns: u64) -> Result<()> {
+    /// Adds the stop times, and the calls the default seccomp policy
+    /// denied, to the record at `path`.
+    pub fn record_stop(
+        path: &Path,
+        inside_unix_ns: u64,
+        denied: &[crate::denials::Denied],
+    ) -> Result<()> {
         let mut data = Vec::new();
         std::fs::OpenOptions::new()
             .read(true)
@@ -166,6 +176,7 @@ impl Evidence {
             host_unix_ns: host_now_ns(),
             inside_unix_ns,
         });
+        ev.seccomp_denied = denied.to_vec();
         ev.write(path)
     }
 }
@@ -417,7 +428,7 @@ mod tests {
         std::fs::write(&target, "keep").expect("write");
         let link = d.path().join(FILE);
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
-        assert!(Evidence::record_stop(&link, 1).is_err());
+        assert!(Evidence::record_stop(&link, 1, &[]).is_err());
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
     }
 }

@@ -6,6 +6,7 @@
 //! requests over a Unix socket ([`protocol`]). [`Sandbox`] is the client side.
 
 pub mod aio;
+pub mod denials;
 pub mod disk;
 pub mod doctor;
 pub mod error;

@@ -322,6 +322,7 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             stop_asked: Cell::new(false),
+            denied: RefCell::new(Vec::new()),
             limits: launch.limits.clone(),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on

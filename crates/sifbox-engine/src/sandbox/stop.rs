@@ -48,6 +48,12 @@ impl Stopping {
     pub fn name(&self) -> &str {
         &self.0.name
     }
+
+    /// Every call the default seccomp policy denied in the sandbox (see
+    /// [`Sandbox::denied`]).
+    pub fn denied(&self) -> Vec<crate::denials::Denied> {
+        self.0.denied()
+    }
 }
 
 impl Sandbox {
@@ -61,8 +67,11 @@ impl Sandbox {
         protocol::send(&conn, &Request::StopKeepingLayer { grace_ms }, &[])
             .map_err(|e| self.proto(e))?;
         let copied = match protocol::recv::<Event>(&conn) {
-            Ok((Event::Ok { time_ns }, _)) => {
+            Ok((Event::Ok { time_ns, denied }, _)) => {
                 self.stop_inside_ns.set(time_ns);
+                if !denied.is_empty() {
+                    *self.denied.borrow_mut() = denied;
+                }
                 Ok(())
             }
             Ok((Event::Error { message, .. }, _)) => Err(Error::Setup(message)),
@@ -115,8 +124,14 @@ impl Sandbox {
                 // The reply comes once every process had its grace time
                 // and what was left was killed and reaped.
                 Some(c) => {
-                    if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
+                    if let Ok((Event::Ok { time_ns, denied }, _)) = protocol::recv::<Event>(&c) {
                         self.stop_inside_ns.set(time_ns);
+                        // init's count covers every exec of the sandbox
+                        // (empty where it could not count: then what this
+                        // handle's execs reported stays).
+                        if !denied.is_empty() {
+                            *self.denied.borrow_mut() = denied;
+                        }
                     }
                 }
                 None => {
@@ -159,7 +174,7 @@ impl Sandbox {
         if let Some(path) = self.evidence_path() {
             // A record inside the runtime dir goes with it.
             if !path.starts_with(&self.dir) {
-                Evidence::record_stop(&path, inside_ns)?;
+                Evidence::record_stop(&path, inside_ns, &self.denied.borrow())?;
             }
         }
         // Only if no other sandbox has taken the name since the

@@ -70,6 +70,11 @@ pub(super) fn serve(
     mut keep: Option<super::init::KeptLayer>,
 ) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
+    // Before any worker is forked: they count the policy's denials into
+    // what stop's reply reports.
+    if confinement.seccomp != crate::spec::SeccompMode::Unconfined {
+        crate::denials::share();
+    }
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
     let sigchld = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
@@ -190,6 +195,7 @@ pub(super) fn serve(
         }
         let ok = || Event::Ok {
             time_ns: worker::now_ns(),
+            denied: Vec::new(),
         };
         match req {
             Request::Ping => {
@@ -201,7 +207,11 @@ pub(super) fn serve(
                 // init, which only exits after it: the client may take the
                 // sandbox's outputs as final while the kernel unmounts.
                 kill_and_reap_all(Duration::from_secs(10));
-                let _ = protocol::send(&conn, &ok(), &[]);
+                let reply = Event::Ok {
+                    time_ns: worker::now_ns(),
+                    denied: crate::denials::sandbox_totals(),
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
                 exit_now(0);
             }
             Request::StopKeepingLayer { grace_ms } => {
@@ -338,6 +348,7 @@ fn serve_in_child(
         let ev = match r {
             Ok(()) => Event::Ok {
                 time_ns: worker::now_ns(),
+                denied: Vec::new(),
             },
             Err(e) => Event::Error {
                 code: 125,

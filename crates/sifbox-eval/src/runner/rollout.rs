@@ -599,6 +599,7 @@ fn stop(
     // Once no process of it is left; the job finishes the rest (unmounts,
     // the runtime dir) beside the next rollouts.
     let stopping = sandbox.stop_processes(Duration::ZERO);
+    sifbox_engine::denials::merge(&mut r.seccomp_denied, &stopping.denied());
     if let Some(id) = kill_id {
         ctx.cancel.unregister(id);
     }

@@ -2803,6 +2803,167 @@ fn rm_keeps_the_logs_dir() {
     sb.assert_clean();
 }
 
+/// The stderr lines `run`/`exec` print for the default seccomp policy's
+/// denials.
+fn denial_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("sifbox: the sandbox's seccomp policy denied"))
+        .collect()
+}
+
+/// The line for `syscall` denied `times` times.
+fn denial_line(syscall: &str, times: &str) -> String {
+    format!(
+        "sifbox: the sandbox's seccomp policy denied {syscall} {times} (EPERM; why: SECURITY.md, \"The default seccomp policy\"; --seccomp unconfined lifts it)"
+    )
+}
+
+/// Denials are visible (Docker's are silent): `run` ends with a stderr
+/// line per denied call, counted over every process of the command, with
+/// where the policy is explained; the command's exit code stays. Calls
+/// answered ENOSYS (io_uring) are no denial; an allowed program, and
+/// `--seccomp unconfined`, print none.
+#[test]
+fn run_reports_the_calls_the_seccomp_policy_denied() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run([
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3; do sifbox-probe attack keyring >/dev/null; done; sifbox-probe attack syscalls >/dev/null; echo done; exit 3",
+        ])
+        .output();
+    out.code_is(3);
+    assert_eq!(out.stdout.trim(), "done", "{out:?}");
+    let lines = denial_lines(&out.stderr);
+    for want in [
+        denial_line("keyctl", "4 times"),
+        denial_line("add_key", "1 time"),
+    ] {
+        assert!(lines.contains(&want.as_str()), "no {want:?} in {lines:#?}");
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains("io_uring")),
+        "ENOSYS is no denial: {lines:#?}"
+    );
+    // One line per call.
+    let mut names: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split(" denied ").nth(1)?.split(' ').next())
+        .collect();
+    let all = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), all, "{lines:#?}");
+
+    let out = sb
+        .run([
+            "--",
+            "sh",
+            "-c",
+            "echo hi; ls / >/dev/null; sifbox-probe >/dev/null",
+        ])
+        .output();
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+    let out = sb
+        .run([
+            "--seccomp",
+            "unconfined",
+            "--",
+            "sifbox-probe",
+            "attack",
+            "keyring",
+        ])
+        .output();
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+}
+
+/// A program inside that asks for a seccomp listener of its own gets EBUSY
+/// under the default policy (the kernel allows one listener per filter
+/// chain, and sifbox's is there), as SECURITY.md says; that is no denial.
+/// Unconfined it gets one.
+#[test]
+fn a_program_inside_gets_ebusy_for_its_own_seccomp_listener() {
+    let sb = Sifbox::new();
+    for (opts, busy) in [
+        (vec![], true),
+        (vec!["--allow-userns"], true),
+        (vec!["--seccomp", "unconfined"], false),
+    ] {
+        let mut args = opts.clone();
+        args.extend(["--", "sifbox-probe", "attack", "seccomp-listener"]);
+        let out = sb.run(args).output();
+        out.success();
+        let report = out.json();
+        let got = &report["attacks"]["seccomp-listener"];
+        assert_eq!(got["contained"], busy, "{opts:?}: {report}");
+        if busy {
+            assert!(
+                got["detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("os error 16"),
+                "{opts:?}: not EBUSY: {report}"
+            );
+        }
+        assert!(denial_lines(&out.stderr).is_empty(), "{opts:?}: {out:?}");
+    }
+}
+
+/// `exec` reports each exec's own denials (also in `--json`), and the
+/// sandbox's sandbox.json counts every denial of the sandbox at stop.
+#[test]
+fn exec_reports_denials_and_sandbox_json_counts_them_at_stop() {
+    let sb = Sifbox::new();
+    let logs = tempdir("sifbox-denied-logs.");
+    let logs_dir = logs.path().join("logs").display().to_string();
+    let s = Started::new(&sb, &unique("denied"), &["--logs", &logs_dir], &[]);
+    let out = s.exec(&[], &["sifbox-probe", "attack", "keyring"]);
+    out.success();
+    assert_eq!(
+        denial_lines(&out.stderr),
+        [denial_line("keyctl", "1 time")],
+        "{out:?}"
+    );
+    let out = s.exec(
+        &["--json"],
+        &[
+            "sh",
+            "-c",
+            "sifbox-probe attack keyring; sifbox-probe attack keyring",
+        ],
+    );
+    out.success();
+    let report = out.json();
+    assert_eq!(
+        report["denied"],
+        serde_json::json!([{"syscall": "keyctl", "count": 2}]),
+        "{report}"
+    );
+    assert_eq!(
+        denial_lines(&out.stderr),
+        [denial_line("keyctl", "2 times")]
+    );
+    // An exec with nothing denied says nothing, and carries none of the
+    // earlier execs' denials.
+    let out = s.exec(&[], &["true"]);
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+    let record = read_json(&logs.path().join("logs/sandbox.json"));
+    assert_eq!(record["seccomp_denied"], serde_json::json!([]), "{record}");
+    s.stop();
+    let record = read_json(&logs.path().join("logs/sandbox.json"));
+    assert_eq!(
+        record["seccomp_denied"],
+        serde_json::json!([{"syscall": "keyctl", "count": 3}]),
+        "{record}"
+    );
+}
+
 // ===========================================================================
 // 12. Bad input, failed starts
 // ===========================================================================
