@@ -194,14 +194,25 @@ fn read_client(input: &mut BufReader<File>) -> Client {
 fn set_rlimits(limits: &crate::limits::Enforcement) -> Result<()> {
     use rustix::process::{setrlimit, Resource, Rlimit};
     if let Some((soft, hard)) = limits.nofile {
-        setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(soft),
-                maximum: Some(hard),
-            },
-        )
-        .map_err(errno("setrlimit(RLIMIT_NOFILE)"))?;
+        let set = |soft: u64, hard: Option<u64>| {
+            setrlimit(
+                Resource::Nofile,
+                Rlimit {
+                    current: Some(soft),
+                    maximum: hard,
+                },
+            )
+        };
+        match set(soft, Some(hard)) {
+            // CAP_SYS_RESOURCE held in a user namespace of the caller's
+            // (`unshare -Ur`) does not raise a hard limit: then it stays.
+            Err(rustix::io::Errno::PERM) => {
+                let held = rustix::process::getrlimit(Resource::Nofile).maximum;
+                set(held.map_or(soft, |h| soft.min(h)), held)
+                    .map_err(errno("setrlimit(RLIMIT_NOFILE)"))?;
+            }
+            other => other.map_err(errno("setrlimit(RLIMIT_NOFILE)"))?,
+        }
     }
     if let Some(n) = limits.user_nproc {
         setrlimit(
