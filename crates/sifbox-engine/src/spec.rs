@@ -295,6 +295,27 @@ impl Bind {
     }
 }
 
+/// A host directory that the sandbox's commands see read-only at `dst`
+/// and only guarded requests (an exec with [`ExecRequest::guarded`], or a
+/// [`Request::Guarded`] file request) see writable there: eval's
+/// `/logs/verifier`, which nothing an agent leaves running may write.
+///
+/// The read-only bind is made by init in the sandbox's mount namespace,
+/// over which nothing inside holds a capability, so it cannot be made
+/// writable again nor unmounted. A second, writable bind of the same
+/// directory is mounted over it in a mount namespace of its own, which
+/// only guarded requests enter (see DESIGN.md, "Guarded binds").
+///
+/// [`ExecRequest::guarded`]: crate::protocol::ExecRequest::guarded
+/// [`Request::Guarded`]: crate::protocol::Request::Guarded
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardedBind {
+    /// A directory on the host.
+    pub src: PathBuf,
+    /// Where it is shown in the sandbox (absolute).
+    pub dst: PathBuf,
+}
+
 /// Everything needed to start a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -311,6 +332,10 @@ pub struct SandboxSpec {
     pub ids: IdMapping,
     pub writable: Writable,
     pub binds: Vec<Bind>,
+    /// Binds read-only to the sandbox's commands and writable to guarded
+    /// requests only (see [`GuardedBind`]); made after `binds`.
+    #[serde(default)]
+    pub guarded: Vec<GuardedBind>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
     /// Size of the tmpfs at `/dev/shm`, in bytes. (`/tmp` is the image's,
@@ -344,6 +369,7 @@ impl SandboxSpec {
                 size_mib: DEFAULT_TMPFS_MIB,
             },
             binds: Vec::new(),
+            guarded: Vec::new(),
             host_dns: true,
             shm_bytes: DEFAULT_SHM_BYTES,
             confinement: Confinement::default(),
@@ -400,6 +426,27 @@ impl SandboxSpec {
                     format!("the bind of {} at {}", b.src.display(), b.dst.display()),
                     "its destination is not an absolute path",
                     "give an absolute path inside the sandbox",
+                ));
+            }
+        }
+        for g in &self.guarded {
+            let what = || format!("the guarded bind of {} at {}", g.src.display(), g.dst.display());
+            let plain = g
+                .dst
+                .components()
+                .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            if !g.dst.is_absolute() || !plain || g.dst == Path::new("/") {
+                return Err(bad(
+                    what(),
+                    "its destination is not an absolute path below / of plain names",
+                    "give an absolute path inside the sandbox, without . or ..",
+                ));
+            }
+            if !g.src.is_absolute() {
+                return Err(bad(
+                    what(),
+                    "its source is not an absolute path",
+                    "give the host directory as an absolute path",
                 ));
             }
         }

@@ -165,6 +165,31 @@ pub fn move_out_and_remake(
     open_subdir(dir, sub).map_err(|e| format!("opening {sub}/ in the rollout dir: {e}"))
 }
 
+/// Moves every entry of the dir `from` (unfollowed) into a fresh dir
+/// `sub` of `to`, leaving `from` itself in place, empty: a multi-step
+/// rollout's `verifier/`, which its binds show where it is (see
+/// `spec::GuardedBind`). The entries must be the caller's (a dir moved to
+/// another parent needs write access to itself).
+pub fn move_entries(from: BorrowedFd<'_>, sub: &str, to: BorrowedFd<'_>) -> Result<(), String> {
+    let dest = make_subdir(to, sub).map_err(|e| format!("making {sub}/ of the step: {e}"))?;
+    let listing = rustix::io::fcntl_dupfd_cloexec(from, 0)
+        .and_then(rustix::fs::Dir::read_from)
+        .map_err(|e| format!("listing {sub}/: {e}"))?;
+    let mut names = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| format!("listing {sub}/: {e}"))?;
+        let name = entry.file_name().to_owned();
+        if name.as_bytes() != b"." && name.as_bytes() != b".." {
+            names.push(name);
+        }
+    }
+    for name in names {
+        rustix::fs::renameat_with(from, &name, dest.as_fd(), &name, RenameFlags::NOREPLACE)
+            .map_err(|e| format!("moving {sub}/{} out: {e}", name.to_string_lossy()))?;
+    }
+    Ok(())
+}
+
 /// Makes the dir `name` in `dir` (which must not have it) and opens it.
 pub fn make_subdir(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<OwnedFd> {
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))?;

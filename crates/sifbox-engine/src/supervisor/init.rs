@@ -41,7 +41,10 @@ pub(super) fn init_main(
     // Host supplementary groups do not follow into the sandbox where the
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
-    let root = rootfs::assemble(spec, &launch.dir, disk)?;
+    let mut root = rootfs::assemble(spec, &launch.dir, disk)?;
+    // The writable clones of the guarded binds, mounted in the guarded
+    // mount namespace once the nested user namespace is mapped.
+    let guarded = root.take_guarded();
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -135,6 +138,11 @@ pub(super) fn init_main(
     // executed, in there). Workers and transfer processes inherit it.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
+    let guarded = if guarded.is_empty() {
+        None
+    } else {
+        Some(guarded_namespace(&guarded)?)
+    };
     if launch.oneshot {
         // The caller's stderr (a terminal, a log file) stays out of reach.
         rustix::stdio::dup2_stderr(&null).map_err(errno("dup2"))?;
@@ -155,7 +163,65 @@ pub(super) fn init_main(
             idle: false,
         })
     });
-    serve(listener, spec.confinement, activity)
+    serve(listener, spec.confinement, activity, guarded)
+}
+
+/// The guarded mount namespace (see [`crate::spec::GuardedBind`]), made
+/// by a child of init in the nested user namespace: it unshares a mount
+/// namespace of its own (a copy of the sandbox's, in which every mount is
+/// locked, as it comes from a more privileged one) and mounts each
+/// writable clone in `trees` over its read-only bind. init keeps an fd of
+/// that namespace, which keeps it alive; only the processes that serve
+/// guarded requests enter it ([`super::serve`]). Nothing in the sandbox
+/// can reach it through init or the child: init is not dumpable (no
+/// /proc/1/fd, no /proc/1/ns), and the child is gone.
+fn guarded_namespace(trees: &[(PathBuf, OwnedFd)]) -> Result<OwnedFd> {
+    use std::os::fd::AsFd;
+    let (mine, theirs) = UnixStream::pair()
+        .map_err(|e| Error::io("making the guarded mount namespace: socketpair", e))?;
+    match sifbox_sys::fork()? {
+        sifbox_sys::Forked::Child => {
+            drop(mine);
+            let made = sifbox_sys::unshare_namespaces(UnshareFlags::NEWNS)
+                .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))
+                .and_then(|()| rootfs::attach_guarded(trees).map_err(|e| e.to_string()))
+                .and_then(|()| {
+                    rustix::fs::open(
+                        "/proc/self/ns/mnt",
+                        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .map_err(|e| format!("opening /proc/self/ns/mnt: {e}"))
+                });
+            let code = match made {
+                Ok(ns) => {
+                    let sent = protocol::send(&theirs, &String::new(), &[ns.as_fd()]);
+                    i32::from(sent.is_err())
+                }
+                Err(e) => {
+                    let _ = protocol::send(&theirs, &e, &[]);
+                    1
+                }
+            };
+            exit_now(code)
+        }
+        sifbox_sys::Forked::Parent(pid) => {
+            drop(theirs);
+            let got = protocol::recv::<String>(&mine);
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+            match got {
+                Ok((why, mut fds)) if why.is_empty() && fds.len() == 1 => {
+                    fds.pop().ok_or_else(|| Error::Setup(String::new()))
+                }
+                Ok((why, _)) => Err(Error::Setup(format!(
+                    "making the guarded mount namespace: {why}"
+                ))),
+                Err(e) => Err(Error::Setup(format!(
+                    "making the guarded mount namespace: {e}"
+                ))),
+            }
+        }
+    }
 }
 
 /// init's side of the watchdog's idle protocol. The sandbox is idle when
