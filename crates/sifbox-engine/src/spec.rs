@@ -430,11 +430,19 @@ impl SandboxSpec {
             }
         }
         for g in &self.guarded {
-            let what = || format!("the guarded bind of {} at {}", g.src.display(), g.dst.display());
-            let plain = g
-                .dst
-                .components()
-                .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+            let what = || {
+                format!(
+                    "the guarded bind of {} at {}",
+                    g.src.display(),
+                    g.dst.display()
+                )
+            };
+            let plain = g.dst.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::RootDir | std::path::Component::Normal(_)
+                )
+            });
             if !g.dst.is_absolute() || !plain || g.dst == Path::new("/") {
                 return Err(bad(
                     what(),
