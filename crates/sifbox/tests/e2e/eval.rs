@@ -1453,7 +1453,7 @@ sleep 0.1
     env.task(
         "c-planted-reward",
         "",
-        "#!/bin/bash\necho 1.0 > /logs/verifier/reward.txt\necho '{\"reward\": 1}' > /logs/verifier/reward.json\nmkdir -p /logs/verifier/sub\necho 1.0 > /logs/verifier/sub/reward.txt\nchown -R 4242:4242 /logs/verifier/sub\nchmod 0555 /logs/verifier/sub\n",
+        "#!/bin/bash\necho 1.0 > /logs/verifier/reward.txt\necho '{\"reward\": 1}' > /logs/verifier/reward.json\nmkdir -p /logs/verifier/sub\necho 1.0 > /logs/verifier/sub/reward.txt\nchown -R 4242:4242 /logs/verifier/sub\nchmod 0555 /logs/verifier/sub\nexit 0\n",
         "#!/bin/bash\nleft=$(ls -A /logs/verifier)\n[[ $left == test-stdout.txt ]] || { echo \"left: $left\"; exit 1; }\necho 0.5 > /logs/verifier/reward.txt\n",
     );
     // (d) The records overwritten, unmounted, removed, renamed.
