@@ -574,7 +574,7 @@ fn agents_limits_networks_users_env_and_healthchecks() {
     env.task(
         "cheating-agent",
         "",
-        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nexit 0\n",
         "#!/bin/bash\n[[ -e /logs/verifier/reward.txt ]] && exit 1\necho 0 > /logs/verifier/reward.txt\n",
     );
     env.task(
@@ -649,11 +649,13 @@ fn agents_limits_networks_users_env_and_healthchecks() {
         read("no-reward__1/verifier/test-stdout.txt"),
         "nothing to see\n"
     );
+    // Its write to /logs/verifier was refused (read-only to the agent):
+    // nothing there to remove, no note.
     let t = r("cheating-agent");
     assert_eq!(outcome(&t), ok(0.0), "{t:#}");
     assert_eq!(
         notes(&t).iter().filter(|n| !is_limit_note(n)).count(),
-        1,
+        0,
         "{t:#}"
     );
 
