@@ -26,7 +26,10 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args_os().skip(1);
-    let rootfs = PathBuf::from(args.next().ok_or("usage: guarded_cost ROOTFS [SIFBOX_BIN] [ROUNDS]")?);
+    let rootfs = PathBuf::from(
+        args.next()
+            .ok_or("usage: guarded_cost ROOTFS [SIFBOX_BIN] [ROUNDS]")?,
+    );
     let sifbox = args
         .next()
         .or_else(|| std::env::var_os("SIFBOX_BIN"))
@@ -96,10 +99,17 @@ fn main() -> Result<(), Box<dyn Error>> {
             sb.stop(Duration::ZERO)?;
         }
     }
+    // The differences within each round (the two ran back to back), whose
+    // median is steadier on a busy host than the difference of medians.
+    let diffs =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x - y).collect() };
+    let mut start_diff = diffs(&guarded_start, &plain_start);
+    let mut exec_diff = diffs(&guarded_exec, &pooled_exec);
     let (ps, gs) = (median(&mut plain_start), median(&mut guarded_start));
     let (pe, ge) = (median(&mut pooled_exec), median(&mut guarded_exec));
-    println!("{rounds} rounds, medians (ms):");
-    println!("  start  without {ps:.2}  with a guarded bind {gs:.2}  (+{:.2})", gs - ps);
-    println!("  exec   pooled  {pe:.2}  guarded            {ge:.2}  (+{:.2})", ge - pe);
+    let (sd, ed) = (median(&mut start_diff), median(&mut exec_diff));
+    println!("{rounds} rounds, medians (ms), and the median of the paired differences:");
+    println!("  start  without {ps:.2}  with a guarded bind {gs:.2}  (+{sd:.2})");
+    println!("  exec   pooled  {pe:.2}  guarded            {ge:.2}  (+{ed:.2})");
     Ok(())
 }
