@@ -503,4 +503,43 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn move_entries_empties_the_dir_in_place_and_follows_no_symlink() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let verifier = d.path().join("verifier");
+        let archive = d.path().join("archive");
+        let decoy = d.path().join("decoy");
+        for dir in [&verifier, &archive, &decoy] {
+            std::fs::create_dir(dir).expect("mkdir");
+        }
+        std::fs::write(verifier.join("reward.txt"), "1\n").expect("write");
+        std::fs::create_dir(verifier.join("sub")).expect("mkdir");
+        std::fs::write(verifier.join("sub/f"), "f").expect("write");
+        std::os::unix::fs::symlink(&decoy, verifier.join("link")).expect("symlink");
+        let held = open_dir_nofollow(&verifier).expect("open");
+        let ino = std::fs::metadata(&verifier).expect("stat").ino();
+        let to = open_dir_nofollow(&archive).expect("open");
+        move_entries(held.as_fd(), "verifier", to.as_fd()).expect("move");
+        // The same dir, empty; all of it in archive/verifier/.
+        assert_eq!(std::fs::metadata(&verifier).expect("stat").ino(), ino);
+        assert_eq!(std::fs::read_dir(&verifier).expect("ls").count(), 0);
+        let moved = archive.join("verifier");
+        assert_eq!(
+            std::fs::read_to_string(moved.join("reward.txt")).expect("read"),
+            "1\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(moved.join("sub/f")).expect("read"),
+            "f"
+        );
+        assert!(std::fs::symlink_metadata(moved.join("link"))
+            .expect("link")
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_dir(&decoy).expect("ls").count(), 0);
+        // A second step's archive: the dir name taken is an error, not a merge.
+        assert!(move_entries(held.as_fd(), "verifier", to.as_fd()).is_err());
+    }
 }
