@@ -1682,7 +1682,9 @@ echo 0.5 > /logs/verifier/reward.txt
 
 /// `--end-agent-processes`: what the agent left running is ended before
 /// the verifier runs, and result.json says how many; without the flag it
-/// runs on (an agent's service the verifier probes keeps working).
+/// runs on (an agent's service the verifier probes keeps working), and a
+/// root agent's leftover reaches the verifier's `/logs/verifier` through
+/// `/proc/PID/root` of the verifier's processes (SECURITY.md's limit).
 #[test]
 fn end_agent_processes_ends_what_the_agent_left_before_the_verifier() {
     let env = Env::with_evalbase();
@@ -1699,14 +1701,26 @@ fn end_agent_processes_ends_what_the_agent_left_before_the_verifier() {
          if [ -d /proc/$p ]; then echo 0; else echo 1; fi > /logs/verifier/reward.txt
 ",
     );
+    env.task(
+        "via-proc-root",
+        "",
+        "#!/bin/bash\n\
+         setsid bash -c 'while :; do for p in /proc/[0-9]*; do echo 0.9 > $p/root/logs/verifier/reward.txt; done 2>/dev/null; done' </dev/null >/dev/null 2>&1 &\n\
+         sleep 0.2\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nsleep 1\n",
+    );
     let tasks = env.path("tasks").display().to_string();
     env.eval(&["--job", "kept", &tasks]).output().success();
+    let forged = env.result("kept", "via-proc-root__1");
+    assert_ne!(outcome(&forged), ok(1.0), "{forged:#}");
     let kept = env.result("kept", "leftover__1");
     assert_eq!(outcome(&kept), ok(0.0), "{kept:#}");
     assert!(kept.get("ended_agent_processes").is_none(), "{kept:#}");
     env.eval(&["--job", "ended", "--end-agent-processes", &tasks])
         .output()
         .success();
+    let closed = env.result("ended", "via-proc-root__1");
+    assert_eq!(outcome(&closed), ok(1.0), "{closed:#}");
     let ended = env.result("ended", "leftover__1");
     assert_eq!(outcome(&ended), ok(1.0), "{ended:#}");
     // The loop, its sleep, and the sleep 1000 (at least three).
