@@ -12,6 +12,7 @@ pub mod error;
 pub mod evidence;
 pub mod fakeroot;
 pub mod idmap;
+pub mod layer_copy;
 pub mod limits;
 pub mod protocol;
 pub mod request;

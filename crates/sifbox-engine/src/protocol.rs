@@ -98,6 +98,11 @@ pub enum Request {
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },
+    /// Stop as `Stop` does, and once every process is gone copy the
+    /// writable layer's upper dir into the dir of
+    /// `SandboxSpec::keep_layer` (see [`crate::layer_copy`]); the reply
+    /// says whether it was copied.
+    StopKeepingLayer { grace_ms: u64 },
     /// Liveness check.
     Ping,
 }

@@ -51,6 +51,30 @@ impl Stopping {
 }
 
 impl Sandbox {
+    /// Stops the sandbox as [`Sandbox::stop`] does, its writable layer
+    /// copied first into the dir of `SandboxSpec::keep_layer` (once every
+    /// process is gone, so nothing changes under the copy): how a build
+    /// step whose layer is on a bounded file system keeps it.
+    pub fn stop_keeping_layer(mut self, grace: std::time::Duration) -> Result<()> {
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::StopKeepingLayer { grace_ms }, &[])
+            .map_err(|e| self.proto(e))?;
+        let copied = match protocol::recv::<Event>(&conn) {
+            Ok((Event::Ok { time_ns }, _)) => {
+                self.stop_inside_ns.set(time_ns);
+                Ok(())
+            }
+            Ok((Event::Error { message, .. }, _)) => Err(Error::Setup(message)),
+            Ok((other, _)) => Err(Error::Setup(format!("an unexpected answer: {other:?}"))),
+            Err(e) => Err(self.proto(e)),
+        };
+        // Stopped either way: what is left is the supervisor's exit.
+        self.stop_asked.set(true);
+        let finished = self.shutdown(grace);
+        copied.and(finished)
+    }
+
     /// Stops the sandbox: SIGTERM to every process, SIGKILL after `grace`;
     /// returns once no process, mount or runtime dir of it is left.
     pub fn stop(mut self, grace: std::time::Duration) -> Result<()> {

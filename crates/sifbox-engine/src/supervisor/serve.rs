@@ -102,6 +102,7 @@ pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
+    mut keep: Option<super::init::KeptLayer>,
     guarded: Option<OwnedFd>,
 ) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
@@ -239,6 +240,30 @@ pub(super) fn serve(
                 let _ = protocol::send(&conn, &ok(), &[]);
                 exit_now(0);
             }
+            Request::StopKeepingLayer { grace_ms } => {
+                stop_all(Duration::from_millis(grace_ms));
+                kill_and_reap_all(Duration::from_secs(10));
+                let copied = match keep.take() {
+                    Some(k) => rustix::fs::openat(
+                        &k.upper,
+                        ".",
+                        rustix::fs::OFlags::RDONLY
+                            | rustix::fs::OFlags::DIRECTORY
+                            | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .map_err(std::io::Error::from)
+                    .and_then(|upper| crate::layer_copy::copy_tree(upper, k.dst))
+                    .map_err(|e| format!("copying the writable layer out: {e}")),
+                    None => Err("this sandbox keeps no layer (no keep_layer)".to_string()),
+                };
+                let reply = match copied {
+                    Ok(()) => ok(),
+                    Err(message) => Event::Error { code: 125, message },
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
+                exit_now(0);
+            }
             Request::Signal { exec_id, signal } => {
                 let reply = match detached.get(&exec_id) {
                     Some(pid) => {
@@ -291,7 +316,9 @@ pub(super) fn serve(
                                 // with the job, and another worker's channel
                                 // must reach EOF when init closes its end.
                                 // A worker never serves a guarded request.
-                                drop((listener, conn, fds, workers, sigchld, activity, guarded));
+                                drop((
+                                    listener, conn, fds, workers, sigchld, activity, keep, guarded,
+                                ));
                                 // The exits of a worker's commands are its
                                 // own business, not a reason to wake init.
                                 if let Some(id) = sigchld_id {
@@ -328,7 +355,7 @@ pub(super) fn serve(
             }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
-                    drop((listener, workers, activity));
+                    drop((listener, workers, activity, keep));
                     let req = if is_guarded(&other) {
                         match enter_guarded(other, guarded.as_ref()) {
                             Ok(r) => r,
@@ -521,11 +548,23 @@ fn signal_exec(anchor: Pid, signal: i32) {
         }
         return;
     }
-    for p in worker::descendants(anchor) {
-        // The command leads its own process group (or session).
-        if rustix::process::getpgid(Some(p)).ok() == Some(p) {
-            let _ = rustix::process::kill_process_group(p, sig);
+    // `exec -d` answers before its command has forked and made its own
+    // group: a signal sent in that window (a busy host) would find no group
+    // and be lost, so it waits for one, briefly, while the anchor lives.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let mut sent = false;
+        for p in worker::descendants(anchor) {
+            // The command leads its own process group (or session).
+            if rustix::process::getpgid(Some(p)).ok() == Some(p) {
+                let _ = rustix::process::kill_process_group(p, sig);
+                sent = true;
+            }
         }
+        if sent || !running(anchor) || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
 }
 
@@ -600,6 +639,17 @@ fn end_processes(
         std::thread::sleep(Duration::from_millis(1));
     }
     u32::try_from(ended.len()).unwrap_or(u32::MAX)
+}
+
+/// Whether `pid` exists and has not exited (a zombie has).
+fn running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Reaps every child that has exited; returns their pids.

@@ -63,7 +63,9 @@ pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)
         .map_err(|e| format!("clearing {}: {e}", dir.display()))
-        .and_then(|()| sifbox_engine::evidence::prepare_logs_dir(&dir).map_err(|e| e.to_string()))
+        .and_then(|()| {
+            sifbox_engine::evidence::prepare_logs_dir_in_private(&dir).map_err(|e| e.to_string())
+        })
         .and_then(|logs| {
             // A placeholder, bound read-only: nothing in the sandbox can
             // plant a result.

@@ -435,6 +435,51 @@ fn workers_build_other_tasks_instead_of_waiting() {
     assert_eq!(s["mean_reward"], 1.0, "{s:#}");
 }
 
+/// A task's build cache is its own, even under a shared `id=`: one task
+/// plants nothing (the audit: a wheel) in another's cache mounts.
+#[test]
+fn tasks_do_not_share_build_cache_mounts() {
+    let env = Env::with_evalbase();
+    for t in ["plant", "victim"] {
+        env.write(
+            &format!("tasks/{t}/environment/Dockerfile"),
+            &format!(
+                "FROM evalbase\n\
+RUN --mount=type=cache,id=pip,target=/c --mount=type=cache,target=/root/.cache \
+sh -c 'ls /c /root/.cache > /seen; echo {t} > /c/{t}.whl; echo {t} > /root/.cache/{t}.whl'\n"
+            ),
+        );
+        env.task(
+            t,
+            "[environment]\n#dockerfile\n",
+            "#!/bin/bash\ntrue\n",
+            "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        );
+    }
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "c", "-j", "1", &tasks])
+        .output()
+        .success();
+    for t in ["plant", "victim"] {
+        let out = env
+            .cmd(&[
+                "run",
+                "--entrypoint",
+                "",
+                &format!("eval/{t}"),
+                "cat",
+                "/seen",
+            ])
+            .output();
+        out.success();
+        assert!(
+            !out.stdout.contains(".whl"),
+            "{t} saw another task's cache: {}",
+            out.stdout
+        );
+    }
+}
+
 #[test]
 fn example_suite_gives_the_expected_rewards() {
     let tar = debian_tar();

@@ -1376,6 +1376,126 @@ fn cp_round_trip_keeps_modes_mtimes_and_links() {
     sb.assert_clean();
 }
 
+/// A 1 GiB file holding 4 KiB of data goes out of a sandbox and back in
+/// with its holes (the audit: 976 MB on the host), in `cp` and in a tar
+/// stream on stdout.
+#[test]
+fn cp_keeps_the_holes_of_sparse_files() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-sparse");
+    let work = tempdir("sifbox-cp-sparse.");
+    sandbox
+        .sh("dd if=/dev/urandom of=/tmp/s bs=4096 count=1 2>/dev/null && truncate -s 1G /tmp/s")
+        .success();
+    let want = sandbox
+        .sh("head -c 4096 /tmp/s | md5sum")
+        .success()
+        .stdout
+        .clone();
+    let out = work.path().join("s");
+    sandbox
+        .sifbox(&[
+            "cp",
+            &format!("{}:/tmp/s", sandbox.name),
+            out.to_str().expect("utf-8"),
+        ])
+        .success();
+    let md = std::fs::metadata(&out).expect("stat");
+    assert_eq!(md.len(), 1 << 30);
+    assert!(
+        md.blocks() * 512 <= 1 << 20,
+        "the download takes {} bytes on disk",
+        md.blocks() * 512
+    );
+    // The stream on stdout: small, and GNU tar's sparse format.
+    let stream = sandbox
+        .sifbox(&["cp", &format!("{}:/tmp/s", sandbox.name), "-"])
+        .success()
+        .stdout
+        .len();
+    assert!(stream < 1 << 20, "the stream is {stream} bytes");
+    // Back in: holes again.
+    sandbox
+        .sifbox(&[
+            "cp",
+            out.to_str().expect("utf-8"),
+            &format!("{}:/tmp/back", sandbox.name),
+        ])
+        .success();
+    let got = sandbox.sh("stat -c '%s %b %B' /tmp/back");
+    let f: Vec<u64> = got
+        .success()
+        .stdout
+        .split_whitespace()
+        .map(|n| n.parse().expect("number"))
+        .collect();
+    assert_eq!(f[0], 1 << 30);
+    assert!(
+        f[1] * f[2] <= 1 << 20,
+        "the upload takes {} bytes",
+        f[1] * f[2]
+    );
+    assert_eq!(
+        sandbox
+            .sh("head -c 4096 /tmp/back | md5sum")
+            .success()
+            .stdout,
+        want
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
+
+/// `--max-size` and `--max-files` bound a download as documented: past
+/// one, one error naming it, exit 125, and nothing of the copy left.
+#[test]
+fn cp_past_its_limits_fails_naming_the_flag_and_leaves_nothing() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-limits");
+    let work = tempdir("sifbox-cp-limits.");
+    sandbox
+        .sh("mkdir -p /tmp/d/sub && for f in a b sub/c; do head -c 65536 /dev/urandom > /tmp/d/$f; done")
+        .success();
+    let src = format!("{}:/tmp/d", sandbox.name);
+    for (flag, value) in [("--max-size", "100k"), ("--max-files", "3")] {
+        let dst = work.path().join(flag.trim_start_matches('-'));
+        std::fs::create_dir(&dst).expect("mkdir");
+        sandbox
+            .cmd(&["cp", flag, value, &src, dst.to_str().expect("utf-8")])
+            .output()
+            .sifbox_error()
+            .stderr_has(flag)
+            .stderr_has("limit");
+        let left: Vec<_> = std::fs::read_dir(&dst).expect("ls").collect();
+        assert!(left.is_empty(), "{flag}: left behind {left:?}");
+        sandbox
+            .cmd(&["cp", flag, value, &src, "-"])
+            .output()
+            .sifbox_error()
+            .stderr_has(flag);
+    }
+    // Within the limits (4 entries, 192 KiB): copied.
+    let dst = work.path().join("ok");
+    std::fs::create_dir(&dst).expect("mkdir");
+    sandbox
+        .sifbox(&[
+            "cp",
+            "--max-size",
+            "192k",
+            "--max-files",
+            "5",
+            &src,
+            dst.to_str().expect("utf-8"),
+        ])
+        .success();
+    assert_eq!(
+        std::fs::metadata(dst.join("d/sub/c")).expect("stat").len(),
+        65536
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
+
 /// `--owner user` makes the upload belong to uid 1000 inside.
 #[test]
 fn cp_owner() {
@@ -2401,12 +2521,17 @@ fn evidence_in_logs_dir() {
     // ps points at it.
     assert_eq!(ps(&sb)[0]["evidence"], path.to_str().expect("utf-8"));
 
-    // /logs inside: agent/, verifier/, artifacts/, 0755 and the sandbox
+    // /logs inside: agent/, verifier/, artifacts/, 0700 and the sandbox
     // root's (no --user, --logs-owner or USER in the image): root writes
-    // there, no other user does.
+    // there, no other user does, and no other host user gets in.
+    assert_eq!(
+        std::fs::metadata(&logs).expect("stat").mode() & 0o777,
+        0o700,
+        "the logs dir on the host"
+    );
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::metadata(logs.join(sub)).expect("stat");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub} on the host");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub} on the host");
         sandbox
             .exec(&[], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2464,7 +2589,7 @@ fn logs_owner_gets_the_logs_subdirs() {
     );
     for sub in ["agent", "verifier", "artifacts"] {
         let out = sandbox.exec(&[], &["stat", "-c", "%u:%g %a", &format!("/logs/{sub}")]);
-        assert_eq!(out.success().stdout, "1000:1000 755\n", "{sub}");
+        assert_eq!(out.success().stdout, "1000:1000 700\n", "{sub}");
         sandbox
             .exec(&["-u", "user"], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2580,7 +2705,7 @@ fn a_reused_logs_dir_follows_no_symlink_the_sandbox_left() {
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::symlink_metadata(logs.join(sub)).expect("stat");
         assert!(md.is_dir(), "{sub}");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub}");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub}");
     }
     sb.assert_clean();
 }
