@@ -86,6 +86,15 @@ pub enum Request {
     /// group when none is named): a logs dir bound in from the host, which
     /// an unprivileged caller cannot chown to the sandbox's other ids.
     Chown { path: String, user: String },
+    /// A file request (`Chown`, `GiveBack`, `Remove`) served in the mount
+    /// namespace where the sandbox's guarded binds are writable (see
+    /// [`crate::spec::GuardedBind`]); an exec says so itself
+    /// ([`ExecRequest::guarded`]).
+    Guarded { request: Box<Request> },
+    /// End (SIGKILL) every process of the sandbox that commands started,
+    /// but those of detached execs (a compose service's own command),
+    /// before a verifier runs; answered with [`Event::Ended`].
+    EndProcesses,
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },
@@ -141,6 +150,11 @@ pub struct ExecRequest {
     /// otherwise has the host's).
     #[serde(default)]
     pub isolate_net: bool,
+    /// Run the command in the mount namespace where the sandbox's guarded
+    /// binds are writable (see [`crate::spec::GuardedBind`]): eval's
+    /// verifier. Served by a process of its own, which enters it.
+    #[serde(default)]
+    pub guarded: bool,
 }
 
 /// What the exec server answers.
@@ -166,6 +180,9 @@ pub enum Event {
     },
     /// The command could not be started; `code` is 125, 126 or 127.
     Error { code: i32, message: String },
+    /// [`Request::EndProcesses`] was carried out: this many processes
+    /// were ended.
+    Ended { processes: u32 },
     /// The request was carried out (stop, ping, signal, transfers);
     /// `time_ns` is the sandbox's clock then. `denied`, in the reply to
     /// stop: every call the default seccomp policy denied in the sandbox.

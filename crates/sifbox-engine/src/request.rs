@@ -25,6 +25,7 @@ pub struct ExecBuilder {
     stop_after: bool,
     fake_ids: bool,
     isolate_net: bool,
+    guarded: bool,
 }
 
 impl ExecRequest {
@@ -119,6 +120,13 @@ impl ExecBuilder {
         self
     }
 
+    /// The command runs where the sandbox's guarded binds are writable
+    /// (see [`ExecRequest::guarded`]).
+    pub fn guarded(mut self, yes: bool) -> Self {
+        self.guarded = yes;
+        self
+    }
+
     /// The request.
     pub fn build(self) -> ExecRequest {
         let argv = if self.env_scripts {
@@ -138,6 +146,7 @@ impl ExecBuilder {
             stop_after: self.stop_after,
             fake_ids: self.fake_ids,
             isolate_net: self.isolate_net,
+            guarded: self.guarded,
             ..ExecRequest::default()
         }
     }

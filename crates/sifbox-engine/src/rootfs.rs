@@ -198,6 +198,11 @@ pub enum Step {
         readonly: bool,
         need: Need,
     },
+    /// A guarded bind (see [`crate::spec::GuardedBind`]): the host
+    /// directory `src` bound read-only at `at`, and a second, writable
+    /// clone of it kept detached ([`NewRoot::take_guarded`]) for the
+    /// guarded mount namespace, to be mounted at `dst` there.
+    Guarded { src: PathBuf, at: At, dst: PathBuf },
     /// The sandbox's `/sys/fs/cgroup`: only its own cgroup, each of
     /// `views` (a name below `at`, "" for `at` itself, and the host's
     /// directory of the sandbox's cgroup there) bound read-only in a
@@ -395,6 +400,19 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             names: None,
         });
     }
+    // Last: a guarded bind may lie below a bind (/logs/verifier below
+    // /logs).
+    for g in &spec.guarded {
+        steps.push(Step::Guarded {
+            src: g.src.clone(),
+            at: At {
+                base: Base::Root,
+                path: relative(&g.dst),
+                lookup: Lookup::Image(Create::Dir),
+            },
+            dst: g.dst.clone(),
+        });
+    }
     steps
 }
 
@@ -425,12 +443,21 @@ pub struct NewRoot {
     /// The first empty read-only tmpfs that masks a directory: the others
     /// are clones of it (one superblock for all).
     empty: Option<OwnedFd>,
+    /// The writable, detached clones of the guarded binds, with where
+    /// they go (see [`Step::Guarded`]).
+    guarded: Vec<(PathBuf, OwnedFd)>,
     /// The overlay's upper dir, for a sandbox whose layer is kept
     /// ([`SandboxSpec::keep_layer`]).
     pub upper: Option<OwnedFd>,
 }
 
 impl NewRoot {
+    /// The writable clones of the guarded binds, detached, each with the
+    /// path in the sandbox where the guarded mount namespace shows it.
+    pub fn take_guarded(&mut self) -> Vec<(PathBuf, OwnedFd)> {
+        std::mem::take(&mut self.guarded)
+    }
+
     fn base(&self, b: Base) -> Option<BorrowedFd<'_>> {
         match b {
             Base::Root => Some(self.fd.as_fd()),
@@ -892,6 +919,17 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
                 (Err((_, e)), _) => return Err(e),
             }
         }
+        Step::Guarded { src, at, dst } => {
+            let what = format!("binding {} at {} (guarded)", src.display(), at.shown());
+            let (tree, kind) = clone_dir(src, &what)?;
+            let (writable, _) = clone_dir(src, &what)?;
+            let target = root
+                .resolve(at, Some(kind))?
+                .ok_or_else(|| Error::Setup(format!("{what}: nowhere to attach it")))?;
+            readonly(&tree, &what)?;
+            attach(&tree, target.as_fd(), &what)?;
+            root.guarded.push((dst.clone(), writable));
+        }
         Step::File { at, contents } => {
             let Some(target) = root.resolve(at, None)? else {
                 return Ok(());
@@ -1051,6 +1089,20 @@ fn bind_host(
         readonly(&tree, what).map_err(|e| (Errno::INVAL, e))?;
     }
     attach(&tree, target.as_fd(), what).map_err(|e| (Errno::INVAL, e))
+}
+
+/// A detached clone of the host directory `src` (a guarded bind's),
+/// checked to be a directory.
+fn clone_dir(src: &Path, what: &str) -> Result<(OwnedFd, Create)> {
+    let tree = clone_host(src, what).map_err(|(_, e)| e)?;
+    let st = rustix::fs::fstat(&tree).map_err(sys_err(what))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Err(Error::Setup(format!(
+            "{what}: {} is not a directory",
+            src.display()
+        )));
+    }
+    Ok((tree, Create::Dir))
 }
 
 /// Escapes a path for an overlayfs option value (`,` `:` `\` are special).
@@ -1227,6 +1279,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         fd,
         mounts: HashMap::new(),
         empty: None,
+        guarded: Vec::new(),
         upper: spec.keep_layer.is_some().then_some(upper),
     })
 }
@@ -1242,6 +1295,25 @@ pub fn assemble(
     let mut root = prepare_root(spec, dir, disk)?;
     apply(&mut root, &plan_with_cgroup(spec, cgroup_views))?;
     Ok(root)
+}
+
+/// Mounts each writable clone of a guarded bind in `trees` (from
+/// [`NewRoot::take_guarded`]) over its read-only bind at its path, in the
+/// guarded mount namespace that the calling process has just made (after
+/// the pivot: the path is the sandbox's, looked up as the image left it,
+/// as the bind's was; nothing inside has run yet).
+pub fn attach_guarded(trees: &[(PathBuf, OwnedFd)]) -> Result<()> {
+    for (dst, tree) in trees {
+        let what = format!("mounting {} writable for guarded requests", dst.display());
+        let target = rustix::fs::open(
+            dst,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(sys_err(format!("{what}: opening it")))?;
+        attach(tree, target.as_fd(), &what)?;
+    }
+    Ok(())
 }
 
 /// [`plan`] with the sandbox's /sys/fs/cgroup ([`Step::CgroupView`])
@@ -1295,6 +1367,7 @@ mod tests {
                 dst: "/mnt/../data".into(),
                 readonly: true,
             }],
+            guarded: Vec::new(),
             tmpfs: Vec::new(),
             keep_layer: None,
             host_dns: true,
@@ -1413,6 +1486,48 @@ mod tests {
     }
 
     #[test]
+    fn a_guarded_bind_comes_after_the_binds_it_may_lie_below() {
+        let mut s = spec();
+        s.binds.push(Bind {
+            src: "/rollout".into(),
+            dst: "/logs".into(),
+            readonly: false,
+        });
+        s.guarded.push(crate::spec::GuardedBind {
+            src: "/rollout/verifier".into(),
+            dst: "/logs/verifier".into(),
+        });
+        let steps = plan(&s);
+        let logs = steps
+            .iter()
+            .position(|st| matches!(st, Step::BindHost { src, .. } if src == Path::new("/rollout")))
+            .expect("the /logs bind");
+        let guarded = steps
+            .iter()
+            .position(|st| {
+                matches!(st, Step::Guarded { src, at, dst }
+                    if src == Path::new("/rollout/verifier")
+                        && at.path == Path::new("logs/verifier")
+                        && at.lookup == Lookup::Image(Create::Dir)
+                        && dst == Path::new("/logs/verifier"))
+            })
+            .expect("the guarded bind");
+        assert!(logs < guarded);
+        // A destination with `..` or a relative one is refused up front.
+        for bad in ["/logs/../etc", "logs/verifier", "/"] {
+            let mut s = spec();
+            s.name = "t".into();
+            s.binds.clear();
+            s.guarded.push(crate::spec::GuardedBind {
+                src: "/rollout/verifier".into(),
+                dst: bad.into(),
+            });
+            let e = s.validate().expect_err(bad).to_string();
+            assert!(e.contains("guarded bind"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn tmpfs_mounts_are_real_tmpfs_of_their_size_after_the_binds() {
         let mut s = spec();
         s.tmpfs.push(crate::spec::TmpfsMount {
@@ -1498,6 +1613,7 @@ mod tests {
             fd,
             mounts: HashMap::new(),
             empty: None,
+            guarded: Vec::new(),
             upper: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.

@@ -459,6 +459,27 @@ impl Bind {
     }
 }
 
+/// A host directory that the sandbox's commands see read-only at `dst`
+/// and only guarded requests (an exec with [`ExecRequest::guarded`], or a
+/// [`Request::Guarded`] file request) see writable there: eval's
+/// `/logs/verifier`, which nothing an agent leaves running may write.
+///
+/// The read-only bind is made by init in the sandbox's mount namespace,
+/// over which nothing inside holds a capability, so it cannot be made
+/// writable again nor unmounted. A second, writable bind of the same
+/// directory is mounted over it in a mount namespace of its own, which
+/// only guarded requests enter (see DESIGN.md, "Guarded binds").
+///
+/// [`ExecRequest::guarded`]: crate::protocol::ExecRequest::guarded
+/// [`Request::Guarded`]: crate::protocol::Request::Guarded
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardedBind {
+    /// A directory on the host.
+    pub src: PathBuf,
+    /// Where it is shown in the sandbox (absolute).
+    pub dst: PathBuf,
+}
+
 /// Everything needed to start a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -475,6 +496,10 @@ pub struct SandboxSpec {
     pub ids: IdMapping,
     pub writable: Writable,
     pub binds: Vec<Bind>,
+    /// Binds read-only to the sandbox's commands and writable to guarded
+    /// requests only (see [`GuardedBind`]); made after `binds`.
+    #[serde(default)]
+    pub guarded: Vec<GuardedBind>,
     /// Tmpfs mounts of their own, made after the binds.
     #[serde(default)]
     pub tmpfs: Vec<TmpfsMount>,
@@ -518,6 +543,7 @@ impl SandboxSpec {
                 size_mib: DEFAULT_TMPFS_MIB,
             },
             binds: Vec::new(),
+            guarded: Vec::new(),
             tmpfs: Vec::new(),
             keep_layer: None,
             host_dns: true,
@@ -592,6 +618,35 @@ impl SandboxSpec {
                     format!("the bind of {} at {}", b.src.display(), b.dst.display()),
                     "its destination is not an absolute path",
                     "give an absolute path inside the sandbox",
+                ));
+            }
+        }
+        for g in &self.guarded {
+            let what = || {
+                format!(
+                    "the guarded bind of {} at {}",
+                    g.src.display(),
+                    g.dst.display()
+                )
+            };
+            let plain = g.dst.components().all(|c| {
+                matches!(
+                    c,
+                    std::path::Component::RootDir | std::path::Component::Normal(_)
+                )
+            });
+            if !g.dst.is_absolute() || !plain || g.dst == Path::new("/") {
+                return Err(bad(
+                    what(),
+                    "its destination is not an absolute path below / of plain names",
+                    "give an absolute path inside the sandbox, without . or ..",
+                ));
+            }
+            if !g.src.is_absolute() {
+                return Err(bad(
+                    what(),
+                    "its source is not an absolute path",
+                    "give the host directory as an absolute path",
                 ));
             }
         }

@@ -278,6 +278,12 @@ pub struct RolloutResult {
     /// The verifier's own sandbox, when it ran separately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verifier_sandbox: Option<VerifierSandbox>,
+    /// With `--end-agent-processes`: how many processes the agent (and
+    /// the set-up before it) left running were ended before the verifier
+    /// ran in the agent's sandbox (each step's, summed). Absent without
+    /// the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_agent_processes: Option<u32>,
     /// What the task asked for, after sifbox's defaults and the job's
     /// overrides.
     #[serde(default)]
@@ -327,6 +333,7 @@ impl RolloutResult {
             limits_applied: Vec::new(),
             build_log: None,
             verifier_sandbox: None,
+            ended_agent_processes: None,
             steps: Vec::new(),
             notes: Vec::new(),
             seccomp_denied: Vec::new(),

@@ -1,9 +1,9 @@
 //! Reading the reward a verifier wrote: `verifier/reward.json` (preferred)
 //! or `verifier/reward.txt` in the rollout's dir.
 //!
-//! The sandbox could write anything there, symlinks and FIFOs included:
-//! files are opened below the rollout dir's fd without following any
-//! symlink, must be regular files owned by one of the sandbox's ids (a
+//! The verifier could write anything there, symlinks and FIFOs included:
+//! files are opened below an fd of `verifier/` opened before the sandbox
+//! started (never by path afterwards) without following any symlink, must be regular files owned by one of the sandbox's ids (a
 //! file of another host user was not written by the verifier), and are
 //! read up to a limit.
 
@@ -77,11 +77,11 @@ fn describe(ids: &IdMapping) -> String {
         .join(", ")
 }
 
-/// Reads `verifier/NAME` below the rollout dir `dir`: None when absent, an
-/// error text when it is not a small regular file of the sandbox's ids.
+/// Reads `NAME` below the verifier dir `dir`: None when absent, an error
+/// text when it is not a small regular file of the sandbox's ids.
 fn read_file(dir: BorrowedFd<'_>, name: &str, ids: &IdMapping) -> Option<Result<String, String>> {
     let rel = format!("verifier/{name}");
-    let fd = match open_beneath(dir, &rel, OFlags::RDONLY | OFlags::NONBLOCK) {
+    let fd = match open_beneath(dir, name, OFlags::RDONLY | OFlags::NONBLOCK) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return None,
         Err(e) => return Some(Err(format!("{rel}: cannot open it ({e}); a symlink?"))),
@@ -168,9 +168,11 @@ pub fn parse_txt(text: &str) -> Result<f64, String> {
     }
 }
 
-/// Reads the reward the verifier left in the rollout dir `dir` (an fd of
-/// it); `ids`: the sandbox's id mapping.
-pub fn read(dir: BorrowedFd<'_>, ids: &IdMapping) -> Reward {
+/// Reads the reward the verifier left in its dir `verifier` (an fd of the
+/// rollout's `verifier/`, opened before the sandbox started); `ids`: the
+/// sandbox's id mapping.
+pub fn read(verifier: BorrowedFd<'_>, ids: &IdMapping) -> Reward {
+    let dir = verifier;
     if let Some(text) = read_file(dir, FILES[0], ids) {
         return match text.and_then(|t| parse_json(&t)) {
             Ok((value, all)) => Reward::Found {
@@ -235,7 +237,7 @@ mod tests {
     }
 
     fn read_in(dir: &Path, ids: &IdMapping) -> Reward {
-        let fd = crate::rollout_dir::open_dir_nofollow(dir).expect("open");
+        let fd = crate::rollout_dir::open_dir_nofollow(&dir.join("verifier")).expect("open");
         read(fd.as_fd(), ids)
     }
 
@@ -316,13 +318,17 @@ mod tests {
         assert!(matches!(read_at(d.path()), Reward::Invalid(e) if e.contains("symlink")));
         assert!(present_at(d.path()), "a planted symlink counts");
         std::fs::remove_file(d.path().join("verifier/reward.txt")).expect("rm");
-        // The verifier dir itself replaced by a symlink.
+        // The verifier dir itself replaced by a symlink after its fd was
+        // opened (as eval opens it, before the sandbox starts): the reward
+        // is read from the dir the fd names, never from where the link
+        // points.
+        let held = crate::rollout_dir::open_dir_nofollow(&d.path().join("verifier")).expect("open");
         std::fs::remove_dir(d.path().join("verifier")).expect("rmdir");
         let elsewhere = d.path().join("elsewhere");
         std::fs::create_dir(&elsewhere).expect("mkdir");
         std::fs::write(elsewhere.join("reward.txt"), "1").expect("write");
         std::os::unix::fs::symlink(&elsewhere, d.path().join("verifier")).expect("symlink");
-        assert!(matches!(read_at(d.path()), Reward::Invalid(_)));
+        assert_eq!(read(held.as_fd(), &mine()), Reward::Missing);
         assert!(elsewhere.join("reward.txt").exists());
         // A FIFO does not block the reader.
         std::fs::remove_file(d.path().join("verifier")).expect("rm");

@@ -165,6 +165,31 @@ pub fn move_out_and_remake(
     open_subdir(dir, sub).map_err(|e| format!("opening {sub}/ in the rollout dir: {e}"))
 }
 
+/// Moves every entry of the dir `from` (unfollowed) into a fresh dir
+/// `sub` of `to`, leaving `from` itself in place, empty: a multi-step
+/// rollout's `verifier/`, which its binds show where it is (see
+/// `spec::GuardedBind`). The entries must be the caller's (a dir moved to
+/// another parent needs write access to itself).
+pub fn move_entries(from: BorrowedFd<'_>, sub: &str, to: BorrowedFd<'_>) -> Result<(), String> {
+    let dest = make_subdir(to, sub).map_err(|e| format!("making {sub}/ of the step: {e}"))?;
+    let listing = rustix::io::fcntl_dupfd_cloexec(from, 0)
+        .and_then(rustix::fs::Dir::read_from)
+        .map_err(|e| format!("listing {sub}/: {e}"))?;
+    let mut names = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(|e| format!("listing {sub}/: {e}"))?;
+        let name = entry.file_name().to_owned();
+        if name.as_bytes() != b"." && name.as_bytes() != b".." {
+            names.push(name);
+        }
+    }
+    for name in names {
+        rustix::fs::renameat_with(from, &name, dest.as_fd(), &name, RenameFlags::NOREPLACE)
+            .map_err(|e| format!("moving {sub}/{} out: {e}", name.to_string_lossy()))?;
+    }
+    Ok(())
+}
+
 /// Makes the dir `name` in `dir` (which must not have it) and opens it.
 pub fn make_subdir(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<OwnedFd> {
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))?;
@@ -477,5 +502,44 @@ mod tests {
                     .expect("chmod");
             }
         }
+    }
+
+    #[test]
+    fn move_entries_empties_the_dir_in_place_and_follows_no_symlink() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let verifier = d.path().join("verifier");
+        let archive = d.path().join("archive");
+        let decoy = d.path().join("decoy");
+        for dir in [&verifier, &archive, &decoy] {
+            std::fs::create_dir(dir).expect("mkdir");
+        }
+        std::fs::write(verifier.join("reward.txt"), "1\n").expect("write");
+        std::fs::create_dir(verifier.join("sub")).expect("mkdir");
+        std::fs::write(verifier.join("sub/f"), "f").expect("write");
+        std::os::unix::fs::symlink(&decoy, verifier.join("link")).expect("symlink");
+        let held = open_dir_nofollow(&verifier).expect("open");
+        let ino = std::fs::metadata(&verifier).expect("stat").ino();
+        let to = open_dir_nofollow(&archive).expect("open");
+        move_entries(held.as_fd(), "verifier", to.as_fd()).expect("move");
+        // The same dir, empty; all of it in archive/verifier/.
+        assert_eq!(std::fs::metadata(&verifier).expect("stat").ino(), ino);
+        assert_eq!(std::fs::read_dir(&verifier).expect("ls").count(), 0);
+        let moved = archive.join("verifier");
+        assert_eq!(
+            std::fs::read_to_string(moved.join("reward.txt")).expect("read"),
+            "1\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(moved.join("sub/f")).expect("read"),
+            "f"
+        );
+        assert!(std::fs::symlink_metadata(moved.join("link"))
+            .expect("link")
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_dir(&decoy).expect("ls").count(), 0);
+        // A second step's archive: the dir name taken is an error, not a merge.
+        assert!(move_entries(held.as_fd(), "verifier", to.as_fd()).is_err());
     }
 }

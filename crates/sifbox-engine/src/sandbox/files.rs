@@ -358,4 +358,23 @@ impl Sandbox {
         )
         .map(drop)
     }
+
+    /// [`Sandbox::chown`] in the guarded mount namespace, where the
+    /// sandbox's guarded binds are writable (see [`Request::Guarded`]).
+    pub fn chown_guarded(&self, path: &str, user: &str) -> Result<()> {
+        let request = Box::new(Request::Chown {
+            path: path.to_string(),
+            user: user.to_string(),
+        });
+        self.request(&Request::Guarded { request }, &[]).map(drop)
+    }
+
+    /// [`Sandbox::give_back`] in the guarded mount namespace (see
+    /// [`Request::Guarded`]).
+    pub fn give_back_guarded(&self, path: &str) -> Result<()> {
+        let request = Box::new(Request::GiveBack {
+            path: path.to_string(),
+        });
+        self.request(&Request::Guarded { request }, &[]).map(drop)
+    }
 }

@@ -361,6 +361,24 @@ impl Sandbox {
         self.reply(&conn)
     }
 
+    /// Ends every process that the sandbox's commands started, but those
+    /// of detached execs (see [`Request::EndProcesses`]); returns how
+    /// many were ended.
+    pub fn end_processes(&self) -> Result<u32> {
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::EndProcesses, &[]).map_err(|e| self.proto(e))?;
+        match protocol::recv::<Event>(&conn) {
+            Ok((Event::Ended { processes }, _)) => Ok(processes),
+            Ok((Event::Error { message, .. }, _)) => {
+                Err(Error::Setup(format!("sandbox {}: {message}", self.name)))
+            }
+            Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
+                "unexpected {other:?}"
+            ))))),
+            Err(e) => Err(self.proto(e)),
+        }
+    }
+
     fn reply(&self, conn: &UnixStream) -> Result<u64> {
         match protocol::recv::<Event>(conn) {
             Ok((Event::Ok { time_ns, .. }, _)) => Ok(time_ns),

@@ -71,6 +71,9 @@ pub(super) fn init_main(
         (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
         _ => None,
     };
+    // The writable clones of the guarded binds, mounted in the guarded
+    // mount namespace once the nested user namespace is made.
+    let guarded = root.take_guarded();
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -115,6 +118,14 @@ pub(super) fn init_main(
     }
     sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
         .map_err(|e| Error::io("creating the nested user namespace", e))?;
+    // The guarded mount namespace is made meanwhile by a child in the
+    // nested user namespace (nothing of the sandbox runs yet); its fd is
+    // taken once the maps are written.
+    let guarded = if guarded.is_empty() {
+        None
+    } else {
+        Some(start_guarded_namespace(&guarded)?)
+    };
     // What the watchdog measures: the root (whose statfs is the writable
     // layer's tmpfs) and /dev/shm.
     let mut tmpfs = Vec::new();
@@ -169,6 +180,7 @@ pub(super) fn init_main(
     // executed, in there). Workers and transfer processes inherit it.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
+    let guarded = guarded.map(finish_guarded_namespace).transpose()?;
     if launch.oneshot {
         // The caller's stderr (a terminal, a log file) stays out of reach.
         rustix::stdio::dup2_stderr(&null).map_err(errno("dup2"))?;
@@ -189,13 +201,82 @@ pub(super) fn init_main(
             idle: false,
         })
     });
-    serve(listener, spec.confinement, activity, keep)
+    serve(listener, spec.confinement, activity, keep, guarded)
 }
 
 /// A layer to keep when the sandbox stops: its upper dir and where to.
 pub(super) struct KeptLayer {
     pub(super) upper: OwnedFd,
     pub(super) dst: OwnedFd,
+}
+
+/// Starts making the guarded mount namespace (see
+/// [`crate::spec::GuardedBind`]); [`finish_guarded_namespace`] takes it.
+/// A child of init in the nested user namespace unshares a mount
+/// namespace of its own (a copy of the sandbox's, in which every mount is
+/// locked, as it comes from a more privileged one) and mounts each
+/// writable clone in `trees` over its read-only bind. init keeps an fd of
+/// that namespace, which keeps it alive; only the processes that serve
+/// guarded requests enter it ([`super::serve`]). Nothing in the sandbox
+/// can reach it through init or the child: init is not dumpable (no
+/// /proc/1/fd, no /proc/1/ns), and the child is gone before anything
+/// runs in the sandbox.
+fn start_guarded_namespace(trees: &[(PathBuf, OwnedFd)]) -> Result<(Pid, UnixStream)> {
+    use std::os::fd::AsFd;
+    let (mine, theirs) = UnixStream::pair()
+        .map_err(|e| Error::io("making the guarded mount namespace: socketpair", e))?;
+    match sifbox_sys::fork()? {
+        sifbox_sys::Forked::Child => {
+            drop(mine);
+            let made = sifbox_sys::unshare_namespaces(UnshareFlags::NEWNS)
+                .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))
+                .and_then(|()| rootfs::attach_guarded(trees).map_err(|e| e.to_string()))
+                .and_then(|()| {
+                    rustix::fs::open(
+                        "/proc/self/ns/mnt",
+                        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .map_err(|e| format!("opening /proc/self/ns/mnt: {e}"))
+                });
+            let code = match made {
+                Ok(ns) => {
+                    let sent = protocol::send(&theirs, &String::new(), &[ns.as_fd()]);
+                    i32::from(sent.is_err())
+                }
+                Err(e) => {
+                    let _ = protocol::send(&theirs, &e, &[]);
+                    1
+                }
+            };
+            exit_now(code)
+        }
+        sifbox_sys::Forked::Parent(pid) => {
+            drop(theirs);
+            Ok((pid, mine))
+        }
+    }
+}
+
+/// The guarded mount namespace that the child [`start_guarded_namespace`]
+/// forked made, as an fd (an error saying why when it could not).
+fn finish_guarded_namespace((pid, mine): (Pid, UnixStream)) -> Result<OwnedFd> {
+    let got = protocol::recv::<String>(&mine);
+    match got {
+        // The child is not waited for (its exit, the teardown of a copy
+        // of init's address space, takes a millisecond): the serve loop
+        // reaps it as any child.
+        Ok((why, mut fds)) if why.is_empty() && fds.len() == 1 => {
+            fds.pop().ok_or_else(|| Error::Setup(String::new()))
+        }
+        other => {
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+            Err(Error::Setup(match other {
+                Ok((why, _)) => format!("making the guarded mount namespace: {why}"),
+                Err(e) => format!("making the guarded mount namespace: {e}"),
+            }))
+        }
+    }
 }
 
 /// init's side of the watchdog's idle protocol. The sandbox is idle when

@@ -57,6 +57,11 @@ impl Pool {
         self.workers.len()
     }
 
+    /// The workers' pids.
+    pub(super) fn pids(&self) -> impl Iterator<Item = Pid> + '_ {
+        self.workers.iter().map(|w| w.pid)
+    }
+
     pub(super) fn any_busy(&self) -> bool {
         self.workers.iter().any(|w| w.busy)
     }

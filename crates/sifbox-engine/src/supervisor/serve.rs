@@ -47,7 +47,9 @@ pub(super) fn trim() {
 /// worker costs no fork and no exit of a process of its own.
 fn pooled(req: &Request) -> bool {
     match req {
-        Request::Exec(exec) => !exec.fake_ids && !exec.isolate_net && !exec.stop_after,
+        Request::Exec(exec) => {
+            !exec.fake_ids && !exec.isolate_net && !exec.stop_after && !exec.guarded
+        }
         Request::Download { .. }
         | Request::Upload { .. }
         | Request::Extract { .. }
@@ -61,13 +63,47 @@ fn pooled(req: &Request) -> bool {
     }
 }
 
+/// Whether a request is to be served in the guarded mount namespace.
+fn is_guarded(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Guarded { .. } | Request::Exec(ExecRequest { guarded: true, .. })
+    )
+}
+
+/// Moves the calling process (one that serves a guarded request, or init
+/// for the sandbox's last command) into the guarded mount namespace `ns`
+/// (see [`crate::spec::GuardedBind`]), and unwraps the request; refused
+/// where the sandbox has no guarded binds, or for a request that is not
+/// a file request.
+fn enter_guarded(req: Request, ns: Option<&OwnedFd>) -> std::result::Result<Request, String> {
+    let req = match req {
+        Request::Guarded { request } => match *request {
+            inner @ (Request::Chown { .. } | Request::GiveBack { .. } | Request::Remove { .. }) => {
+                inner
+            }
+            _ => return Err("only chown, give-back and remove can be guarded requests".into()),
+        },
+        other => other,
+    };
+    let ns = ns.ok_or("this sandbox has no guarded binds")?;
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(ns),
+        Some(rustix::thread::LinkNameSpaceType::Mount),
+    )
+    .map_err(|e| format!("entering the guarded mount namespace: {e}"))?;
+    Ok(req)
+}
+
 /// The exec server: one connection at a time; each exec and transfer is
-/// served by a worker process (reused), the rest by init itself.
+/// served by a worker process (reused), the rest by init itself. `guarded`
+/// is the guarded mount namespace, where the sandbox has guarded binds.
 pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
     mut keep: Option<super::init::KeptLayer>,
+    guarded: Option<OwnedFd>,
 ) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
     // Before any worker is forked: they count the policy's denials into
@@ -251,10 +287,28 @@ pub(super) fn serve(
                 };
                 let _ = protocol::send(&conn, &reply, &[]);
             }
+            Request::EndProcesses => {
+                let ended = end_processes(&workers, &detached, &oneoff);
+                let _ = protocol::send(&conn, &Event::Ended { processes: ended }, &[]);
+            }
             Request::Exec(exec) if exec.stop_after => {
                 // The sandbox's last command runs right here, under PID 1,
                 // which adopts whatever it leaves behind; then everything goes.
                 drop((listener, activity));
+                let exec = if exec.guarded {
+                    match enter_guarded(Request::Exec(exec), guarded.as_ref()) {
+                        Ok(Request::Exec(e)) => e,
+                        Ok(_) => exit_now(125),
+                        Err(message) => {
+                            let _ =
+                                protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
+                            exit_now(125)
+                        }
+                    }
+                } else {
+                    exec
+                };
+                drop(guarded);
                 worker::run(&conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
@@ -271,7 +325,10 @@ pub(super) fn serve(
                                 // client's connection and stdio come again
                                 // with the job, and another worker's channel
                                 // must reach EOF when init closes its end.
-                                drop((listener, conn, fds, workers, sigchld, activity, keep));
+                                // A worker never serves a guarded request.
+                                drop((
+                                    listener, conn, fds, workers, sigchld, activity, keep, guarded,
+                                ));
                                 // The exits of a worker's commands are its
                                 // own business, not a reason to wake init.
                                 if let Some(id) = sigchld_id {
@@ -309,7 +366,23 @@ pub(super) fn serve(
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
                     drop((listener, workers, activity, keep));
-                    exit_now(serve_in_child(&conn, other, fds, confinement))
+                    let req = if is_guarded(&other) {
+                        match enter_guarded(other, guarded.as_ref()) {
+                            Ok(r) => r,
+                            Err(message) => {
+                                let _ = protocol::send(
+                                    &conn,
+                                    &Event::Error { code: 125, message },
+                                    &[],
+                                );
+                                exit_now(125)
+                            }
+                        }
+                    } else {
+                        other
+                    };
+                    drop(guarded);
+                    exit_now(serve_in_child(&conn, req, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
                     if let Request::Exec(exec) = other {
@@ -504,6 +577,79 @@ fn signal_exec(anchor: Pid, signal: i32) {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// [`Request::EndProcesses`]: SIGKILL to every process of the sandbox but
+/// init, its workers and its one-off serving processes (each waits for
+/// what it served to end, and reports), and the trees of detached execs
+/// (a compose service's command); again, until a round finds none left
+/// (what was forked meanwhile is not missed) or a second passed. Returns
+/// how many were ended.
+fn end_processes(
+    workers: &Pool,
+    detached: &HashMap<String, Pid>,
+    oneoff: &[(Pid, Instant)],
+) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut ended = std::collections::HashSet::new();
+    loop {
+        let mut kept: std::collections::HashSet<i32> = std::collections::HashSet::new();
+        kept.insert(1);
+        kept.extend(workers.pids().map(|p| p.as_raw_nonzero().get()));
+        kept.extend(oneoff.iter().map(|(p, _)| p.as_raw_nonzero().get()));
+        for anchor in detached.values() {
+            kept.insert(anchor.as_raw_nonzero().get());
+            kept.extend(
+                worker::descendants(*anchor)
+                    .iter()
+                    .map(|p| p.as_raw_nonzero().get()),
+            );
+        }
+        let mut found = false;
+        if let Ok(rd) = std::fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                    continue;
+                };
+                if kept.contains(&pid) {
+                    continue;
+                }
+                // A zombie waits for its parent to reap it: nothing to end.
+                let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rfind(')')
+                            .map(|i| s[i + 1..].trim_start().starts_with('Z'))
+                    })
+                    .unwrap_or(true);
+                if zombie {
+                    continue;
+                }
+                if let Some(p) = Pid::from_raw(pid) {
+                    if rustix::process::kill_process(p, Signal::KILL).is_ok() {
+                        found = true;
+                        ended.insert(pid);
+                    }
+                }
+            }
+        }
+        reap_finished();
+        if !found || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Gone, not only killed: their parents (workers, init) reap them at
+    // once; what the verifier then lists is what is left.
+    while Instant::now() < deadline
+        && ended
+            .iter()
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+    {
+        reap_finished();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    u32::try_from(ended.len()).unwrap_or(u32::MAX)
 }
 
 /// Whether `pid` exists and has not exited (a zombie has).

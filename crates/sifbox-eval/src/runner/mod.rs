@@ -146,6 +146,11 @@ pub struct EvalOptions {
     pub limits: Overrides,
     /// Where rollouts' writable layers live.
     pub layer: Layer,
+    /// End every process the agent left running before the verifier runs
+    /// in its sandbox (`--end-agent-processes`); recorded in result.json.
+    /// Off by default: a task's agent may start a service its verifier
+    /// probes.
+    pub end_agent_processes: bool,
 }
 
 /// Where a rollout's writable layer (its `storage_mb`) lives.

@@ -31,10 +31,14 @@ pub(super) struct Running<'a> {
     pub(super) env_scripts: bool,
     pub(super) sandbox_net: NetMode,
     pub(super) null: File,
+    /// The sandbox has the guarded `/logs/verifier` (the agent's sandbox):
+    /// the verifier's commands run where it is writable, and only they.
+    pub(super) guarded: bool,
 }
 
 impl Running<'_> {
-    /// Runs `argv` with its output (stdout and stderr) in `out`.
+    /// Runs `argv` with its output (stdout and stderr) in `out`; with
+    /// `guarded`, where the guarded `/logs/verifier` is writable.
     #[allow(clippy::too_many_arguments, reason = "one call site per phase")]
     fn exec(
         &self,
@@ -43,7 +47,7 @@ impl Running<'_> {
         env: Vec<(String, String)>,
         user: Option<String>,
         timeout: Duration,
-        net: NetMode,
+        (net, guarded): (NetMode, bool),
         out: &File,
     ) -> sifbox_engine::Result<(ExecStatus, Duration)> {
         let req = ExecRequest::command(argv)
@@ -53,6 +57,7 @@ impl Running<'_> {
             .user(user)
             .timeout(Some(timeout))
             .isolate_net(self.sandbox_net == NetMode::Host && net == NetMode::None)
+            .guarded(guarded)
             .build();
         let started = Instant::now();
         let st = self
@@ -72,7 +77,7 @@ impl Running<'_> {
         env: Vec<(String, String)>,
         user: Option<String>,
         timeout: Duration,
-        net: NetMode,
+        net: (NetMode, bool),
         out: &File,
     ) -> sifbox_engine::Result<(ExecStatus, Duration, PhaseUsage)> {
         self.sandbox.reset_memory_peak();
@@ -195,7 +200,7 @@ pub(super) fn phases(
                 run.base_env.clone(),
                 None,
                 Duration::from_secs(30),
-                env_net,
+                (env_net, false),
                 &run.null,
             ) {
                 Ok((ExecStatus::Exited { code: 0, .. }, _)) => {}
@@ -311,16 +316,10 @@ pub(super) fn phases(
     if interrupted(ctx, r) {
         return false;
     }
-    let t = Instant::now();
-    // verifier/ afresh: whatever the agent left there (reward files, a
-    // symlink out of the rollout dir, planted files) goes, unfollowed;
-    // files of the sandbox's other ids by its root. (A separate verifier
-    // has it made once more after this sandbox stops.)
-    let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
-    if !remake_verifier(ctx, logs, r, &remove_inside) {
-        return false;
-    }
-    r.timings_ms.setup += ms(t.elapsed());
+    // verifier/ is as the rollout began, empty: the agent and all it left
+    // running see it read-only (a guarded bind), so it is not re-made
+    // here (a rename would take it from under its binds). A separate
+    // verifier has it made afresh once this sandbox stops.
     if task.separate_verifier.is_some() {
         return true;
     }
@@ -429,7 +428,7 @@ fn agent(
             agent_env,
             agent_user.clone(),
             plan.timeout,
-            agent_net,
+            (agent_net, false),
             &out,
         );
         match ran {
@@ -578,18 +577,19 @@ fn run_steps(
         };
         let graded = agent(ctx, env, run, &mut sr, &plan, agent_net, out) && !interrupted(ctx, r);
         if graded {
-            let remove_inside = |p: &str| sb.remove(p).map_err(|e| e.to_string());
-            if remake_verifier(ctx, logs, &mut sr, &remove_inside) {
-                let vplan = VerifierPlan {
-                    tests: files.tests.clone(),
-                    script: files.test_script.clone(),
-                    root: task.dir.clone(),
-                    user: step.verifier_user.clone(),
-                    timeout: step.verifier_timeout,
-                    env: with_env(&env.verifier, &[&env.steps_verifier[i]]),
-                    fresh: true,
-                };
-                verify(ctx, task, logs, image, run, &mut sr, verifier_net, &vplan);
+            // verifier/ is empty: the last step's outputs were moved out.
+            let vplan = VerifierPlan {
+                tests: files.tests.clone(),
+                script: files.test_script.clone(),
+                root: task.dir.clone(),
+                user: step.verifier_user.clone(),
+                timeout: step.verifier_timeout,
+                env: with_env(&env.verifier, &[&env.steps_verifier[i]]),
+                fresh: true,
+            };
+            verify(ctx, task, logs, image, run, &mut sr, verifier_net, &vplan);
+            if let Some(n) = sr.ended_agent_processes {
+                r.ended_agent_processes = Some(r.ended_agent_processes.unwrap_or(0) + n);
             }
         }
         let rewards = crate::steps::rewards_of(sr.reward, sr.rewards.as_ref());
@@ -689,13 +689,19 @@ fn archive_step(
 ) -> std::result::Result<(), String> {
     // Moving a dir to another parent needs write access to it: each goes
     // back to the sandbox's root (the caller) first, unfollowed.
-    for sub in ["agent", "verifier", "artifacts"] {
+    for sub in ["agent", "artifacts"] {
         sb.chown(&format!("/logs/{sub}"), "0")
             .map_err(|e| format!("giving /logs/{sub} back to root: {e}"))?;
     }
+    // verifier/ stays where its binds show it (only the verifier could
+    // write it): what is in it moves, all of it given back to the
+    // caller first (a dir moved to another parent needs write access to
+    // itself), in the guarded namespace where it is writable.
+    sb.give_back_guarded("/logs/verifier")
+        .map_err(|e| format!("giving /logs/verifier back to root: {e}"))?;
     let to = rollout_dir::make_subdir(archive, step).map_err(|e| format!("{step}/: {e}"))?;
     logs.agent = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "agent", to.as_fd())?;
-    logs.verifier = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "verifier", to.as_fd())?;
+    rollout_dir::move_entries(logs.verifier.as_fd(), "verifier", to.as_fd())?;
     logs.artifacts = rollout_dir::move_out_and_remake(logs.dir.as_fd(), "artifacts", to.as_fd())?;
     Ok(())
 }
@@ -758,13 +764,26 @@ pub(super) fn verify(
         }
     };
     let t = Instant::now();
-    // The verifier's log, made while the new dir is the caller's.
+    // What the agent left running ends first, when the caller asks (in the
+    // agent's own sandbox; a separate verifier's has none of it).
+    if run.guarded && ctx.opts.end_agent_processes {
+        match sb.end_processes() {
+            Ok(n) => r.ended_agent_processes = Some(n),
+            Err(e) => return infra(r, "ending the agent's processes", &e),
+        }
+    }
+    // The verifier's log, made while the dir is the caller's.
     let out = match rollout_dir::create_file(logs.verifier.as_fd(), "test-stdout.txt") {
         Ok(f) => f,
         Err(e) => return infra(r, "creating verifier/test-stdout.txt", &e),
     };
     if let Some(u) = &verifier_user {
-        if let Err(e) = sb.chown("/logs/verifier", u) {
+        let given = if run.guarded {
+            sb.chown_guarded("/logs/verifier", u)
+        } else {
+            sb.chown("/logs/verifier", u)
+        };
+        if let Err(e) = given {
             return infra(r, &format!("giving /logs/verifier to the user {u}"), &e);
         }
     }
@@ -783,7 +802,7 @@ pub(super) fn verify(
             run.base_env.clone(),
             Some("0".into()),
             Duration::from_secs(30),
-            verifier_net,
+            (verifier_net, false),
             &run.null,
         );
         if let Err(e) = made {
@@ -814,7 +833,7 @@ pub(super) fn verify(
         with_env(&run.base_env, &[&plan.env]),
         verifier_user.clone(),
         plan.timeout,
-        verifier_net,
+        (verifier_net, run.guarded),
         &out,
     );
     let (st, took, used) = match ran {
@@ -856,7 +875,9 @@ pub(super) fn verify(
         }
         ExecStatus::Exited { .. } => {}
     }
-    match reward::read(logs.dir.as_fd(), &ctx.ids) {
+    // From the dir opened before the sandbox started, whatever is at
+    // verifier/ by now.
+    match reward::read(logs.verifier.as_fd(), &ctx.ids) {
         Reward::Found { value, source, all } => {
             if value.is_none() {
                 r.notes.push(
@@ -1117,7 +1138,7 @@ fn setup_commands(
                 with_env(&run.base_env, &[extra]),
                 c.user.clone().or_else(|| image_user.clone()),
                 c.timeout,
-                net,
+                (net, false),
                 out,
             )
             .map_err(|e| SetupError::Infra(e.to_string()))?;

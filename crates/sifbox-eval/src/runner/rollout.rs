@@ -268,8 +268,24 @@ fn run_rollout(
         dst: PathBuf::from("/logs").join(RESULT_FILE),
         readonly: true,
     });
+    // verifier/ is read-only to the agent and to all it leaves running;
+    // only the verifier's commands see it writable (see
+    // `spec::GuardedBind`).
+    let guarded = vec![spec::GuardedBind {
+        src: dir.join("verifier"),
+        dst: PathBuf::from("/logs/verifier"),
+    }];
     let t = Instant::now();
-    let started = start_sandbox(ctx, task, &image, name, sandbox_net, binds, Some(dir), r);
+    let started = start_sandbox(
+        ctx,
+        task,
+        &image,
+        name,
+        sandbox_net,
+        (binds, guarded),
+        Some(dir),
+        r,
+    );
     r.timings_ms.start += ms(t.elapsed());
     let Some(Started {
         sandbox,
@@ -287,7 +303,10 @@ fn run_rollout(
         .or_else(|| image.meta.workdir.clone().filter(|w| !w.is_empty()))
         .unwrap_or_else(|| "/".into());
     let running = match running(&sandbox, &image, env, ca_env, cwd, sandbox_net) {
-        Ok(run) => run,
+        Ok(run) => Running {
+            guarded: true,
+            ..run
+        },
         Err(e) => {
             r.fail(ErrorClass::Infra, e);
             stop(ctx, sandbox, kill_id, layer, r);
@@ -362,7 +381,7 @@ struct Started {
 }
 
 /// Starts a sandbox `name` of `image` for a rollout of `task`, with
-/// `binds` (and the host's CA bundle, whose variables come back), until it
+/// `binds` and guarded binds (and the host's CA bundle, whose variables come back), until it
 /// answers; registered with the job's cancellation. None when it did not
 /// start (`r` says why).
 #[allow(
@@ -375,7 +394,7 @@ fn start_sandbox(
     image: &Image,
     name: String,
     net: NetMode,
-    mut binds: Vec<spec::Bind>,
+    (mut binds, guarded): (Vec<spec::Bind>, Vec<spec::GuardedBind>),
     evidence_dir: Option<PathBuf>,
     r: &mut RolloutResult,
 ) -> Option<Started> {
@@ -412,6 +431,7 @@ fn start_sandbox(
         None => (None, None),
     };
     spec.binds = binds;
+    spec.guarded = guarded;
     spec.confinement = ctx.opts.confinement(task);
     spec.limits = r.limits.spec();
     let opts = StartOptions {
@@ -473,6 +493,7 @@ fn running<'a>(
         env_scripts: image.env_scripts,
         sandbox_net,
         null,
+        guarded: false,
     })
 }
 
@@ -536,7 +557,16 @@ fn separate_verifier(
         vs.handed_over = handed_over;
     }
     let t = Instant::now();
-    let started = start_sandbox(ctx, task, image, name, verifier_net, binds, None, r);
+    let started = start_sandbox(
+        ctx,
+        task,
+        image,
+        name,
+        verifier_net,
+        (binds, Vec::new()),
+        None,
+        r,
+    );
     let start_ms = ms(t.elapsed());
     r.timings_ms.start += start_ms;
     if let Some(vs) = &mut r.verifier_sandbox {

@@ -105,6 +105,13 @@ pub struct EvalArgs {
     /// Processes and threads of a rollout at the same time (default 4096).
     #[arg(long, value_name = "N")]
     pub pids: Option<u64>,
+    /// End every process the agent left running before the verifier runs
+    /// (recorded in result.json as `ended_agent_processes`). Off by
+    /// default, as in Harbor: an agent may start a service the verifier
+    /// probes. Without it, what the agent left still cannot write the
+    /// verifier's /logs/verifier (see SECURITY.md).
+    #[arg(long)]
+    pub end_agent_processes: bool,
     /// Output on stderr: auto (a live line on a terminal, else plain),
     /// plain (a line per event), quiet.
     #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
@@ -436,6 +443,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             LayerArg::Tmpfs => sifbox_eval::runner::Layer::Tmpfs,
             LayerArg::Disk => sifbox_eval::runner::Layer::Disk,
         },
+        end_agent_processes: a.end_agent_processes,
     };
 
     // Ctrl-C, SIGTERM, SIGHUP: kill every sandbox of the job (again and

@@ -648,7 +648,7 @@ fn agents_limits_networks_users_env_and_healthchecks() {
     env.task(
         "cheating-agent",
         "",
-        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nexit 0\n",
         "#!/bin/bash\n[[ -e /logs/verifier/reward.txt ]] && exit 1\necho 0 > /logs/verifier/reward.txt\n",
     );
     env.task(
@@ -723,11 +723,13 @@ fn agents_limits_networks_users_env_and_healthchecks() {
         read("no-reward__1/verifier/test-stdout.txt"),
         "nothing to see\n"
     );
+    // Its write to /logs/verifier was refused (read-only to the agent):
+    // nothing there to remove, no note.
     let t = r("cheating-agent");
     assert_eq!(outcome(&t), ok(0.0), "{t:#}");
     assert_eq!(
         notes(&t).iter().filter(|n| !is_limit_note(n)).count(),
-        1,
+        0,
         "{t:#}"
     );
 
@@ -1527,7 +1529,7 @@ sleep 0.1
     env.task(
         "c-planted-reward",
         "",
-        "#!/bin/bash\necho 1.0 > /logs/verifier/reward.txt\necho '{\"reward\": 1}' > /logs/verifier/reward.json\nmkdir -p /logs/verifier/sub\necho 1.0 > /logs/verifier/sub/reward.txt\nchown -R 4242:4242 /logs/verifier/sub\nchmod 0555 /logs/verifier/sub\n",
+        "#!/bin/bash\necho 1.0 > /logs/verifier/reward.txt\necho '{\"reward\": 1}' > /logs/verifier/reward.json\nmkdir -p /logs/verifier/sub\necho 1.0 > /logs/verifier/sub/reward.txt\nchown -R 4242:4242 /logs/verifier/sub\nchmod 0555 /logs/verifier/sub\nexit 0\n",
         "#!/bin/bash\nleft=$(ls -A /logs/verifier)\n[[ $left == test-stdout.txt ]] || { echo \"left: $left\"; exit 1; }\necho 0.5 > /logs/verifier/reward.txt\n",
     );
     // (d) The records overwritten, unmounted, removed, renamed.
@@ -1648,15 +1650,11 @@ exit 0
             })
             .unwrap_or_default()
     };
-    let a = notes("a-symlinks__1");
-    assert!(
-        a.iter().any(|n| n.contains("verifier/ was a symlink")),
-        "{a:?}"
-    );
-    assert_eq!(
-        notes("c-planted-reward__1"),
-        ["a reward file was there before the verifier ran (left by the agent?); it was removed"]
-    );
+    // verifier/ is read-only to the agent (a guarded bind): nothing was
+    // planted there to remove.
+    for rollout in ["a-symlinks__1", "c-planted-reward__1"] {
+        assert!(notes(rollout).is_empty(), "{rollout}: {:?}", notes(rollout));
+    }
     assert!(
         notes("e-other-user__1").is_empty(),
         "{:?}",
@@ -1669,6 +1667,139 @@ exit 0
     assert!(d.get("forged").is_none(), "{d:#}");
     let ev = std::fs::read_to_string(job.join("d-records__1/sandbox.json")).expect("read");
     assert!(!ev.contains("forged"), "{ev}");
+}
+
+/// A root agent leaves a process that keeps writing reward files (and
+/// ticks, to show it is alive) while the verifier runs: the reward is the
+/// verifier's. The agent's sandbox shows /logs/verifier read-only to it;
+/// the verifier's commands alone see it writable (a guarded bind).
+#[test]
+fn a_process_the_agent_leaves_cannot_rewrite_the_reward() {
+    let env = Env::with_evalbase();
+    env.task(
+        "forger",
+        "",
+        "#!/bin/bash
+         setsid bash -c 'while :; do echo 0.99 > /logs/verifier/reward.txt; echo 0.99 > /logs/verifier/reward.json; echo t >> /tmp/ticks; sleep 0.01; done' </dev/null >/dev/null 2>&1 &
+         while ! test -s /tmp/ticks; do sleep 0.01; done
+",
+        "#!/bin/bash
+         echo 0.25 > /logs/verifier/reward.txt
+         before=$(wc -l < /tmp/ticks); sleep 1; after=$(wc -l < /tmp/ticks)
+         [ \"$after\" -gt \"$before\" ] && echo agent-loop-alive
+         cat /logs/verifier/reward.txt
+",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let out = env.eval(&["--job", "j", &tasks]).output();
+    out.success();
+    let r = env.result("j", "forger__1");
+    let dir = env.out().join("j/forger__1");
+    let log = std::fs::read_to_string(dir.join("verifier/test-stdout.txt")).unwrap_or_default();
+    // The forger ran all along (else the test proves nothing).
+    assert!(log.contains("agent-loop-alive"), "{log}\n{r:#}");
+    assert_eq!(outcome(&r), ok(0.25), "{r:#}\n{log}\n{}", out.stderr);
+    assert_eq!(r["reward_source"], "reward.txt", "{r:#}");
+    assert!(!dir.join("verifier/reward.json").exists());
+    assert!(r.get("ended_agent_processes").is_none(), "{r:#}");
+}
+
+/// As root in its sandbox, the agent finds /logs/verifier read-only and
+/// cannot make it writable: no write, no remount (plain or bind), no
+/// unmount, no rename; nor in a user and mount namespace of its own
+/// (`--allow-userns`), where the mount is locked. The verifier still
+/// writes its reward there.
+#[test]
+fn the_agent_sees_the_verifiers_dir_read_only_and_cannot_make_it_writable() {
+    let env = Env::with_evalbase();
+    let tries = r#"
+try() { if "$@" >/dev/null 2>&1; then echo "ALLOWED: $*"; else echo "denied: $*"; fi; }
+try sh -c 'echo 1 > /logs/verifier/reward.txt'
+try mkdir /logs/verifier/sub
+try mount -o remount,rw /logs/verifier
+try mount -o remount,bind,rw /logs/verifier
+try umount /logs/verifier
+try umount -l /logs/verifier
+try mv /logs/verifier /logs/moved
+try rmdir /logs/verifier
+try sh -c 'echo 1 > /logs/verifier/reward.txt'
+"#;
+    env.task(
+        "remount",
+        "",
+        &format!(
+            "#!/bin/bash
+{{
+{tries}
+whoami 2>/dev/null || id -u
+             try unshare -Urm sh -c 'mount -o remount,rw /logs/verifier && echo 1 > /logs/verifier/reward.txt'
+             try unshare -Urm sh -c 'umount /logs/verifier && echo 1 > /logs/verifier/reward.txt'
+             }} > /logs/agent/tries 2>&1
+"
+        ),
+        "#!/bin/bash
+echo 0.5 > /logs/verifier/reward.txt
+",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let out = env.eval(&["--job", "j", "--allow-userns", &tasks]).output();
+    out.success();
+    let r = env.result("j", "remount__1");
+    let dir = env.out().join("j/remount__1");
+    let tries = std::fs::read_to_string(dir.join("agent/tries")).expect("the agent's tries");
+    assert!(!tries.contains("ALLOWED"), "{tries}");
+    assert_eq!(tries.matches("denied:").count(), 11, "{tries}");
+    assert_eq!(outcome(&r), ok(0.5), "{r:#}\n{tries}\n{}", out.stderr);
+    assert!(!dir.join("verifier/sub").exists());
+    assert!(!dir.join("moved").exists());
+}
+
+/// `--end-agent-processes`: what the agent left running is ended before
+/// the verifier runs, and result.json says how many; without the flag it
+/// runs on (an agent's service the verifier probes keeps working), and a
+/// root agent's leftover reaches the verifier's `/logs/verifier` through
+/// `/proc/PID/root` of the verifier's processes (SECURITY.md's limit).
+#[test]
+fn end_agent_processes_ends_what_the_agent_left_before_the_verifier() {
+    let env = Env::with_evalbase();
+    env.task(
+        "leftover",
+        "",
+        "#!/bin/bash
+         setsid bash -c 'echo $$ > /tmp/leftover.pid; while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+         ( sleep 1000 & ) 
+         while ! test -s /tmp/leftover.pid; do sleep 0.01; done
+",
+        "#!/bin/bash
+         p=$(cat /tmp/leftover.pid)
+         if [ -d /proc/$p ]; then echo 0; else echo 1; fi > /logs/verifier/reward.txt
+",
+    );
+    env.task(
+        "via-proc-root",
+        "",
+        "#!/bin/bash\n\
+         setsid bash -c 'while :; do for p in /proc/[0-9]*; do echo 0.9 > $p/root/logs/verifier/reward.txt; done 2>/dev/null; done' </dev/null >/dev/null 2>&1 &\n\
+         sleep 0.2\n",
+        "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nsleep 1\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "kept", &tasks]).output().success();
+    let forged = env.result("kept", "via-proc-root__1");
+    assert_ne!(outcome(&forged), ok(1.0), "{forged:#}");
+    let kept = env.result("kept", "leftover__1");
+    assert_eq!(outcome(&kept), ok(0.0), "{kept:#}");
+    assert!(kept.get("ended_agent_processes").is_none(), "{kept:#}");
+    env.eval(&["--job", "ended", "--end-agent-processes", &tasks])
+        .output()
+        .success();
+    let closed = env.result("ended", "via-proc-root__1");
+    assert_eq!(outcome(&closed), ok(1.0), "{closed:#}");
+    let ended = env.result("ended", "leftover__1");
+    assert_eq!(outcome(&ended), ok(1.0), "{ended:#}");
+    // The loop, its sleep, and the sleep 1000 (at least three).
+    let n = ended["ended_agent_processes"].as_u64().expect("recorded");
+    assert!(n >= 3, "{ended:#}");
 }
 
 /// A task whose solve.sh (or test.sh) is a symlink to a file of the
@@ -1967,9 +2098,9 @@ fn separate_verifier_runs_in_its_own_sandbox_and_image() {
         );
     }
     assert!(vs["start_ms"].as_u64().expect("ms") > 0, "{t:#}");
-    // The reward the agent planted went before the verifier ran.
+    // The agent could plant no reward: verifier/ is read-only to it.
     assert!(
-        notes(&t)
+        !notes(&t)
             .iter()
             .any(|n| n.contains("a reward file was there")),
         "{t:#}"

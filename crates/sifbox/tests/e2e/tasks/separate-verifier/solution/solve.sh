@@ -3,4 +3,7 @@
 echo handed > /logs/artifacts/result
 echo secret > /logs/agent/secret
 echo state > /tmp/agent-state
-echo 0 > /logs/verifier/reward.txt
+# A reward planted for the verifier: /logs/verifier is read-only to the
+# agent, so this fails (and the verifier's dir is made afresh anyway).
+echo 0 > /logs/verifier/reward.txt 2>/dev/null
+exit 0
