@@ -14,6 +14,7 @@
 #![allow(unsafe_code)]
 
 pub mod lockfile;
+pub mod walk;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

@@ -1647,6 +1647,64 @@ fn a_task_script_symlinked_out_of_the_task_reads_nothing() {
     }
 }
 
+/// A task's `docker_image` naming a SIF outside the dir given to eval
+/// (`../../private/private.sif`) is refused up front, exit 125, naming the
+/// task, the path and `--allow-image-dir`, and nothing runs; on main eval
+/// imported any SIF the caller can read and its agent read it. Allowed
+/// with `--allow-image-dir DIR`, the same task runs on that image.
+#[test]
+fn a_tasks_sif_outside_the_suite_is_refused_unless_allowed() {
+    let env = Env::with_evalbase();
+    let secret = unique("private-image");
+    let base = env.path("private-rootfs");
+    copy_rootfs(&base);
+    std::fs::write(base.join("secret"), &secret).expect("write");
+    let other = Store::new("sifbox-eval-private.");
+    other
+        .import(&base, "priv")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let private = env.path("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let sif = private.join("private.sif");
+    other
+        .cmd(["image", "export", "priv", sif.to_str().expect("utf-8")])
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    env.task(
+        "sif-outside",
+        "[environment]\ndocker_image = \"../../private/private.sif\"\n",
+        "#!/bin/sh\ncat /secret > /logs/agent/seen\n",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let images = || {
+        let out = env.cmd(&["image", "ls", "--json"]).output();
+        let v: Value = serde_json::from_str(&out.success().stdout).expect("json");
+        v["images"].as_array().map_or(0, Vec::len)
+    };
+    let before = images();
+    let out = env.eval(&["--job", "j", &tasks]).output();
+    out.code_is(125);
+    for want in ["sif-outside", "private.sif", "--allow-image-dir"] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+    assert!(!env.out().join("j").exists(), "a refused job left its dir");
+    assert_eq!(images(), before, "the store imported it");
+    // Allowed: the same task runs on the private image.
+    let allow = private.display().to_string();
+    env.eval(&["--job", "k", "--allow-image-dir", &allow, &tasks])
+        .output()
+        .success();
+    let r = env.result("k", "sif-outside__1");
+    assert_eq!(r["status"], "ok", "{r:#}");
+    let seen = std::fs::read_to_string(env.out().join("k/sif-outside__1/agent/seen"))
+        .expect("the agent's file");
+    assert_eq!(seen, secret);
+}
+
 /// A task's `${VAR}` sees only what the caller passes (`--pass-env`): the
 /// audit's suite took API keys from the caller's environment by naming
 /// them. Unpassed, `${VAR:-default}` gives the default (with a warning
