@@ -211,6 +211,10 @@ pub enum Step {
     File { at: At, contents: Vec<u8> },
     /// A symlink to `target`.
     Symlink { at: At, target: PathBuf },
+    /// The writable layer's directory `name` (beside the overlay's upper
+    /// and work dirs, seen nowhere else) bound at `at`: what is written
+    /// there counts against the layer's size.
+    LayerDir { name: String, at: At },
 }
 
 /// Size of the tmpfs of a [`Step::File`].
@@ -368,7 +372,22 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             need: Need::Required,
         });
     }
+    for (i, p) in spec.layer_dirs.iter().enumerate() {
+        steps.push(Step::LayerDir {
+            name: layer_dir_name(i),
+            at: At {
+                base: Base::Root,
+                path: relative(p),
+                lookup: Lookup::Image(Create::Dir),
+            },
+        });
+    }
     steps
+}
+
+/// The name in the writable layer of the `i`th of `SandboxSpec::layer_dirs`.
+fn layer_dir_name(i: usize) -> String {
+    format!("d{i}")
 }
 
 /// `/a/b` -> `a/b`, dropping `.`; `..` is kept for the Image lookup, which
@@ -398,6 +417,9 @@ pub struct NewRoot {
     /// The first empty read-only tmpfs that masks a directory: the others
     /// are clones of it (one superblock for all).
     empty: Option<OwnedFd>,
+    /// The writable layer's dir that holds the overlay's upper and work
+    /// dirs and the [`Step::LayerDir`]s.
+    layer: Option<OwnedFd>,
 }
 
 impl NewRoot {
@@ -921,6 +943,24 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
             rustix::fs::symlinkat(target.as_path(), &parent, name)
                 .map_err(sys_err(format!("creating {}", at.shown())))?;
         }
+        Step::LayerDir { name, at } => {
+            let what = format!("the writable layer's dir at {}", at.shown());
+            let Some(layer) = root.layer.as_ref() else {
+                return Err(Error::Setup(format!("{what}: no writable layer")));
+            };
+            let tree = open_tree(
+                layer,
+                name.as_str(),
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                    | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(sys_err(format!("{what}: cloning it")))?;
+            let Some(target) = root.resolve(at, Some(Create::Dir))? else {
+                return Err(Error::Setup(format!("{what}: nowhere to attach it")));
+            };
+            attach(&tree, target.as_fd(), &what)?;
+        }
     }
     Ok(())
 }
@@ -1031,6 +1071,9 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
             .map_err(sys_err(format!("creating m/{name}")))
     };
     mkdir("root")?;
+    for i in 0..spec.layer_dirs.len() {
+        mkdir(&layer_dir_name(i))?;
+    }
     let (upper, work) = match &spec.writable {
         Writable::Tmpfs { .. } | Writable::Disk { .. } => {
             mkdir("upper")?;
@@ -1128,6 +1171,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         fd,
         mounts: HashMap::new(),
         empty: None,
+        layer: Some(m),
     })
 }
 
@@ -1171,6 +1215,7 @@ mod tests {
                 dst: "/mnt/../data".into(),
                 readonly: true,
             }],
+            layer_dirs: Vec::new(),
             host_dns: true,
             shm_bytes: 1 << 20,
             confinement: Confinement::default(),
@@ -1338,6 +1383,7 @@ mod tests {
             fd,
             mounts: HashMap::new(),
             empty: None,
+            layer: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(

@@ -311,6 +311,13 @@ pub struct SandboxSpec {
     pub ids: IdMapping,
     pub writable: Writable,
     pub binds: Vec<Bind>,
+    /// Paths inside (absolute) over which a fresh, empty directory of the
+    /// writable layer is bound, after `binds`: what is written there counts
+    /// against the layer's size and stays in the sandbox (eval's
+    /// `/logs/agent` and `/logs/artifacts`, over the rollout dir's bind,
+    /// copied out with a bound when the agent is done).
+    #[serde(default)]
+    pub layer_dirs: Vec<PathBuf>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
     /// Size of the tmpfs at `/dev/shm`, in bytes. (`/tmp` is the image's,
@@ -344,6 +351,7 @@ impl SandboxSpec {
                 size_mib: DEFAULT_TMPFS_MIB,
             },
             binds: Vec::new(),
+            layer_dirs: Vec::new(),
             host_dns: true,
             shm_bytes: DEFAULT_SHM_BYTES,
             confinement: Confinement::default(),
@@ -399,6 +407,15 @@ impl SandboxSpec {
                 return Err(bad(
                     format!("the bind of {} at {}", b.src.display(), b.dst.display()),
                     "its destination is not an absolute path",
+                    "give an absolute path inside the sandbox",
+                ));
+            }
+        }
+        for d in &self.layer_dirs {
+            if !d.is_absolute() {
+                return Err(bad(
+                    format!("the writable layer's dir at {}", d.display()),
+                    "not an absolute path",
                     "give an absolute path inside the sandbox",
                 ));
             }

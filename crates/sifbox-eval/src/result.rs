@@ -278,6 +278,10 @@ pub struct RolloutResult {
     /// The verifier's own sandbox, when it ran separately.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verifier_sandbox: Option<VerifierSandbox>,
+    /// What of the agent's `/logs/agent` and `/logs/artifacts` (kept in its
+    /// sandbox's writable layer) was copied to the rollout's dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogsCopied>,
     /// What the task asked for, after sifbox's defaults and the job's
     /// overrides.
     #[serde(default)]
@@ -294,6 +298,21 @@ pub struct RolloutResult {
     /// The sifbox that ran the rollout.
     #[serde(default)]
     pub sifbox_version: String,
+}
+
+/// The copy of an agent's logs out of its sandbox (see
+/// `runner::agent_logs`): bounded in bytes and entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsCopied {
+    /// Bytes of file contents copied.
+    pub bytes: u64,
+    /// Entries copied (files, dirs, links).
+    pub files: u64,
+    /// Whether anything was left out for the bounds.
+    pub truncated: bool,
+    /// What was left out, when something was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<String>,
 }
 
 impl RolloutResult {
@@ -323,6 +342,7 @@ impl RolloutResult {
             limits_applied: Vec::new(),
             build_log: None,
             verifier_sandbox: None,
+            logs: None,
             steps: Vec::new(),
             notes: Vec::new(),
             sifbox_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -220,14 +220,14 @@ fn read_level(
     let Some(fd) = frame.fd.as_ref() else {
         return Err(io::Error::other("the walk lost a directory's fd"));
     };
-    let mut rd = match rustix::fs::Dir::read_from(fd) {
+    let rd = match rustix::fs::Dir::read_from(fd) {
         Ok(rd) => rd,
         Err(err) => {
             visitor.error(path, err.into())?;
             return Ok(false);
         }
     };
-    while let Some(entry) = rd.next() {
+    for entry in rd {
         let entry = match entry {
             Ok(entry) => entry,
             Err(err) => {

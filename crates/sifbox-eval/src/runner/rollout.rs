@@ -305,6 +305,9 @@ fn run_rollout(
         verifier_net,
     );
     drop(running);
+    if task.steps.is_empty() {
+        r.logs = Some(super::agent_logs::copy_out(&sandbox, &logs.path, &ctx.dir));
+    }
     // As Harbor, the agent's sandbox stops before a separate verifier
     // starts: nothing of the agent runs while it is graded.
     stop(ctx, sandbox, kill_id, layer, r);
@@ -410,6 +413,12 @@ fn start_sandbox(
         None => (None, None),
     };
     spec.binds = binds;
+    // The agent's sandbox (the one with the rollout dir at /logs) keeps
+    // /logs/agent and /logs/artifacts in its writable layer: bounded by
+    // storage_mb, copied out after the agent (see `agent_logs`).
+    if task.steps.is_empty() && spec.binds.iter().any(|b| b.dst == Path::new("/logs")) {
+        spec.layer_dirs = super::agent_logs::layer_dirs();
+    }
     spec.confinement = ctx.opts.confinement(task);
     spec.limits = r.limits.spec();
     let opts = StartOptions {

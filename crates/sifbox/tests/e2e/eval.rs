@@ -1705,6 +1705,63 @@ fn a_tasks_sif_outside_the_suite_is_refused_unless_allowed() {
     assert_eq!(seen, secret);
 }
 
+/// An agent's /logs/agent and /logs/artifacts live in its writable layer:
+/// one of `storage_mb = 64` that writes 200 MiB there is cut at the
+/// layer's size, and the job dir holds at most that (on main, /logs was
+/// the host's dir and took all of it); one that makes more entries than
+/// the copy-out's bound (20,000) gets that many in the job dir, and
+/// result.json's `logs` says what was cut.
+#[test]
+fn an_agents_logs_are_bounded_by_its_storage_and_the_copy_out() {
+    let env = Env::with_evalbase();
+    let reward = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n";
+    env.task(
+        "logs-big",
+        "[environment]\nstorage_mb = 64\n",
+        "#!/bin/sh\nhead -c 209715200 /dev/zero > /logs/agent/big\necho x > /logs/artifacts/kept || true\n",
+        reward,
+    );
+    env.task(
+        "logs-many",
+        "",
+        "#!/bin/sh\ncd /logs/agent && seq 1 20050 | xargs touch\n",
+        reward,
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "j", &tasks]).output();
+    let sizes = |rollout: &str| -> (u64, usize) {
+        let mut bytes = 0;
+        let mut n = 0;
+        for sub in ["agent", "artifacts"] {
+            let d = env.out().join("j").join(rollout).join(sub);
+            for (_, md) in harness::entries_below(&d) {
+                n += 1;
+                if md.is_file() {
+                    bytes += md.len();
+                }
+            }
+        }
+        (bytes, n)
+    };
+    let r = env.result("j", "logs-big__1");
+    let (bytes, _) = sizes("logs-big__1");
+    assert!(bytes <= 64 << 20, "the job dir holds {bytes} bytes: {r:#}");
+    assert!(bytes > 0, "nothing was copied out: {r:#}");
+    let logs = &r["logs"];
+    assert!(logs["bytes"].as_u64().expect("bytes") <= 64 << 20, "{r:#}");
+    let r = env.result("j", "logs-many__1");
+    let logs = &r["logs"];
+    assert_eq!(logs["truncated"], true, "{r:#}");
+    assert_eq!(logs["files"], 20_000, "{r:#}");
+    assert!(
+        logs["cut"].as_str().expect("cut").contains("entries"),
+        "{r:#}"
+    );
+    let (_, n) = sizes("logs-many__1");
+    assert!(n <= 20_000, "the job dir holds {n} entries");
+    assert!(n > 19_000, "the job dir holds only {n} entries");
+}
+
 /// A task's `${VAR}` sees only what the caller passes (`--pass-env`): the
 /// audit's suite took API keys from the caller's environment by naming
 /// them. Unpassed, `${VAR:-default}` gives the default (with a warning
