@@ -1235,6 +1235,37 @@ mod tests {
         assert_eq!(relative(Path::new("/")), PathBuf::new());
     }
 
+    /// The writable layer's dirs are bound last, over the binds (eval's
+    /// /logs/agent over the rollout dir's /logs), each its own.
+    #[test]
+    fn layer_dirs_come_after_the_binds() {
+        let mut s = spec();
+        s.layer_dirs = vec!["/logs/agent".into(), "/logs/artifacts".into()];
+        let steps = plan(&s);
+        let last_bind = steps
+            .iter()
+            .rposition(|st| matches!(st, Step::BindHost { .. }))
+            .expect("a bind");
+        let dirs: Vec<(usize, String, String)> = steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, st)| match st {
+                Step::LayerDir { name, at } => Some((i, name.clone(), at.shown())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dirs.len(), 2, "{steps:?}");
+        assert!(dirs.iter().all(|(i, _, _)| *i > last_bind));
+        assert_eq!(
+            (dirs[0].1.as_str(), dirs[0].2.as_str()),
+            ("d0", "/logs/agent")
+        );
+        assert_eq!(
+            (dirs[1].1.as_str(), dirs[1].2.as_str()),
+            ("d1", "/logs/artifacts")
+        );
+    }
+
     #[test]
     fn the_plan_covers_and_masks_what_it_must() {
         let steps = plan(&spec());
