@@ -44,7 +44,7 @@ impl Write for Bounded {
             self.cut.store(true, Ordering::SeqCst);
             return Err(std::io::Error::other("the logs' bound"));
         }
-        let n = (buf.len() as u64).min(self.left) as usize;
+        let n = usize::try_from(self.left).map_or(buf.len(), |left| buf.len().min(left));
         let n = self.out.write(&buf[..n])?;
         self.left -= n as u64;
         Ok(n)
