@@ -1100,6 +1100,9 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
     for l in spec.layers.iter().chain(std::iter::once(&spec.rootfs)) {
         lowers.push(open_dir(l, false)?);
     }
+    if let Some(tree) = lowers.last() {
+        remake_modes(tree, &upper);
+    }
     let lower = lowers
         .iter()
         .map(|fd| overlay_escape(&fd_path(fd)))
@@ -1173,6 +1176,94 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         empty: None,
         layer: Some(m),
     })
+}
+
+/// The record a shared store's tree has at its root of the modes that were
+/// closed to group and world writes there (`sifbox_image::setid::
+/// MODES_RECORD`: JSON `[[path, mode, is_dir], ...]`).
+const MODES_RECORD: &str = ".sifbox-modes";
+
+/// Re-makes, in the sandbox's own upper layer `upper`, the directories the
+/// tree `lower` records in [`MODES_RECORD`] with the modes the image gave
+/// them: a merged directory takes its mode from the upper one, so `/tmp`
+/// is 1777 inside while the shared tree's is not writable by the group.
+/// Parents made on the way get the tree's modes. Best effort: a record that
+/// is missing, too big or malformed, or an entry that cannot be made, is
+/// left (the directory then stays as the tree has it).
+fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
+    use std::io::Read as _;
+    let Ok(fd) = rustix::fs::openat2(
+        lower,
+        MODES_RECORD,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    ) else {
+        return;
+    };
+    let mut text = Vec::new();
+    if std::fs::File::from(fd)
+        .take((1 << 20) + 1)
+        .read_to_end(&mut text)
+        .is_err()
+        || text.len() > 1 << 20
+    {
+        return;
+    }
+    let Ok(record) = serde_json::from_slice::<Vec<(String, u32, bool)>>(&text) else {
+        return;
+    };
+    for (path, mode, dir) in record {
+        if !dir || path.is_empty() {
+            continue;
+        }
+        let parts: Vec<&std::ffi::OsStr> = match Path::new(&path)
+            .components()
+            .map(|c| match c {
+                Component::Normal(n) => Some(n),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(p) if !p.is_empty() => p,
+            _ => continue,
+        };
+        let mut made = PathBuf::new();
+        let mut cur: Option<OwnedFd> = None;
+        for (i, name) in parts.iter().enumerate() {
+            made.push(name);
+            let last = i + 1 == parts.len();
+            let parent = cur.as_ref().map_or(upper.as_fd(), AsFd::as_fd);
+            let fresh = match rustix::fs::mkdirat(parent, *name, Mode::from_raw_mode(0o700)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(_) => break,
+            };
+            let Ok(next) = rustix::fs::openat(
+                parent,
+                *name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                break;
+            };
+            let want = if last {
+                Some(mode & 0o7777)
+            } else if fresh {
+                // The tree's own mode for a parent made on the way.
+                open_beneath(lower, &made, OFlags::empty())
+                    .and_then(|p| rustix::fs::fstat(&p))
+                    .ok()
+                    .map(|st| st.st_mode & 0o7777)
+            } else {
+                None
+            };
+            if let Some(m) = want {
+                let _ = rustix::fs::fchmod(&next, Mode::from_raw_mode(m));
+            }
+            cur = Some(next);
+        }
+    }
 }
 
 /// Prepares the overlay root and carries out the plan of `spec` on it.

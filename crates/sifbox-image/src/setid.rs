@@ -172,6 +172,86 @@ impl walk::Visitor for Strip<'_> {
     }
 }
 
+/// The record, at a shared tree's root, of the modes [`close_writes`]
+/// took group and world write off: JSON `[[path, mode, is_dir], ...]`,
+/// paths relative. The engine re-creates those directories with their
+/// modes in each sandbox's own upper layer (so `/tmp` is 1777 inside).
+pub const MODES_RECORD: &str = ".sifbox-modes";
+
+/// Takes group and world write off every directory and file below `root`
+/// (not symlinks), at any depth, and writes what it changed to
+/// [`MODES_RECORD`] at the root: a shared store's tree is read by its
+/// group, and a world-writable `/tmp` there let a member plant a file that
+/// the owner's sandbox then ran. Returns how many entries changed.
+pub fn close_writes(root: &Path) -> io::Result<u64> {
+    struct Close<'r> {
+        root: &'r Path,
+        changed: Vec<(String, u32, bool)>,
+    }
+    impl walk::Visitor for Close<'_> {
+        fn entry(&mut self, e: &walk::Entry<'_>) -> io::Result<walk::Step> {
+            let kind = e.file_type();
+            let mode = e.stat.st_mode & 0o7777;
+            let dir = kind == FileType::Directory;
+            if matches!(kind, FileType::Directory | FileType::RegularFile) && mode & 0o022 != 0 {
+                let at = |err: io::Error| err_at(&self.root.join(e.path), "", err);
+                let fd = open_entry(e.dir, e.name).map_err(|err| at(err.into()))?;
+                let st = rustix::fs::fstat(&fd).map_err(|err| at(err.into()))?;
+                if FileType::from_raw_mode(st.st_mode) == kind {
+                    chmod_fd(&fd, mode & !0o022).map_err(|err| at(err.into()))?;
+                    // A name that is not UTF-8 stays closed inside too.
+                    if let Some(p) = e.path.to_str() {
+                        self.changed.push((p.to_string(), mode, dir));
+                    }
+                }
+            }
+            Ok(if dir {
+                walk::Step::Descend
+            } else {
+                walk::Step::Next
+            })
+        }
+        fn error(&mut self, path: &Path, err: io::Error) -> io::Result<()> {
+            Err(err_at(&self.root.join(path), "", err))
+        }
+    }
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err_at(root, "opening", e))?;
+    let mut v = Close {
+        root,
+        changed: Vec::new(),
+    };
+    let st = rustix::fs::fstat(&top).map_err(|e| err_at(root, "opening", e))?;
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        rustix::fs::fchmod(&top, Mode::from_raw_mode(mode & !0o022))
+            .map_err(|e| err_at(root, "closing", e))?;
+        v.changed.push((String::new(), mode, true));
+    }
+    walk::walk(top.as_fd(), walk::Options::default(), &mut v)?;
+    // The image's own file of that name (if any) gives way to ours.
+    match rustix::fs::unlinkat(&top, MODES_RECORD, rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(err_at(&root.join(MODES_RECORD), "replacing", e)),
+    }
+    let json = serde_json::to_vec(&v.changed).map_err(io::Error::other)?;
+    let fd = rustix::fs::openat(
+        &top,
+        MODES_RECORD,
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(|e| err_at(&root.join(MODES_RECORD), "creating", e))?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, &json)
+        .map_err(|e| err_at(&root.join(MODES_RECORD), "writing", e))?;
+    Ok(v.changed.len() as u64)
+}
+
 /// `security.capability`: the xattr of file capabilities.
 const CAPS: &str = "security.capability";
 
@@ -389,6 +469,42 @@ mod tests {
         assert_eq!(mode(&suid), 0o755);
         assert_eq!(mode(&inner), 0o755);
         assert_eq!(mode(&locked), 0o100, "its mode is given back");
+    }
+
+    /// Group and world write go off dirs and files, the modes recorded;
+    /// a symlink is not followed.
+    #[test]
+    fn writes_are_closed_and_recorded() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let tree = t.path().join("tree");
+        std::fs::create_dir_all(tree.join("tmp")).expect("mkdir");
+        std::fs::create_dir_all(tree.join("var/tmp")).expect("mkdir");
+        set(&tree.join("tmp"), 0o1777);
+        set(&tree.join("var/tmp"), 0o1777);
+        std::fs::write(tree.join("open"), "x").expect("write");
+        set(&tree.join("open"), 0o666);
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).expect("mkdir");
+        set(&outside, 0o777);
+        std::os::unix::fs::symlink(&outside, tree.join("link")).expect("symlink");
+        assert_eq!(close_writes(&tree).expect("close"), 3);
+        assert_eq!(mode(&tree.join("tmp")), 0o1755);
+        assert_eq!(mode(&tree.join("var/tmp")), 0o1755);
+        assert_eq!(mode(&tree.join("open")), 0o644);
+        assert_eq!(mode(&outside), 0o777, "followed");
+        let rec: Vec<(String, u32, bool)> =
+            serde_json::from_slice(&std::fs::read(tree.join(MODES_RECORD)).expect("read"))
+                .expect("json");
+        let mut rec = rec;
+        rec.sort();
+        assert_eq!(
+            rec,
+            [
+                ("open".to_string(), 0o666, false),
+                ("tmp".to_string(), 0o1777, true),
+                ("var/tmp".to_string(), 0o1777, true)
+            ]
+        );
     }
 
     #[test]
