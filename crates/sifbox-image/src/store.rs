@@ -565,6 +565,16 @@ impl Store {
                 }
             }
         }
+        // Trees a shared store published before trees were closed to the
+        // group's writes (no record yet): closed now, once.
+        for e in std::fs::read_dir(&rootfs).map_err(io(&rootfs))?.flatten() {
+            let tree = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir())
+                && std::fs::symlink_metadata(tree.join(crate::setid::MODES_RECORD)).is_err()
+            {
+                crate::setid::close_writes(&tree).map_err(io(&tree))?;
+            }
+        }
         let group = std::fs::metadata(&self.root).map_err(io(&self.root))?.gid();
         set_dir_mode(&self.root, SHARED_DIR)?;
         for d in GROUP_READS {
