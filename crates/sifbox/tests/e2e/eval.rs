@@ -1119,7 +1119,9 @@ storage_mb = 64
 fn task_limits_defaults_and_overrides_are_recorded_with_what_enforced_them() {
     let env = Env::with_evalbase();
     // Fills its writable layer past storage_mb, and burns some CPU.
-    let solve = "#!/bin/bash\ndd if=/dev/zero of=/big bs=1M count=80 2> /logs/agent/dd.err\necho $? > /logs/agent/dd.rc\nrm -f /big\ni=0; while [ $i -lt 100000 ]; do i=$((i+1)); done\n";
+    // (/logs/agent is in the same layer: dd's output is kept in memory
+    // until /big is gone.)
+    let solve = "#!/bin/bash\nerr=$(dd if=/dev/zero of=/big bs=1M count=80 2>&1)\nrc=$?\nrm -f /big\necho \"$err\" > /logs/agent/dd.err\necho $rc > /logs/agent/dd.rc\ni=0; while [ $i -lt 100000 ]; do i=$((i+1)); done\n";
     let reward = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n";
     env.task(
         "sized",
