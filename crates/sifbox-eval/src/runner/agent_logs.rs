@@ -10,7 +10,7 @@
 //! `logs`. A multi-step task keeps the host's dirs (its steps' outputs are
 //! moved aside between steps on the host).
 
-use std::io::{Seek as _, SeekFrom, Write};
+use std::io::{Read as _, Seek as _, SeekFrom, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -91,71 +91,70 @@ fn copy_one(
         cut: Arc::clone(&hit),
     };
     let src = format!("/logs/{name}");
-    let got = sb.download_tar(&src, false, sifbox_engine::transfer::SetId::Strip, w);
+    // Bounded here (whole entries kept), not by the transfer's limits,
+    // which would fail the copy and keep nothing.
+    let got = sb.download_tar(
+        &src,
+        false,
+        sifbox_engine::transfer::SetId::Strip,
+        sifbox_engine::transfer::Limits::UNLIMITED,
+        w,
+    );
     let stream_cut = hit.load(Ordering::SeqCst);
     if let Err(e) = got {
         if !stream_cut {
             return Err(std::io::Error::other(e.to_string()));
         }
     }
-    // Whole entries within the bounds, re-written, then unpacked as a
-    // download is.
+    // The whole entries within the bounds: a prefix of the stream (each
+    // entry's extension headers come before it, so a cut after an entry
+    // is a cut between entries), unpacked as a download is.
     let mut raw = raw;
     raw.seek(SeekFrom::Start(0))?;
-    let kept = tempfile::tempfile_in(scratch)?;
-    let (mut left_out, mut left_bytes) = (0u64, 0u64);
+    let (mut keep_to, mut left_out, mut left_bytes) = (0u64, 0u64, 0u64);
+    let mut broken = stream_cut;
+    let raw_len = raw.metadata()?.len();
     {
-        let mut b = tar::Builder::new(kept.try_clone()?);
         let mut archive = tar::Archive::new(&raw);
-        let mut broken = stream_cut;
+        let mut full = false;
         for entry in archive.entries()? {
-            let Ok(mut entry) = entry else {
+            let Ok(entry) = entry else {
                 broken = true;
                 break;
             };
+            // Stored data (a sparse file's holes are not in the stream).
             let size = entry.header().entry_size().unwrap_or(0);
-            if rec.files >= MAX_ENTRIES || rec.bytes + size > MAX_BYTES {
+            if full || rec.files >= MAX_ENTRIES || rec.bytes + size > MAX_BYTES {
+                full = true;
                 left_out += 1;
                 left_bytes += size;
                 continue;
             }
-            let Ok(path) = entry.path().map(std::borrow::Cow::into_owned) else {
-                broken = true;
-                break;
-            };
-            let mut h = entry.header().clone();
-            let written = match entry.link_name() {
-                Ok(Some(target)) => {
-                    let target = target.into_owned();
-                    b.append_link(&mut h, &path, &target)
-                }
-                Ok(None) => b.append_data(&mut h, &path, &mut entry),
-                Err(_) => {
-                    broken = true;
-                    break;
-                }
-            };
-            if written.is_err() {
-                // Its data ended early: the stream was cut inside it.
+            let end = entry.raw_file_position() + size.div_ceil(512) * 512;
+            if end > raw_len {
+                // Cut inside its data.
                 broken = true;
                 break;
             }
+            keep_to = end;
             rec.files += 1;
             rec.bytes += size;
         }
-        b.finish()?;
-        if left_out > 0 {
-            cut.push(format!(
-                "/logs/{name}: {left_out} entries ({left_bytes} bytes) over the bounds ({MAX_ENTRIES} entries, {MAX_BYTES} bytes)"
-            ));
-        } else if broken {
-            cut.push(format!(
-                "/logs/{name}: the rest, past the bounds ({MAX_ENTRIES} entries, {MAX_BYTES} bytes)"
-            ));
-        }
     }
-    let mut kept = kept;
-    kept.seek(SeekFrom::Start(0))?;
+    if left_out > 0 {
+        cut.push(format!(
+            "/logs/{name}: {left_out} entries ({left_bytes} bytes) over the bounds ({MAX_ENTRIES} entries, {MAX_BYTES} bytes)"
+        ));
+    } else if broken {
+        cut.push(format!(
+            "/logs/{name}: the rest, past the bounds ({MAX_ENTRIES} entries, {MAX_BYTES} bytes)"
+        ));
+    }
+    raw.seek(SeekFrom::Start(0))?;
+    let kept = std::io::Read::chain(
+        std::io::Read::take(raw, keep_to),
+        std::io::repeat(0).take(1024),
+    );
     sifbox_engine::transfer::unpack_to_host(
         kept,
         rollout_dir,
