@@ -224,6 +224,10 @@ pub enum Step {
     File { at: At, contents: Vec<u8> },
     /// A symlink to `target`.
     Symlink { at: At, target: PathBuf },
+    /// The writable layer's directory `name` (beside the overlay's upper
+    /// and work dirs, seen nowhere else) bound at `at`: what is written
+    /// there counts against the layer's size.
+    LayerDir { name: String, at: At },
 }
 
 /// Size of the tmpfs of a [`Step::File`].
@@ -400,6 +404,16 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             names: None,
         });
     }
+    for (i, p) in spec.layer_dirs.iter().enumerate() {
+        steps.push(Step::LayerDir {
+            name: layer_dir_name(i),
+            at: At {
+                base: Base::Root,
+                path: relative(p),
+                lookup: Lookup::Image(Create::Dir),
+            },
+        });
+    }
     // Last: a guarded bind may lie below a bind (/logs/verifier below
     // /logs).
     for g in &spec.guarded {
@@ -414,6 +428,11 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
         });
     }
     steps
+}
+
+/// The name in the writable layer of the `i`th of `SandboxSpec::layer_dirs`.
+fn layer_dir_name(i: usize) -> String {
+    format!("d{i}")
 }
 
 /// `/a/b` -> `a/b`, dropping `.`; `..` is kept for the Image lookup, which
@@ -446,6 +465,9 @@ pub struct NewRoot {
     /// The writable, detached clones of the guarded binds, with where
     /// they go (see [`Step::Guarded`]).
     guarded: Vec<(PathBuf, OwnedFd)>,
+    /// The writable layer's dir that holds the overlay's upper and work
+    /// dirs and the [`Step::LayerDir`]s.
+    layer: Option<OwnedFd>,
     /// The overlay's upper dir, for a sandbox whose layer is kept
     /// ([`SandboxSpec::keep_layer`]).
     pub upper: Option<OwnedFd>,
@@ -1058,6 +1080,24 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
             rustix::fs::symlinkat(target.as_path(), &parent, name)
                 .map_err(sys_err(format!("creating {}", at.shown())))?;
         }
+        Step::LayerDir { name, at } => {
+            let what = format!("the writable layer's dir at {}", at.shown());
+            let Some(layer) = root.layer.as_ref() else {
+                return Err(Error::Setup(format!("{what}: no writable layer")));
+            };
+            let tree = open_tree(
+                layer,
+                name.as_str(),
+                OpenTreeFlags::OPEN_TREE_CLONE
+                    | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                    | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(sys_err(format!("{what}: cloning it")))?;
+            let Some(target) = root.resolve(at, Some(Create::Dir))? else {
+                return Err(Error::Setup(format!("{what}: nowhere to attach it")));
+            };
+            attach(&tree, target.as_fd(), &what)?;
+        }
     }
     Ok(())
 }
@@ -1182,6 +1222,9 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
             .map_err(sys_err(format!("creating m/{name}")))
     };
     mkdir("root")?;
+    for i in 0..spec.layer_dirs.len() {
+        mkdir(&layer_dir_name(i))?;
+    }
     let (upper, work) = match &spec.writable {
         Writable::Tmpfs { .. } | Writable::Disk { .. } => {
             mkdir("upper")?;
@@ -1207,6 +1250,9 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
     let mut lowers = Vec::new();
     for l in spec.layers.iter().chain(std::iter::once(&spec.rootfs)) {
         lowers.push(open_dir(l, false)?);
+    }
+    if let Some(tree) = lowers.last() {
+        remake_modes(tree, &upper);
     }
     let lower = lowers
         .iter()
@@ -1280,8 +1326,97 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         mounts: HashMap::new(),
         empty: None,
         guarded: Vec::new(),
+        layer: Some(m),
         upper: spec.keep_layer.is_some().then_some(upper),
     })
+}
+
+/// The record a shared store's tree has at its root of the modes that were
+/// closed to group and world writes there (`sifbox_image::setid::
+/// MODES_RECORD`: JSON `[[path, mode, is_dir], ...]`).
+const MODES_RECORD: &str = ".sifbox-modes";
+
+/// Re-makes, in the sandbox's own upper layer `upper`, the directories the
+/// tree `lower` records in [`MODES_RECORD`] with the modes the image gave
+/// them: a merged directory takes its mode from the upper one, so `/tmp`
+/// is 1777 inside while the shared tree's is not writable by the group.
+/// Parents made on the way get the tree's modes. Best effort: a record that
+/// is missing, too big or malformed, or an entry that cannot be made, is
+/// left (the directory then stays as the tree has it).
+fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
+    use std::io::Read as _;
+    let Ok(fd) = rustix::fs::openat2(
+        lower,
+        MODES_RECORD,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+    ) else {
+        return;
+    };
+    let mut text = Vec::new();
+    if std::fs::File::from(fd)
+        .take((1 << 20) + 1)
+        .read_to_end(&mut text)
+        .is_err()
+        || text.len() > 1 << 20
+    {
+        return;
+    }
+    let Ok(record) = serde_json::from_slice::<Vec<(String, u32, bool)>>(&text) else {
+        return;
+    };
+    for (path, mode, dir) in record {
+        if !dir || path.is_empty() {
+            continue;
+        }
+        let parts: Vec<&std::ffi::OsStr> = match Path::new(&path)
+            .components()
+            .map(|c| match c {
+                Component::Normal(n) => Some(n),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(p) if !p.is_empty() => p,
+            _ => continue,
+        };
+        let mut made = PathBuf::new();
+        let mut cur: Option<OwnedFd> = None;
+        for (i, name) in parts.iter().enumerate() {
+            made.push(name);
+            let last = i + 1 == parts.len();
+            let parent = cur.as_ref().map_or(upper.as_fd(), AsFd::as_fd);
+            let fresh = match rustix::fs::mkdirat(parent, *name, Mode::from_raw_mode(0o700)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(_) => break,
+            };
+            let Ok(next) = rustix::fs::openat(
+                parent,
+                *name,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                break;
+            };
+            let want = if last {
+                Some(mode & 0o7777)
+            } else if fresh {
+                // The tree's own mode for a parent made on the way.
+                open_beneath(lower, &made, OFlags::empty())
+                    .and_then(|p| rustix::fs::fstat(&p))
+                    .ok()
+                    .map(|st| st.st_mode & 0o7777)
+            } else {
+                None
+            };
+            if let Some(m) = want {
+                let _ = rustix::fs::fchmod(&next, Mode::from_raw_mode(m));
+            }
+            cur = Some(next);
+        }
+    }
 }
 
 /// Prepares the overlay root and carries out the plan of `spec` on it;
@@ -1368,6 +1503,7 @@ mod tests {
                 readonly: true,
             }],
             guarded: Vec::new(),
+            layer_dirs: Vec::new(),
             tmpfs: Vec::new(),
             keep_layer: None,
             host_dns: true,
@@ -1387,6 +1523,37 @@ mod tests {
     fn relative_drops_root() {
         assert_eq!(relative(Path::new("/a/./b/")), PathBuf::from("a/b"));
         assert_eq!(relative(Path::new("/")), PathBuf::new());
+    }
+
+    /// The writable layer's dirs are bound last, over the binds (eval's
+    /// /logs/agent over the rollout dir's /logs), each its own.
+    #[test]
+    fn layer_dirs_come_after_the_binds() {
+        let mut s = spec();
+        s.layer_dirs = vec!["/logs/agent".into(), "/logs/artifacts".into()];
+        let steps = plan(&s);
+        let last_bind = steps
+            .iter()
+            .rposition(|st| matches!(st, Step::BindHost { .. }))
+            .expect("a bind");
+        let dirs: Vec<(usize, String, String)> = steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, st)| match st {
+                Step::LayerDir { name, at } => Some((i, name.clone(), at.shown())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dirs.len(), 2, "{steps:?}");
+        assert!(dirs.iter().all(|(i, _, _)| *i > last_bind));
+        assert_eq!(
+            (dirs[0].1.as_str(), dirs[0].2.as_str()),
+            ("d0", "/logs/agent")
+        );
+        assert_eq!(
+            (dirs[1].1.as_str(), dirs[1].2.as_str()),
+            ("d1", "/logs/artifacts")
+        );
     }
 
     #[test]
@@ -1614,6 +1781,7 @@ mod tests {
             mounts: HashMap::new(),
             empty: None,
             guarded: Vec::new(),
+            layer: None,
             upper: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.

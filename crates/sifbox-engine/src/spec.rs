@@ -500,6 +500,13 @@ pub struct SandboxSpec {
     /// requests only (see [`GuardedBind`]); made after `binds`.
     #[serde(default)]
     pub guarded: Vec<GuardedBind>,
+    /// Paths inside (absolute) over which a fresh, empty directory of the
+    /// writable layer is bound, after `binds`: what is written there counts
+    /// against the layer's size and stays in the sandbox (eval's
+    /// `/logs/agent` and `/logs/artifacts`, over the rollout dir's bind,
+    /// copied out with a bound when the agent is done).
+    #[serde(default)]
+    pub layer_dirs: Vec<PathBuf>,
     /// Tmpfs mounts of their own, made after the binds.
     #[serde(default)]
     pub tmpfs: Vec<TmpfsMount>,
@@ -544,6 +551,7 @@ impl SandboxSpec {
             },
             binds: Vec::new(),
             guarded: Vec::new(),
+            layer_dirs: Vec::new(),
             tmpfs: Vec::new(),
             keep_layer: None,
             host_dns: true,
@@ -647,6 +655,15 @@ impl SandboxSpec {
                     what(),
                     "its source is not an absolute path",
                     "give the host directory as an absolute path",
+                ));
+            }
+        }
+        for d in &self.layer_dirs {
+            if !d.is_absolute() {
+                return Err(bad(
+                    format!("the writable layer's dir at {}", d.display()),
+                    "not an absolute path",
+                    "give an absolute path inside the sandbox",
                 ));
             }
         }

@@ -1058,169 +1058,125 @@ pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
     b.into_inner()?.flush()
 }
 
-/// How deep [`give_back`] goes below its top (two descriptors a level).
-const GIVE_BACK_DEPTH: usize = 256;
-
 /// Gives `top` and every entry beneath it to root of the sandbox (that is,
 /// to the caller outside): a tree on the host, bound in, that sandboxes
 /// filled with files of other ids of the caller's mapping, which the caller
 /// could neither read nor remove. Only those ids change: a group that is
 /// not mapped here (the host group of a setgid project dir, which shows as
-/// the overflow gid) stays. Every step is relative to a directory fd: no
-/// symlink is followed (a link itself is given back), nothing on another
-/// file system is entered, and nothing deeper than [`GIVE_BACK_DEPTH`]
-/// levels. What cannot be given back is skipped; the first such error is
-/// returned once the rest is done.
+/// the overflow gid) stays. Every step is relative to a directory fd
+/// ([`sifbox_sys::walk`], any depth): no symlink is followed (a link
+/// itself is given back), nothing on another file system is entered. What
+/// cannot be given back is skipped; the first such error is returned once
+/// the rest is done.
 pub fn give_back(top: &Path) -> std::io::Result<()> {
+    use sifbox_sys::walk::{self, Entry, Step};
+    struct GiveBack {
+        overflow: u32,
+        first: Option<std::io::Error>,
+    }
+    impl GiveBack {
+        /// The owner to set: root for an id of the mapping that is not
+        /// root's, unchanged (None) otherwise.
+        fn change(&self, st: &rustix::fs::Stat) -> Option<(Option<Uid>, Option<Gid>)> {
+            let uid = (st.st_uid != 0).then(|| Uid::from_raw(0));
+            let gid = (st.st_gid != 0 && st.st_gid != self.overflow).then(|| Gid::from_raw(0));
+            (uid.is_some() || gid.is_some()).then_some((uid, gid))
+        }
+    }
+    impl walk::Visitor for GiveBack {
+        fn entry(&mut self, e: &Entry<'_>) -> std::io::Result<Step> {
+            if let Some((u, g)) = self.change(e.stat) {
+                if let Err(err) =
+                    rustix::fs::chownat(e.dir, e.name, u, g, AtFlags::SYMLINK_NOFOLLOW)
+                {
+                    self.error(e.path, err.into())?;
+                }
+            }
+            Ok(Step::Descend)
+        }
+        fn error(&mut self, path: &Path, err: std::io::Error) -> std::io::Result<()> {
+            self.first.get_or_insert(std::io::Error::new(
+                err.kind(),
+                format!("{}: {err}", path.display()),
+            ));
+            Ok(())
+        }
+    }
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let overflow = std::fs::read_to_string("/proc/sys/fs/overflowgid")
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(65534u32);
-    // The owner to set: root for an id of the mapping that is not root's,
-    // unchanged (None) otherwise.
-    let change = |st: &rustix::fs::Stat| {
-        let uid = (st.st_uid != 0).then(|| Uid::from_raw(0));
-        let gid = (st.st_gid != 0 && st.st_gid != overflow).then(|| Gid::from_raw(0));
-        (uid.is_some() || gid.is_some()).then_some((uid, gid))
+    let mut v = GiveBack {
+        overflow: std::fs::read_to_string("/proc/sys/fs/overflowgid")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(65534u32),
+        first: None,
     };
     let top_fd = rustix::fs::open(top, dir_flags, Mode::empty())?;
     let top_st = rustix::fs::fstat(&top_fd)?;
-    let dev = top_st.st_dev;
-    let mut first: Option<std::io::Error> = None;
-    let mut keep = |e: std::io::Error| {
-        first.get_or_insert(e);
-    };
-    if let Some((u, g)) = change(&top_st) {
+    if let Some((u, g)) = v.change(&top_st) {
         if let Err(e) = rustix::fs::fchown(&top_fd, u, g) {
-            keep(e.into());
+            v.first = Some(e.into());
         }
     }
-    let entries = rustix::fs::Dir::read_from(&top_fd)?;
-    let mut stack = vec![(top_fd, entries)];
-    while let Some((fd, entries)) = stack.last_mut() {
-        let entry = match entries.next() {
-            None => {
-                stack.pop();
-                continue;
-            }
-            Some(Err(e)) => {
-                keep(e.into());
-                stack.pop();
-                continue;
-            }
-            Some(Ok(entry)) => entry,
-        };
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let st = match rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(e) => {
-                keep(e.into());
-                continue;
-            }
-        };
-        if let Some((u, g)) = change(&st) {
-            if let Err(e) = rustix::fs::chownat(&*fd, name, u, g, AtFlags::SYMLINK_NOFOLLOW) {
-                keep(e.into());
-            }
-        }
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-            continue;
-        }
-        // O_NOFOLLOW: a symlink (ELOOP) or what is no directory (ENOTDIR,
-        // a FIFO too, unopened) is not entered.
-        let sub = match rustix::fs::openat(&*fd, name, dir_flags, Mode::empty()) {
-            Ok(sub) => sub,
-            Err(Errno::LOOP | Errno::NOTDIR) => continue,
-            Err(e) => {
-                keep(e.into());
-                continue;
-            }
-        };
-        match rustix::fs::fstat(&sub) {
-            Ok(st) if st.st_dev == dev => {}
-            Ok(_) => continue,
-            Err(e) => {
-                keep(e.into());
-                continue;
-            }
-        }
-        if stack.len() >= GIVE_BACK_DEPTH {
-            keep(std::io::Error::other(format!(
-                "more than {GIVE_BACK_DEPTH} levels of directories"
-            )));
-            continue;
-        }
-        match rustix::fs::Dir::read_from(&sub) {
-            Ok(entries) => stack.push((sub, entries)),
-            Err(e) => keep(e.into()),
-        }
-    }
-    first.map_or(Ok(()), Err)
+    walk::walk(
+        top_fd.as_fd(),
+        walk::Options {
+            one_file_system: true,
+        },
+        &mut v,
+    )?;
+    v.first.map_or(Ok(()), Err)
 }
 
 /// Whether `top` or anything beneath it (not followed, on `top`'s file
-/// system) belongs to another uid than `uid` or to a group not in `gids`
-/// (the caller's: a setgid project dir's group is fine), or cannot be
-/// looked at: what [`give_back`] is for. A `top` that does not exist has
-/// nothing. Reads only metadata, by dir fds; stops at the first such entry.
+/// system, at any depth) belongs to another uid than `uid` or to a group
+/// not in `gids` (the caller's: a setgid project dir's group is fine), or
+/// cannot be looked at: what [`give_back`] is for. A `top` that does not
+/// exist has nothing. Reads only metadata, by dir fds; stops at the first
+/// such entry.
 pub fn anything_not_owned_by(top: &Path, uid: u32, gids: &[u32]) -> bool {
+    use sifbox_sys::walk::{self, Entry, Step};
+    struct Foreign<'g> {
+        uid: u32,
+        gids: &'g [u32],
+        found: bool,
+    }
+    impl walk::Visitor for Foreign<'_> {
+        fn entry(&mut self, e: &Entry<'_>) -> std::io::Result<Step> {
+            if e.stat.st_uid != self.uid || !self.gids.contains(&e.stat.st_gid) {
+                self.found = true;
+                return Ok(Step::Stop);
+            }
+            Ok(Step::Descend)
+        }
+        fn error(&mut self, _path: &Path, err: std::io::Error) -> std::io::Result<()> {
+            self.found = true;
+            Err(err)
+        }
+    }
     let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let foreign = |st: &rustix::fs::Stat| st.st_uid != uid || !gids.contains(&st.st_gid);
     let top_fd = match rustix::fs::open(top, dir_flags, Mode::empty()) {
         Ok(fd) => fd,
         // Nothing there, nothing to give back.
         Err(rustix::io::Errno::NOENT) => return false,
         Err(_) => return true,
     };
-    let (dev, entries) = match (
-        rustix::fs::fstat(&top_fd),
-        rustix::fs::Dir::read_from(&top_fd),
-    ) {
-        (Ok(st), Ok(entries)) if !foreign(&st) => (st.st_dev, entries),
+    match rustix::fs::fstat(&top_fd) {
+        Ok(st) if st.st_uid == uid && gids.contains(&st.st_gid) => {}
         _ => return true,
-    };
-    let mut stack = vec![(top_fd, entries)];
-    loop {
-        let depth = stack.len();
-        let Some((fd, entries)) = stack.last_mut() else {
-            break;
-        };
-        let entry = match entries.next() {
-            None => {
-                stack.pop();
-                continue;
-            }
-            Some(Err(_)) => return true,
-            Some(Ok(entry)) => entry,
-        };
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let Ok(st) = rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW) else {
-            return true;
-        };
-        if foreign(&st) {
-            return true;
-        }
-        if FileType::from_raw_mode(st.st_mode) != FileType::Directory || st.st_dev != dev {
-            continue;
-        }
-        if depth >= GIVE_BACK_DEPTH {
-            return true;
-        }
-        match rustix::fs::openat(&*fd, name, dir_flags, Mode::empty())
-            .and_then(|sub| rustix::fs::Dir::read_from(&sub).map(|e| (sub, e)))
-        {
-            Ok(next) => stack.push(next),
-            Err(_) => return true,
-        }
     }
-    false
+    let mut v = Foreign {
+        uid,
+        gids,
+        found: false,
+    };
+    let walked = walk::walk(
+        top_fd.as_fd(),
+        walk::Options {
+            one_file_system: true,
+        },
+        &mut v,
+    );
+    v.found || walked.is_err()
 }
 
 /// Gives every entry of the tree `dst` (a copy of `/` made by the caller,
@@ -1316,7 +1272,7 @@ mod tests {
     /// give_back and anything_not_owned_by on a tree of another id with a
     /// symlink out, a FIFO and a deep chain: the link is changed, never
     /// its target; the FIFO is not opened; nothing is left of the other
-    /// id but below the depth limit. (Root only: chown needs it.)
+    /// id, 300 levels down included. (Root only: chown needs it.)
     #[test]
     fn give_back_changes_the_tree_and_follows_nothing() {
         use std::os::unix::fs::{symlink, MetadataExt};
@@ -1338,11 +1294,29 @@ mod tests {
         )
         .expect("mkfifo");
         assert!(!anything_not_owned_by(&top, 0, &[0]));
-        let mut deep = top.join("deep");
-        for _ in 0..GIVE_BACK_DEPTH + 2 {
-            deep.push("x");
+        // A chain of 300 levels, made by fds (its path is longer than
+        // PATH_MAX): no depth is out of reach.
+        std::fs::create_dir(top.join("deep")).expect("mkdir");
+        let mut fd = rustix::fs::open(
+            top.join("deep"),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .expect("open");
+        let long = "x".repeat(100);
+        for _ in 0..300 {
+            rustix::fs::mkdirat(&fd, long.as_str(), Mode::from_raw_mode(0o755)).expect("mkdir");
+            fd = rustix::fs::openat(
+                &fd,
+                long.as_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY,
+                Mode::empty(),
+            )
+            .expect("open");
         }
-        std::fs::create_dir_all(&deep).expect("deep");
+        let deepest_owner = |fd: &OwnedFd| rustix::fs::fstat(fd).expect("stat").st_uid;
+        rustix::fs::fchown(&fd, Some(Uid::from_raw(4321)), Some(Gid::from_raw(4321)))
+            .expect("chown");
         let own = |p: &Path, id: u32| {
             rustix::fs::chownat(
                 CWD,
@@ -1353,10 +1327,9 @@ mod tests {
             )
             .expect("chown");
         };
-        for p in ["d", "d/e", "d/e/f", "d/link", "fifo", "deep/x"] {
+        for p in ["d", "d/e", "d/e/f", "d/link", "fifo"] {
             own(&top.join(p), 4321);
         }
-        own(&deep, 4321);
         own(&outside, 4321);
         // A group that is not mapped (seen as the overflow gid) stays.
         std::fs::write(top.join("grouped"), "g").expect("write");
@@ -1369,19 +1342,20 @@ mod tests {
         )
         .expect("chown");
         assert!(anything_not_owned_by(&top, 0, &[0]));
-        let e = give_back(&top).expect_err("the deepest dirs are out of reach");
-        assert!(e.to_string().contains("levels"), "{e}");
-        for p in ["d", "d/e", "d/e/f", "d/link", "fifo", "deep/x"] {
+        give_back(&top).expect("give back");
+        assert_eq!(deepest_owner(&fd), 0, "the 300th level is given back");
+        for p in ["d", "d/e", "d/e/f", "d/link", "fifo"] {
             let md = std::fs::symlink_metadata(top.join(p)).expect("stat");
             assert_eq!((md.uid(), md.gid()), (0, 0), "{p}");
         }
         let grouped = std::fs::metadata(top.join("grouped")).expect("stat");
         assert_eq!((grouped.uid(), grouped.gid()), (0, 65534));
         assert_eq!(std::fs::metadata(&outside).expect("stat").uid(), 4321);
-        assert_eq!(std::fs::symlink_metadata(&deep).expect("stat").uid(), 4321);
-        // Too deep to tell counts as not owned.
-        own(&deep, 0);
-        assert!(anything_not_owned_by(&top, 0, &[0]));
+        // The deepest level is seen too.
+        rustix::fs::fchown(&fd, Some(Uid::from_raw(4321)), None).expect("chown");
+        assert!(anything_not_owned_by(&top, 0, &[0, 65534]));
+        rustix::fs::fchown(&fd, Some(Uid::from_raw(0)), None).expect("chown");
+        drop(fd);
         std::fs::remove_dir_all(top.join("deep")).expect("rm");
         // The overflow group is none of the caller's here (root's: 0).
         assert!(anything_not_owned_by(&top, 0, &[0]));

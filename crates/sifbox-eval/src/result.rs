@@ -284,6 +284,10 @@ pub struct RolloutResult {
     /// the flag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_agent_processes: Option<u32>,
+    /// What of the agent's `/logs/agent` and `/logs/artifacts` (kept in its
+    /// sandbox's writable layer) was copied to the rollout's dir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogsCopied>,
     /// What the task asked for, after sifbox's defaults and the job's
     /// overrides.
     #[serde(default)]
@@ -304,6 +308,21 @@ pub struct RolloutResult {
     /// The sifbox that ran the rollout.
     #[serde(default)]
     pub sifbox_version: String,
+}
+
+/// The copy of an agent's logs out of its sandbox (see
+/// `runner::agent_logs`): bounded in bytes and entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsCopied {
+    /// Bytes of file contents copied.
+    pub bytes: u64,
+    /// Entries copied (files, dirs, links).
+    pub files: u64,
+    /// Whether anything was left out for the bounds.
+    pub truncated: bool,
+    /// What was left out, when something was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut: Option<String>,
 }
 
 impl RolloutResult {
@@ -334,6 +353,7 @@ impl RolloutResult {
             build_log: None,
             verifier_sandbox: None,
             ended_agent_processes: None,
+            logs: None,
             steps: Vec::new(),
             notes: Vec::new(),
             seccomp_denied: Vec::new(),

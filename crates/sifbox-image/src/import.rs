@@ -174,6 +174,49 @@ pub fn import(store: &Store, source: &Path, name: Option<&str>) -> Result<Import
     })
 }
 
+/// Imports the SIF file open as `file` (`shown` names it in errors): the
+/// copy the store keeps is read from this very fd, so what the caller
+/// checked when it opened it (eval opens a task's SIF beneath the suite's
+/// dir) is what is imported. Reused when the file (device, inode, size,
+/// mtime) was imported before.
+pub fn import_sif_file(store: &Store, file: &File, shown: &Path) -> Result<Imported> {
+    use std::io::{Seek as _, SeekFrom};
+    let m = file.metadata().map_err(|e| src_err(shown, e))?;
+    if !m.is_file() {
+        return Err(src_err(shown, "not a regular file"));
+    }
+    let mut head = [0u8; 48];
+    let n =
+        std::os::unix::fs::FileExt::read_at(file, &mut head, 0).map_err(|e| src_err(shown, e))?;
+    if n < 42 || &head[32..42] != b"SIF_MAGIC\0" {
+        return Err(src_err(shown, "not a SIF file"));
+    }
+    let key = format!(
+        "fd-file:{}:{}:{}:{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime_nsec() + m.mtime() * 1_000_000_000
+    );
+    let (digest, cached) = store.make_once(&format!("import:{key}"), Reuse::Yes, || {
+        let work = store.work_dir("import")?;
+        let copy = work.path().join("image.sif");
+        let mut src = file.try_clone().map_err(|e| src_err(shown, e))?;
+        src.seek(SeekFrom::Start(0))
+            .map_err(|e| src_err(shown, e))?;
+        let mut out = File::create(&copy).map_err(|e| src_err(&copy, e))?;
+        std::io::copy(&mut src, &mut out).map_err(|e| src_err(shown, e))?;
+        drop(out);
+        verify_sif(&copy, shown)?;
+        Ok::<_, ImportError>(store.publish_sif(&copy)?)
+    })?;
+    Ok(Imported {
+        digest,
+        name: None,
+        cached,
+    })
+}
+
 /// Checks the SIF at `path` through before it is stored (`source` names it
 /// in errors): its header and descriptors, sifbox's metadata object when it
 /// has one, and its root file system, a squashfs partition read through

@@ -3,8 +3,8 @@
 //! setuid-root file that another user can execute on the host is a root
 //! shell for them, whatever the sandbox does with it.
 //!
-//! The walk goes through fds only: every directory is opened beneath the
-//! tree's root with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, every
+//! The walk goes through fds only, at any depth ([`sifbox_sys::walk`]):
+//! every directory is opened from its parent's fd with `O_NOFOLLOW`, every
 //! entry is looked at with `statat(AT_SYMLINK_NOFOLLOW)` and changed through
 //! an `O_PATH|O_NOFOLLOW` handle (chmod of its `/proc/self/fd` link, which
 //! reaches that very inode), so a symlink in the tree never sends a chmod
@@ -18,14 +18,16 @@
 //! capabilities bound to its own user namespace's root, which grant nothing
 //! on the host, and it may not remove them, so they are left.
 
+use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{FileType, Mode, OFlags};
 use rustix::io::Errno;
+use sifbox_sys::walk;
 
 /// `S_ISUID | S_ISGID`.
 const SETID: u32 = 0o6000;
@@ -40,23 +42,6 @@ fn err_at(path: &Path, what: &str, e: impl Into<io::Error>) -> io::Error {
     io::Error::new(e.kind(), msg)
 }
 
-/// Opens directory `rel` (empty: the root itself) beneath `top`, refusing
-/// symlinks anywhere on the way.
-fn open_beneath(top: &OwnedFd, rel: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
-    let rel: &Path = if rel.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rel
-    };
-    rustix::fs::openat2(
-        top,
-        rel,
-        flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
-}
-
 /// chmod of the inode an `O_PATH` handle holds.
 fn chmod_fd(fd: &OwnedFd, mode: u32) -> rustix::io::Result<()> {
     rustix::fs::chmod(
@@ -67,15 +52,16 @@ fn chmod_fd(fd: &OwnedFd, mode: u32) -> rustix::io::Result<()> {
 
 /// Takes the setuid and setgid bits off every entry below `root` that is
 /// not a directory or a symlink, and the file capabilities off every
-/// regular file. Returns how many entries had either.
+/// regular file, at any depth ([`sifbox_sys::walk`]). Returns how many
+/// entries had either.
 ///
 /// A directory of the caller that the caller cannot read or search is
-/// opened up for the walk and given its mode back afterwards. A file of
-/// another owner (as an unprivileged caller: one of its subordinate ids)
-/// whose bits cannot be changed is an error only if the bits would take
-/// effect on exec (setuid, or setgid with group execute); a directory of
-/// another owner that the caller cannot read is an error only if others
-/// may enter it.
+/// opened up for the walk and given its mode back once the walk is done
+/// with it. A file of another owner (as an unprivileged caller: one of its
+/// subordinate ids) whose bits cannot be changed is an error only if the
+/// bits would take effect on exec (setuid, or setgid with group execute); a
+/// directory of another owner that the caller cannot read is an error only
+/// if others may enter it.
 pub fn strip_tree(root: &Path) -> io::Result<u64> {
     let me = rustix::process::geteuid().as_raw();
     let top = rustix::fs::open(
@@ -84,82 +70,186 @@ pub fn strip_tree(root: &Path) -> io::Result<u64> {
         Mode::empty(),
     )
     .map_err(|e| err_at(root, "opening", e))?;
-    let mut stack = vec![PathBuf::new()];
-    let mut restore: Vec<(PathBuf, u32)> = Vec::new();
-    let mut stripped = 0;
-    while let Some(rel) = stack.pop() {
-        let shown = root.join(&rel);
-        let Some(dir) =
-            open_dir(&top, &rel, me, &mut restore).map_err(|e| err_at(&shown, "", e))?
-        else {
-            continue;
-        };
-        let mut rd = rustix::fs::Dir::read_from(&dir).map_err(|e| err_at(&shown, "reading", e))?;
-        while let Some(entry) = rd.read() {
-            let entry = entry.map_err(|e| err_at(&shown, "reading", e))?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let child = rel.join(OsStr::from_bytes(name.to_bytes()));
-            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
-                .map_err(|e| err_at(&root.join(&child), "looking at", e))?;
-            let kind = FileType::from_raw_mode(st.st_mode);
-            match kind {
-                FileType::Directory => stack.push(child),
-                FileType::Symlink => {}
-                _ => {
-                    let mut had = false;
-                    if st.st_mode & SETID != 0 {
-                        had |= strip_one(&dir, name, me)
-                            .map_err(|e| err_at(&root.join(&child), "", e))?;
-                    }
-                    if kind == FileType::RegularFile {
-                        had |= drop_caps(&dir, name, me)
-                            .map_err(|e| err_at(&root.join(&child), "", e))?;
-                    }
-                    stripped += u64::from(had);
-                }
-            }
-        }
-    }
-    // Deepest first: a parent given back a mode without search permission
-    // would hide its children.
-    for (rel, mode) in restore.into_iter().rev() {
-        open_beneath(&top, &rel, OFlags::PATH)
-            .and_then(|fd| chmod_fd(&fd, mode))
-            .map_err(|e| err_at(&root.join(&rel), "giving back the mode of", e))?;
-    }
-    Ok(stripped)
-}
-
-/// Opens directory `rel` for reading; `None`: a directory of another owner
-/// that nobody but that owner may enter, left alone.
-fn open_dir(
-    top: &OwnedFd,
-    rel: &Path,
-    me: u32,
-    restore: &mut Vec<(PathBuf, u32)>,
-) -> io::Result<Option<OwnedFd>> {
-    let handle = open_beneath(top, rel, OFlags::PATH)?;
-    let st = rustix::fs::fstat(&handle)?;
+    let st = rustix::fs::fstat(&top).map_err(|e| err_at(root, "opening", e))?;
+    let mut v = Strip {
+        root,
+        me,
+        stripped: 0,
+        restore: HashMap::new(),
+    };
     let mode = st.st_mode & 0o7777;
     if me != 0 && st.st_uid == me && mode & 0o500 != 0o500 {
-        chmod_fd(&handle, mode | 0o700)?;
-        restore.push((rel.to_path_buf(), mode));
+        rustix::fs::fchmod(&top, Mode::from_raw_mode(mode | 0o700))
+            .map_err(|e| err_at(root, "opening up", e))?;
+        v.restore.insert((st.st_dev, st.st_ino), mode);
     }
-    match open_beneath(top, rel, OFlags::RDONLY) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(Errno::ACCESS) if st.st_uid != me && mode & 0o011 == 0 => Ok(None),
-        Err(Errno::ACCESS) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "cannot read this directory (owner uid {}, mode {mode:04o}) to take setuid bits off what is in it, and other users may enter it",
-                st.st_uid
-            ),
-        )),
-        Err(e) => Err(e.into()),
+    walk::walk(top.as_fd(), walk::Options::default(), &mut v)?;
+    Ok(v.stripped)
+}
+
+/// [`strip_tree`]'s visitor.
+struct Strip<'r> {
+    root: &'r Path,
+    me: u32,
+    stripped: u64,
+    /// Directories opened up for the walk: (device, inode) to the mode to
+    /// give back when the walk leaves them.
+    restore: HashMap<(u64, u64), u32>,
+}
+
+impl walk::Visitor for Strip<'_> {
+    fn entry(&mut self, e: &walk::Entry<'_>) -> io::Result<walk::Step> {
+        let at = |err: io::Error| err_at(&self.root.join(e.path), "", err);
+        let kind = e.file_type();
+        match kind {
+            FileType::Directory => {
+                let mode = e.stat.st_mode & 0o7777;
+                if self.me != 0 && e.stat.st_uid == self.me && mode & 0o500 != 0o500 {
+                    let fd = open_entry(e.dir, e.name).map_err(|err| at(err.into()))?;
+                    let st = rustix::fs::fstat(&fd).map_err(|err| at(err.into()))?;
+                    if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                        chmod_fd(&fd, mode | 0o700).map_err(|err| at(err.into()))?;
+                        self.restore.insert((st.st_dev, st.st_ino), mode);
+                    }
+                }
+                return Ok(walk::Step::Descend);
+            }
+            FileType::Symlink => {}
+            _ => {
+                let mut had = false;
+                if e.stat.st_mode & SETID != 0 {
+                    had |= strip_one(e.dir, e.name, self.me).map_err(at)?;
+                }
+                if kind == FileType::RegularFile {
+                    had |= drop_caps(e.dir, e.name, self.me).map_err(at)?;
+                }
+                self.stripped += u64::from(had);
+            }
+        }
+        Ok(walk::Step::Next)
     }
+
+    /// A directory of another owner that nobody but that owner may enter
+    /// is left alone.
+    fn cannot_enter(&mut self, e: &walk::Entry<'_>, err: Errno) -> io::Result<()> {
+        let mode = e.stat.st_mode & 0o7777;
+        match err {
+            Errno::ACCESS if e.stat.st_uid != self.me && mode & 0o011 == 0 => Ok(()),
+            Errno::ACCESS => Err(err_at(
+                &self.root.join(e.path),
+                "",
+                io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "cannot read this directory (owner uid {}, mode {mode:04o}) to take setuid bits off what is in it, and other users may enter it",
+                        e.stat.st_uid
+                    ),
+                ),
+            )),
+            err => Err(err_at(&self.root.join(e.path), "", err)),
+        }
+    }
+
+    /// Gives back the mode of a directory opened up for the walk (deepest
+    /// first: a parent given back a mode without search permission would
+    /// hide its children).
+    fn leave(&mut self, dir: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+        if self.restore.is_empty() {
+            return Ok(());
+        }
+        let shown = self.root.join(path);
+        let st =
+            rustix::fs::fstat(dir).map_err(|e| err_at(&shown, "giving back the mode of", e))?;
+        if let Some(mode) = self.restore.remove(&(st.st_dev, st.st_ino)) {
+            rustix::fs::fchmod(dir, Mode::from_raw_mode(mode))
+                .map_err(|e| err_at(&shown, "giving back the mode of", e))?;
+        }
+        Ok(())
+    }
+
+    fn error(&mut self, path: &Path, err: io::Error) -> io::Result<()> {
+        Err(err_at(&self.root.join(path), "", err))
+    }
+}
+
+/// The record, at a shared tree's root, of the modes [`close_writes`]
+/// took group and world write off: JSON `[[path, mode, is_dir], ...]`,
+/// paths relative. The engine re-creates those directories with their
+/// modes in each sandbox's own upper layer (so `/tmp` is 1777 inside).
+pub const MODES_RECORD: &str = ".sifbox-modes";
+
+/// Takes group and world write off every directory and file below `root`
+/// (not symlinks), at any depth, and writes what it changed to
+/// [`MODES_RECORD`] at the root: a shared store's tree is read by its
+/// group, and a world-writable `/tmp` there let a member plant a file that
+/// the owner's sandbox then ran. Returns how many entries changed.
+pub fn close_writes(root: &Path) -> io::Result<u64> {
+    struct Close<'r> {
+        root: &'r Path,
+        changed: Vec<(String, u32, bool)>,
+    }
+    impl walk::Visitor for Close<'_> {
+        fn entry(&mut self, e: &walk::Entry<'_>) -> io::Result<walk::Step> {
+            let kind = e.file_type();
+            let mode = e.stat.st_mode & 0o7777;
+            let dir = kind == FileType::Directory;
+            if matches!(kind, FileType::Directory | FileType::RegularFile) && mode & 0o022 != 0 {
+                let at = |err: io::Error| err_at(&self.root.join(e.path), "", err);
+                let fd = open_entry(e.dir, e.name).map_err(|err| at(err.into()))?;
+                let st = rustix::fs::fstat(&fd).map_err(|err| at(err.into()))?;
+                if FileType::from_raw_mode(st.st_mode) == kind {
+                    chmod_fd(&fd, mode & !0o022).map_err(|err| at(err.into()))?;
+                    // A name that is not UTF-8 stays closed inside too.
+                    if let Some(p) = e.path.to_str() {
+                        self.changed.push((p.to_string(), mode, dir));
+                    }
+                }
+            }
+            Ok(if dir {
+                walk::Step::Descend
+            } else {
+                walk::Step::Next
+            })
+        }
+        fn error(&mut self, path: &Path, err: io::Error) -> io::Result<()> {
+            Err(err_at(&self.root.join(path), "", err))
+        }
+    }
+    let top = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| err_at(root, "opening", e))?;
+    let mut v = Close {
+        root,
+        changed: Vec::new(),
+    };
+    let st = rustix::fs::fstat(&top).map_err(|e| err_at(root, "opening", e))?;
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        rustix::fs::fchmod(&top, Mode::from_raw_mode(mode & !0o022))
+            .map_err(|e| err_at(root, "closing", e))?;
+        v.changed.push((String::new(), mode, true));
+    }
+    walk::walk(top.as_fd(), walk::Options::default(), &mut v)?;
+    // The image's own file of that name (if any) gives way to ours.
+    match rustix::fs::unlinkat(&top, MODES_RECORD, rustix::fs::AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(err_at(&root.join(MODES_RECORD), "replacing", e)),
+    }
+    let json = serde_json::to_vec(&v.changed).map_err(io::Error::other)?;
+    let fd = rustix::fs::openat(
+        &top,
+        MODES_RECORD,
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(|e| err_at(&root.join(MODES_RECORD), "creating", e))?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, &json)
+        .map_err(|e| err_at(&root.join(MODES_RECORD), "writing", e))?;
+    Ok(v.changed.len() as u64)
 }
 
 /// `security.capability`: the xattr of file capabilities.
@@ -167,10 +257,10 @@ const CAPS: &str = "security.capability";
 
 /// Takes the file capabilities off the regular file `name` in `dir`;
 /// whether it had them.
-fn drop_caps(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
+fn drop_caps(dir: BorrowedFd<'_>, name: &CStr, me: u32) -> io::Result<bool> {
     // The name under the directory's own fd link: lgetxattr follows the
     // link to that directory and not a symlink the name might be.
-    let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd()))
+    let at = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
         .join(OsStr::from_bytes(name.to_bytes()));
     let mut probe = [0u8; 0];
     match rustix::fs::lgetxattr(&at, CAPS, &mut probe) {
@@ -196,7 +286,7 @@ fn drop_caps(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
 
 /// An `O_PATH` handle of the entry `name` of `dir` itself (a symlink is
 /// not followed): what is changed through it is the inode looked at.
-fn open_entry(dir: &OwnedFd, name: &CStr) -> rustix::io::Result<OwnedFd> {
+fn open_entry(dir: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat(
         dir,
         name,
@@ -206,7 +296,7 @@ fn open_entry(dir: &OwnedFd, name: &CStr) -> rustix::io::Result<OwnedFd> {
 }
 
 /// Takes the bits off `name` in `dir`; whether it had them.
-fn strip_one(dir: &OwnedFd, name: &CStr, me: u32) -> io::Result<bool> {
+fn strip_one(dir: BorrowedFd<'_>, name: &CStr, me: u32) -> io::Result<bool> {
     let fd = open_entry(dir, name)?;
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileType::from_raw_mode(st.st_mode);
@@ -329,6 +419,92 @@ mod tests {
             "followed"
         );
         assert_eq!(strip_tree(&tree).expect("strip"), 0);
+    }
+
+    /// A setuid file 300 levels down, below names that make its path far
+    /// longer than PATH_MAX, loses its bit; so does one in an unreadable
+    /// directory of the caller's that deep, which gets its mode back.
+    #[test]
+    fn a_setuid_file_at_any_depth_is_stripped() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let dir = |p: &Path| {
+            rustix::fs::open(p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).expect("open")
+        };
+        let mut fd = dir(t.path());
+        let long = "l".repeat(100);
+        for _ in 0..300 {
+            rustix::fs::mkdirat(&fd, long.as_str(), Mode::from_raw_mode(0o755)).expect("mkdir");
+            fd = rustix::fs::openat(
+                &fd,
+                long.as_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY,
+                Mode::empty(),
+            )
+            .expect("open");
+        }
+        let file = |fd: &OwnedFd, name: &str| {
+            let f = rustix::fs::openat(
+                fd,
+                name,
+                OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o755),
+            )
+            .expect("create");
+            rustix::fs::fchmod(&f, Mode::from_raw_mode(0o4755)).expect("chmod");
+            f
+        };
+        let suid = file(&fd, "suid");
+        rustix::fs::mkdirat(&fd, "locked", Mode::from_raw_mode(0o700)).expect("mkdir");
+        let locked = rustix::fs::openat(
+            &fd,
+            "locked",
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .expect("open");
+        let inner = file(&locked, "inner");
+        rustix::fs::fchmod(&locked, Mode::from_raw_mode(0o100)).expect("chmod");
+        assert_eq!(strip_tree(t.path()).expect("strip"), 2);
+        let mode = |f: &OwnedFd| rustix::fs::fstat(f).expect("stat").st_mode & 0o7777;
+        assert_eq!(mode(&suid), 0o755);
+        assert_eq!(mode(&inner), 0o755);
+        assert_eq!(mode(&locked), 0o100, "its mode is given back");
+    }
+
+    /// Group and world write go off dirs and files, the modes recorded;
+    /// a symlink is not followed.
+    #[test]
+    fn writes_are_closed_and_recorded() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let tree = t.path().join("tree");
+        std::fs::create_dir_all(tree.join("tmp")).expect("mkdir");
+        std::fs::create_dir_all(tree.join("var/tmp")).expect("mkdir");
+        set(&tree.join("tmp"), 0o1777);
+        set(&tree.join("var/tmp"), 0o1777);
+        std::fs::write(tree.join("open"), "x").expect("write");
+        set(&tree.join("open"), 0o666);
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).expect("mkdir");
+        set(&outside, 0o777);
+        std::os::unix::fs::symlink(&outside, tree.join("link")).expect("symlink");
+        assert_eq!(close_writes(&tree).expect("close"), 3);
+        assert_eq!(mode(&tree.join("tmp")), 0o1755);
+        assert_eq!(mode(&tree.join("var/tmp")), 0o1755);
+        assert_eq!(mode(&tree.join("open")), 0o644);
+        assert_eq!(mode(&outside), 0o777, "followed");
+        let rec: Vec<(String, u32, bool)> =
+            serde_json::from_slice(&std::fs::read(tree.join(MODES_RECORD)).expect("read"))
+                .expect("json");
+        let mut rec = rec;
+        rec.sort();
+        assert_eq!(
+            rec,
+            [
+                ("open".to_string(), 0o666, false),
+                ("tmp".to_string(), 0o1777, true),
+                ("var/tmp".to_string(), 0o1777, true)
+            ]
+        );
     }
 
     #[test]

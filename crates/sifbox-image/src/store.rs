@@ -39,7 +39,11 @@
 //! trees stripped before `rootfs/` opens up, so no other user can ever run
 //! a setuid file from it. The SIFs keep their bits. The group reads; only
 //! the owner writes (a member finds an image its owner has not unpacked
-//! yet refused with a clear error). A tree is also stripped whenever
+//! yet refused with a clear error). Every such tree is also closed to
+//! group and world writes ([`crate::setid::close_writes`]: a world-writable
+//! `/tmp` there let a member plant a file the owner's sandbox ran), the
+//! modes it had recorded in its `.sifbox-modes` for the engine to re-make
+//! in each sandbox's own upper layer. A tree is also stripped whenever
 //! `rootfs/` is open to others or the store is not the caller's, so that a
 //! private-mode process publishing into a store that another process has
 //! made shared cannot expose one: publishers hold `locks/store-mode.lock`
@@ -547,6 +551,7 @@ impl Store {
                         "image store: {n} setuid/setgid files stripped in {} before the store is shared",
                         tree.display()
                     );
+                    crate::setid::close_writes(&tree).map_err(io(&tree))?;
                 }
             }
             for d in ["images", "refs"] {
@@ -558,6 +563,16 @@ impl Store {
                             .map_err(io(&p))?;
                     }
                 }
+            }
+        }
+        // Trees a shared store published before trees were closed to the
+        // group's writes (no record yet): closed now, once.
+        for e in std::fs::read_dir(&rootfs).map_err(io(&rootfs))?.flatten() {
+            let tree = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir())
+                && std::fs::symlink_metadata(tree.join(crate::setid::MODES_RECORD)).is_err()
+            {
+                crate::setid::close_writes(&tree).map_err(io(&tree))?;
             }
         }
         let group = std::fs::metadata(&self.root).map_err(io(&self.root))?.gid();
@@ -787,6 +802,10 @@ impl Store {
         if self.publishes_stripped()? {
             let n = crate::setid::strip_tree(tree).map_err(io(tree))?;
             tracing::debug!("image store: {n} setuid/setgid files stripped in {digest}");
+            // Nothing in it writable by the group or others (a /tmp where a
+            // member plants what the owner's sandbox runs); the modes are
+            // re-made in each sandbox's own upper layer.
+            crate::setid::close_writes(tree).map_err(io(tree))?;
         }
         match std::fs::rename(tree, &dst) {
             Ok(()) => {}

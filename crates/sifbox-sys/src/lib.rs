@@ -16,6 +16,7 @@
 
 pub mod lockfile;
 pub mod seccomp_notify;
+pub mod walk;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

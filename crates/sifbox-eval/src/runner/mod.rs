@@ -25,6 +25,7 @@
 //! instruction at /instruction.md, the agent, the tests at /tests, the
 //! verifier, the reward, then the sandbox is stopped and removed.
 
+mod agent_logs;
 mod disks;
 mod environment;
 mod job;

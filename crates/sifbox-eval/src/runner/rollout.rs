@@ -326,6 +326,9 @@ fn run_rollout(
         verifier_net,
     );
     drop(running);
+    if task.steps.is_empty() {
+        r.logs = Some(super::agent_logs::copy_out(&sandbox, &logs.path, &ctx.dir));
+    }
     // As Harbor, the agent's sandbox stops before a separate verifier
     // starts: nothing of the agent runs while it is graded.
     stop(ctx, sandbox, kill_id, layer, r);
@@ -432,6 +435,25 @@ fn start_sandbox(
     };
     spec.binds = binds;
     spec.guarded = guarded;
+    // The agent's sandbox (the one with the rollout dir at /logs) keeps
+    // /logs/agent and /logs/artifacts in its writable layer: bounded by
+    // storage_mb, copied out after the agent (see `agent_logs`).
+    // /logs itself is then read-only: its verifier/ is the guarded bind's
+    // (writable to the verifier alone) and sandbox.json and result.json are
+    // bound read-only, so nothing the agent writes reaches the host
+    // unbounded.
+    if task.steps.is_empty() && spec.binds.iter().any(|b| b.dst == Path::new("/logs")) {
+        spec.layer_dirs = super::agent_logs::layer_dirs();
+        if !spec.guarded.is_empty() {
+            for b in spec
+                .binds
+                .iter_mut()
+                .filter(|b| b.dst == Path::new("/logs"))
+            {
+                b.readonly = true;
+            }
+        }
+    }
     spec.confinement = ctx.opts.confinement(task);
     spec.limits = r.limits.spec();
     let opts = StartOptions {

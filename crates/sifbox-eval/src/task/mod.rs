@@ -1793,6 +1793,108 @@ pub fn open_task_file(root: &Path, path: &Path) -> std::io::Result<std::fs::File
     Ok(file)
 }
 
+/// Where a task's SIF file (`docker_image = "../img.sif"`) may be: beneath
+/// a directory given to eval (several tasks of a suite may share one SIF
+/// there), or beneath one the caller allows (`--allow-image-dir DIR`,
+/// `[eval] image_dirs`). A suite is untrusted: without this, a task's
+/// `../../private/private.sif` (or an absolute path) imported any SIF the
+/// caller can read and ran its contents in the task's sandbox, where the
+/// agent reads them.
+#[derive(Debug, Clone, Default)]
+pub struct ImageDirs {
+    /// Canonical (a symlink naming the suite is the caller's choice).
+    dirs: Vec<PathBuf>,
+}
+
+impl ImageDirs {
+    /// The dirs given to eval (`given`) and those the caller allows; an
+    /// error names a dir that cannot be resolved.
+    pub fn new(given: &[PathBuf], allowed: &[PathBuf]) -> std::io::Result<ImageDirs> {
+        let dirs = given
+            .iter()
+            .chain(allowed)
+            .map(|d| {
+                std::fs::canonicalize(d)
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", d.display())))
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(ImageDirs { dirs })
+    }
+
+    /// Opens the SIF at `path` (a task's dir joined with its
+    /// `docker_image`): the file it resolves to must be beneath one of the
+    /// dirs, and is opened from that dir with `openat2(RESOLVE_BENEATH)`,
+    /// so that a link swapped meanwhile still leads nowhere outside. What
+    /// is imported is read through the fd this returns. The error says why
+    /// (the fix is the caller's).
+    pub fn open(&self, path: &Path) -> std::result::Result<std::fs::File, String> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        let canon = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for dir in &self.dirs {
+            let Ok(rel) = canon.strip_prefix(dir) else {
+                continue;
+            };
+            let Ok(top) = rustix::fs::open(
+                dir,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            match rustix::fs::openat2(
+                &top,
+                rel,
+                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+            ) {
+                Ok(fd) => {
+                    let file = std::fs::File::from(fd);
+                    return match file.metadata() {
+                        Ok(m) if m.is_file() => Ok(file),
+                        Ok(_) => Err(format!("{}: not a regular file", path.display())),
+                        Err(e) => Err(format!("{}: {e}", path.display())),
+                    };
+                }
+                // Changed meanwhile to lead out of this dir.
+                Err(rustix::io::Errno::XDEV) => continue,
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(format!(
+            "{} (that is, {}) is not beneath a directory given to eval nor one allowed for images ({})",
+            path.display(),
+            canon.display(),
+            self.dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
+    /// Every SIF file the tasks name (their environments' and separate
+    /// verifiers'), checked up front: the first that does not open
+    /// beneath a dir, as (task, what, why).
+    pub fn check(&self, tasks: &[Task]) -> std::result::Result<(), (String, String, String)> {
+        for t in tasks {
+            let sources = std::iter::once(("[environment] docker_image", &t.environment)).chain(
+                t.separate_verifier
+                    .iter()
+                    .map(|v| ("[verifier.environment] docker_image", &v.environment)),
+            );
+            for (what, source) in sources {
+                if let EnvSource::Sif(p) = source {
+                    if let Err(why) = self.open(p) {
+                        return Err((t.name.clone(), format!("{what} {}", p.display()), why));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Checks `--filter` patterns (shell globs: `*`, `?`, `[...]`) before
 /// anything runs.
 pub fn check_filters(patterns: &[String]) -> Result<()> {
@@ -2215,6 +2317,42 @@ env = { HINT = "h" }
         .expect("mkfifo");
         assert!(read("fifo.sh").is_err());
         assert!(open_task_file(&task.join("solution"), &d.path().join("secret")).is_err());
+    }
+
+    /// A SIF named by a task opens beneath a dir given to eval, or one the
+    /// caller allows, only: `..` and symlinks out of it are refused.
+    #[test]
+    fn a_tasks_sif_opens_beneath_the_given_dirs_only() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let suite = d.path().join("suite");
+        let private = d.path().join("private");
+        std::fs::create_dir_all(suite.join("task/img")).expect("mkdir");
+        std::fs::create_dir_all(&private).expect("mkdir");
+        std::fs::write(suite.join("shared.sif"), "s").expect("write");
+        std::fs::write(suite.join("task/img/own.sif"), "o").expect("write");
+        std::fs::write(private.join("private.sif"), "p").expect("write");
+        std::os::unix::fs::symlink(private.join("private.sif"), suite.join("task/link.sif"))
+            .expect("symlink");
+        let task = suite.join("task");
+        let dirs = ImageDirs::new(std::slice::from_ref(&suite), &[]).expect("dirs");
+        for ok in ["img/own.sif", "../shared.sif"] {
+            assert!(dirs.open(&task.join(ok)).is_ok(), "{ok}");
+        }
+        for bad in ["../../private/private.sif", "link.sif"] {
+            let e = dirs.open(&task.join(bad)).expect_err(bad);
+            assert!(e.contains("not beneath"), "{e}");
+        }
+        assert!(dirs.open(&private.join("private.sif")).is_err());
+        // Only the task's dir given: the suite's shared SIF is outside it.
+        let only = ImageDirs::new(std::slice::from_ref(&task), &[]).expect("dirs");
+        assert!(only.open(&task.join("../shared.sif")).is_err());
+        // Allowed explicitly.
+        let allowed = ImageDirs::new(std::slice::from_ref(&suite), std::slice::from_ref(&private))
+            .expect("dirs");
+        assert!(allowed
+            .open(&task.join("../../private/private.sif"))
+            .is_ok());
+        assert!(allowed.open(&private.join("private.sif")).is_ok());
     }
 
     #[test]

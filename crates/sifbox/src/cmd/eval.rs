@@ -80,6 +80,11 @@ pub struct EvalArgs {
     /// `${NAME}` counts as unset (its `:-default`, else an error).
     #[arg(long, value_name = "NAME")]
     pub pass_env: Vec<String>,
+    /// Let a task's `docker_image = "PATH.sif"` name a SIF file beneath
+    /// DIR (repeatable; also `[eval] image_dirs` in the config file).
+    /// Without it a task's SIF must be beneath a TASK_OR_DIR given here.
+    #[arg(long, value_name = "DIR")]
+    pub allow_image_dir: Vec<PathBuf>,
     /// Every task's CPUs, replacing task.toml's `cpus` (Harbor's flag;
     /// fractions allowed).
     #[arg(long, value_name = "N")]
@@ -119,6 +124,41 @@ pub struct EvalArgs {
     /// Task directories, or directories of them.
     #[arg(value_name = "TASK_OR_DIR", required = true)]
     pub tasks: Vec<PathBuf>,
+}
+
+/// `[eval] image_dirs = ["DIR", ...]` in `$XDG_CONFIG_HOME/sifbox/config.toml`
+/// (default ~/.config): dirs whose SIF files tasks may name, as
+/// `--allow-image-dir` gives them.
+fn image_dirs_from_config() -> sifbox_engine::Result<Vec<PathBuf>> {
+    let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+    else {
+        return Ok(Vec::new());
+    };
+    let file = dir.join("sifbox/config.toml");
+    let Some(table) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+    else {
+        return Ok(Vec::new());
+    };
+    let Some(v) = table.get("eval").and_then(|e| e.get("image_dirs")) else {
+        return Ok(Vec::new());
+    };
+    let bad = || Error::BadInput {
+        what: format!("eval.image_dirs = {v} in {}", file.display()),
+        why: "not a list of directory paths".into(),
+        fix: "write image_dirs = [\"/path/to/sifs\"]".into(),
+    };
+    let toml::Value::Array(items) = v else {
+        return Err(bad());
+    };
+    items
+        .iter()
+        .map(|i| i.as_str().map(PathBuf::from).ok_or_else(bad))
+        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -387,6 +427,27 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             .into());
         }
     }
+    let image_dirs = {
+        let mut allowed = image_dirs_from_config()?;
+        allowed.extend(a.allow_image_dir.iter().cloned());
+        task::ImageDirs::new(&a.tasks, &allowed).map_err(|e| {
+            usage(
+                format!("image dir {e}"),
+                "cannot resolve this directory",
+                "name an existing directory (in --allow-image-dir or [eval] image_dirs)",
+            )
+        })?
+    };
+    // A task's SIF is read only from beneath the dirs given (up front:
+    // nothing runs when one is not).
+    if let Err((name, what, why)) = image_dirs.check(&tasks) {
+        return Err(usage(
+            format!("task {name}: {what}"),
+            &why,
+            "keep the SIF file beneath the directory given to eval, or allow its directory with --allow-image-dir DIR (or [eval] image_dirs in ~/.config/sifbox/config.toml)",
+        )
+        .into());
+    }
     for name in &a.allow_userns_task {
         if !tasks.iter().any(|t| &t.name == name) {
             return Err(usage(
@@ -498,14 +559,20 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     // `docker_image` may also be pulled.
     let from = |r: &str| crate::cmd::build::resolve_image(&store, r);
     let task_image = |r: &str| crate::cmd::build::resolve_image(&store, r);
+    // A task's SIF: opened beneath the dirs allowed (again: the check
+    // above was before anything ran) and imported through that fd.
     let task_sif = |p: &std::path::Path| {
-        crate::cmd::image::resolve_sif_file(&store, p).map_err(|e| {
+        let bad = |why: String| {
             sifbox_build::error::BuildError::bad(
-                format!("image {}", e.arg),
-                e.kind.to_string(),
-                e.fix(),
+                format!("image {}", p.display()),
+                why,
+                "keep the SIF file beneath the directory given to eval, or allow its directory with --allow-image-dir DIR",
             )
-        })
+        };
+        let file = image_dirs.open(p).map_err(bad)?;
+        sifbox_image::import::import_sif_file(&store, &file, p)
+            .map(|i| i.digest)
+            .map_err(|e| bad(e.to_string()))
     };
     let outcome = runner::run(
         &store,

@@ -344,29 +344,6 @@ pub fn resolve_reference(
     sifbox_registry::resolve::reference(store, reference, &opts)
 }
 
-/// A task's `docker_image` that names a SIF file on the host: imported
-/// once (by fingerprint), as a command's IMAGE argument of that path is.
-pub fn resolve_sif_file(
-    store: &Store,
-    path: &std::path::Path,
-) -> Result<Digest, sifbox_registry::ResolveError> {
-    let opts = sifbox_registry::ResolveOptions {
-        progress: crate::cmd::progress::for_stderr(false),
-        ..sifbox_registry::ResolveOptions::default()
-    };
-    let arg = sifbox_registry::ImageArg::Path(path.to_path_buf());
-    match sifbox_registry::resolve::locate(store, &arg, &opts)? {
-        sifbox_registry::resolve::Located::Stored(d) => Ok(d),
-        // The task's loader saw a file: a directory now is not a SIF.
-        sifbox_registry::resolve::Located::Tree(_) => Err(sifbox_registry::ResolveError {
-            arg: path.display().to_string(),
-            kind: sifbox_registry::resolve::ResolveErrorKind::BadReference(
-                "a directory, not a SIF file".into(),
-            ),
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::human_size;

@@ -1195,7 +1195,9 @@ storage_mb = 64
 fn task_limits_defaults_and_overrides_are_recorded_with_what_enforced_them() {
     let env = Env::with_evalbase();
     // Fills its writable layer past storage_mb, and burns some CPU.
-    let solve = "#!/bin/bash\ndd if=/dev/zero of=/big bs=1M count=80 2> /logs/agent/dd.err\necho $? > /logs/agent/dd.rc\nrm -f /big\ni=0; while [ $i -lt 100000 ]; do i=$((i+1)); done\n";
+    // (/logs/agent is in the same layer: dd's output is kept in memory
+    // until /big is gone.)
+    let solve = "#!/bin/bash\nerr=$(dd if=/dev/zero of=/big bs=1M count=80 2>&1)\nrc=$?\nrm -f /big\necho \"$err\" > /logs/agent/dd.err\necho $rc > /logs/agent/dd.rc\ni=0; while [ $i -lt 100000 ]; do i=$((i+1)); done\n";
     let reward = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n";
     env.task(
         "sized",
@@ -1660,9 +1662,10 @@ exit 0
         "{:?}",
         notes("e-other-user__1")
     );
-    // The agent's logs are kept, symlinks and all.
+    // The agent's logs dirs are its writable layer's, mount points that it
+    // cannot replace with a symlink: the copy out is a directory.
     assert!(std::fs::symlink_metadata(job.join("a-symlinks__1/agent"))
-        .is_ok_and(|m| m.file_type().is_symlink()));
+        .is_ok_and(|m| m.file_type().is_dir()));
     let d = env.result("h", "d-records__1");
     assert!(d.get("forged").is_none(), "{d:#}");
     let ev = std::fs::read_to_string(job.join("d-records__1/sandbox.json")).expect("read");
@@ -1850,6 +1853,121 @@ fn a_task_script_symlinked_out_of_the_task_reads_nothing() {
             path.display()
         );
     }
+}
+
+/// A task's `docker_image` naming a SIF outside the dir given to eval
+/// (`../../private/private.sif`) is refused up front, exit 125, naming the
+/// task, the path and `--allow-image-dir`, and nothing runs; on main eval
+/// imported any SIF the caller can read and its agent read it. Allowed
+/// with `--allow-image-dir DIR`, the same task runs on that image.
+#[test]
+fn a_tasks_sif_outside_the_suite_is_refused_unless_allowed() {
+    let env = Env::with_evalbase();
+    let secret = unique("private-image");
+    let base = env.path("private-rootfs");
+    copy_rootfs(&base);
+    std::fs::write(base.join("secret"), &secret).expect("write");
+    let other = Store::new("sifbox-eval-private.");
+    other
+        .import(&base, "priv")
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    let private = env.path("private");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let sif = private.join("private.sif");
+    other
+        .cmd(["image", "export", "priv", sif.to_str().expect("utf-8")])
+        .timeout(EVAL_TIMEOUT)
+        .output()
+        .success();
+    env.task(
+        "sif-outside",
+        "[environment]\ndocker_image = \"../../private/private.sif\"\n",
+        "#!/bin/sh\ncat /secret > /logs/agent/seen\n",
+        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    let images = || {
+        let out = env.cmd(&["image", "ls", "--json"]).output();
+        let v: Value = serde_json::from_str(&out.success().stdout).expect("json");
+        v["images"].as_array().map_or(0, Vec::len)
+    };
+    let before = images();
+    let out = env.eval(&["--job", "j", &tasks]).output();
+    out.code_is(125);
+    for want in ["sif-outside", "private.sif", "--allow-image-dir"] {
+        assert!(out.stderr.contains(want), "{want}: {}", out.stderr);
+    }
+    assert!(!env.out().join("j").exists(), "a refused job left its dir");
+    assert_eq!(images(), before, "the store imported it");
+    // Allowed: the same task runs on the private image.
+    let allow = private.display().to_string();
+    env.eval(&["--job", "k", "--allow-image-dir", &allow, &tasks])
+        .output()
+        .success();
+    let r = env.result("k", "sif-outside__1");
+    assert_eq!(r["status"], "ok", "{r:#}");
+    let seen = std::fs::read_to_string(env.out().join("k/sif-outside__1/agent/seen"))
+        .expect("the agent's file");
+    assert_eq!(seen, secret);
+}
+
+/// An agent's /logs/agent and /logs/artifacts live in its writable layer:
+/// one of `storage_mb = 64` that writes 200 MiB there is cut at the
+/// layer's size, and the job dir holds at most that (on main, /logs was
+/// the host's dir and took all of it); one that makes more entries than
+/// the copy-out's bound (20,000) gets that many in the job dir, and
+/// result.json's `logs` says what was cut.
+#[test]
+fn an_agents_logs_are_bounded_by_its_storage_and_the_copy_out() {
+    let env = Env::with_evalbase();
+    let reward = "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n";
+    env.task(
+        "logs-big",
+        "[environment]\nstorage_mb = 64\n",
+        "#!/bin/sh\nhead -c 209715200 /dev/zero > /logs/agent/big\necho x > /logs/artifacts/kept || true\n",
+        reward,
+    );
+    env.task(
+        "logs-many",
+        "",
+        "#!/bin/sh\ncd /logs/agent && seq 1 20050 | xargs touch\n",
+        reward,
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "j", &tasks]).output();
+    let sizes = |rollout: &str| -> (u64, usize) {
+        let mut bytes = 0;
+        let mut n = 0;
+        for sub in ["agent", "artifacts"] {
+            let d = env.out().join("j").join(rollout).join(sub);
+            for (_, md) in harness::entries_below(&d) {
+                n += 1;
+                if md.is_file() {
+                    bytes += md.len();
+                }
+            }
+        }
+        (bytes, n)
+    };
+    let r = env.result("j", "logs-big__1");
+    let (bytes, _) = sizes("logs-big__1");
+    assert!(bytes <= 64 << 20, "the job dir holds {bytes} bytes: {r:#}");
+    assert!(bytes > 0, "nothing was copied out: {r:#}");
+    let logs = &r["logs"];
+    assert!(logs["bytes"].as_u64().expect("bytes") <= 64 << 20, "{r:#}");
+    let r = env.result("j", "logs-many__1");
+    let logs = &r["logs"];
+    assert_eq!(logs["truncated"], true, "{r:#}");
+    assert_eq!(logs["files"], 20_000, "{r:#}");
+    assert!(
+        logs["cut"].as_str().expect("cut").contains("entries"),
+        "{r:#}"
+    );
+    let (_, n) = sizes("logs-many__1");
+    assert!(n <= 20_000, "the job dir holds {n} entries");
+    assert!(n > 19_000, "the job dir holds only {n} entries");
 }
 
 /// A task's `${VAR}` sees only what the caller passes (`--pass-env`): the

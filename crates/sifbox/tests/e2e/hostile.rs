@@ -1222,3 +1222,73 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
     sandbox.stop();
     assert_eq!(setid_files(&logs), Vec::<String>::new(), "after stop");
 }
+
+/// A tree 300 levels deep in a `--logs` dir, made by a user of the image
+/// (below names that make its path far longer than PATH_MAX), with a
+/// setuid file at the bottom: once `run` ends the file has lost its bit,
+/// and (unprivileged, where that user is another id of the caller's) every
+/// level is the caller's. On main give-back stopped at 256 levels and the
+/// strip at PATH_MAX, leaving the file setuid.
+#[test]
+fn a_300_level_tree_in_a_logs_dir_is_given_back_and_stripped() {
+    use rustix::fs::{Mode, OFlags};
+    let sb = Sifbox::new();
+    let parent = tempdir("sifbox-logs-deep.");
+    let logs = parent.path().join("logs");
+    let name = "d".repeat(40);
+    let plant = format!(
+        "cd /logs/agent && i=0 && while [ $i -lt 300 ]; do mkdir {name} && cd -P {name} || exit 1; \
+         i=$((i+1)); done; cp /bin/busybox sh && chmod 4755 sh && ls -l sh"
+    );
+    let out = sb
+        .run([
+            "--logs",
+            logs.to_str().expect("utf-8"),
+            "--user",
+            "user",
+            "sh",
+            "-c",
+            &plant,
+        ])
+        .output();
+    out.success();
+    assert!(
+        out.stdout.contains("rws"),
+        "the bit was not set inside: {out:?}"
+    );
+    let mine = harness::my_ids();
+    let mut fd = rustix::fs::open(
+        logs.join("agent"),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .expect("open agent/");
+    for level in 1..=300 {
+        fd = rustix::fs::openat(
+            &fd,
+            name.as_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .unwrap_or_else(|e| panic!("level {level}: {e}"));
+        if !harness::is_root() {
+            let st = rustix::fs::fstat(&fd).expect("stat");
+            assert_eq!(
+                (st.st_uid, st.st_gid),
+                mine,
+                "level {level} is not the caller's"
+            );
+        }
+    }
+    let st = rustix::fs::statat(&fd, "sh", rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .expect("stat the file");
+    assert_eq!(
+        st.st_mode & 0o6000,
+        0,
+        "setuid at depth 300: {:o}",
+        st.st_mode
+    );
+    if !harness::is_root() {
+        assert_eq!((st.st_uid, st.st_gid), mine, "the file is not the caller's");
+    }
+}

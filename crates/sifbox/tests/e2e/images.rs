@@ -695,6 +695,70 @@ fn sbtest_ids() -> (u32, u32) {
     (f[2].parse().expect("uid"), f[3].parse().expect("gid"))
 }
 
+/// A shared store's trees are not writable by its group (the audit's: a
+/// member planted a file in a tree's world-writable /tmp and the owner's
+/// sandbox ran it): the tree's /tmp loses group and world write, and a
+/// member (sbtest, when this runs as root) cannot create a file there;
+/// inside a sandbox /tmp is still 1777 and writable, re-made in the
+/// sandbox's own upper layer from the tree's `.sifbox-modes`.
+#[test]
+fn a_shared_stores_trees_are_not_writable_by_its_group() {
+    let sb = Sifbox::new();
+    let top = open_top("sifbox-e2e-shared-tmp.");
+    let image = top.path().join("tree");
+    copy_rootfs(&image);
+    set_mode(&image.join("tmp"), 0o1777);
+    let config = top.path().join("config");
+    std::fs::create_dir_all(config.join("sifbox")).expect("mkdir");
+    std::fs::write(
+        config.join("sifbox/config.toml"),
+        "[store]\nshared = true\n",
+    )
+    .expect("config");
+    let store = top.path().join("lab-store");
+    std::fs::create_dir(&store).expect("mkdir");
+    if is_root() {
+        std::os::unix::fs::chown(&store, None, Some(sbtest_ids().1)).expect("chgrp");
+    }
+    let shared = |args: &[&str]| {
+        sb.cmd(args)
+            .env("SIFBOX_CACHE", &store)
+            .env("XDG_CONFIG_HOME", &config)
+            .env_remove("SIFBOX_STORE_SHARED")
+            .output()
+    };
+    let img = image.to_str().unwrap_or_default();
+    shared(&["image", "import", img, "--name", "tmp:1"]).success();
+    let out = shared(&[
+        "run",
+        "tmp:1",
+        "sh",
+        "-c",
+        "stat -c %a /tmp && touch /tmp/inside && echo written",
+    ]);
+    out.success();
+    assert_eq!(out.stdout, "1777\nwritten\n", "/tmp inside");
+    let tree = only_tree(&store);
+    assert_eq!(
+        mode_of(&tree.join("tmp")) & 0o022,
+        0,
+        "the tree's /tmp is writable by the group or others"
+    );
+    assert!(
+        !tree.join("tmp/inside").exists(),
+        "the sandbox wrote the tree"
+    );
+    let planted = tree.join("tmp/planted");
+    if let Some(o) = as_other_user(&[OsStr::new("touch"), planted.as_os_str()]) {
+        assert!(
+            !o.status.success(),
+            "a member created {}",
+            planted.display()
+        );
+        assert!(!planted.exists());
+    }
+}
+
 /// A lab group's shared store (`store.shared = true`): the group reads
 /// images and runs them, and no tree in it has a setuid or setgid file;
 /// the SIF keeps its bits; a private store that becomes shared is
