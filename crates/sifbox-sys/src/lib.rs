@@ -14,6 +14,9 @@
 #![allow(unsafe_code)]
 
 pub mod lockfile;
+pub mod private_dir;
+
+pub use private_dir::{fd_path, private_dir, NotPrivate};
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

@@ -1,0 +1,161 @@
+//! A directory that is the caller's alone, opened once and checked by the
+//! descriptor: what sifbox keeps in a shared parent (`/dev/shm`, `/tmp`)
+//! is used through that descriptor, never through a path another user
+//! could have pre-created, or raced a symlink into.
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+
+/// A directory that exists but is not private to the caller: another
+/// user's, a symlink, not a directory, or open to others. Carried inside
+/// the `io::Error` [`private_dir`] returns (`ErrorKind::PermissionDenied`);
+/// [`NotPrivate::of`] finds it again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} {why}", path.display())]
+pub struct NotPrivate {
+    pub path: PathBuf,
+    /// Its owner and mode, when it could be opened and checked.
+    pub owner: Option<u32>,
+    pub mode: Option<u32>,
+    pub why: String,
+}
+
+impl NotPrivate {
+    /// The [`NotPrivate`] inside `e`, if that is what `e` is.
+    pub fn of(e: &std::io::Error) -> Option<&NotPrivate> {
+        e.get_ref().and_then(|inner| inner.downcast_ref())
+    }
+
+    fn error(self) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::PermissionDenied, self)
+    }
+}
+
+/// Opens (making it, mode 0700, when missing) the directory `name` under
+/// `parent` (an absolute `name` ignores `parent`, as `openat` does) and
+/// returns it open (`O_DIRECTORY|O_NOFOLLOW`, close-on-exec) once its
+/// descriptor shows it is private to the caller: owned by the effective
+/// uid, no symlink, and mode 0700. A directory of ours whose mode only
+/// lets others read (0755, an umask's doing) is made 0700 through the
+/// descriptor; one that others could write, or that is another user's,
+/// is refused with a [`NotPrivate`] naming its owner and mode, and left
+/// as it is. `create`: make it when missing (else a missing one is
+/// `NotFound`).
+pub fn private_dir(parent: BorrowedFd<'_>, name: &Path, create: bool) -> std::io::Result<OwnedFd> {
+    if create {
+        match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let not_private = |owner, mode, why: &str| {
+        NotPrivate {
+            path: name.to_path_buf(),
+            owner,
+            mode,
+            why: why.to_string(),
+        }
+        .error()
+    };
+    let dir = match rustix::fs::openat(
+        parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(d) => d,
+        Err(rustix::io::Errno::LOOP) => {
+            return Err(not_private(None, None, "is a symlink"));
+        }
+        Err(rustix::io::Errno::NOTDIR) => {
+            return Err(not_private(None, None, "is not a directory"));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let st = rustix::fs::fstat(&dir)?;
+    let mode = st.st_mode & 0o7777;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(not_private(
+            Some(st.st_uid),
+            Some(mode),
+            &format!("belongs to uid {} (mode {mode:04o}), not to you (uid {me})", st.st_uid),
+        ));
+    }
+    if mode & 0o022 != 0 {
+        return Err(not_private(
+            Some(st.st_uid),
+            Some(mode),
+            &format!("is yours but others can write to it (mode {mode:04o})"),
+        ));
+    }
+    if mode != 0o700 {
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700))?;
+    }
+    Ok(dir)
+}
+
+/// `/proc/self/fd/N` for `fd`: a path that names the directory `fd` is
+/// open on without resolving any other path again (the kernel follows
+/// the descriptor), for calls that take only a path (`bind`, `connect`).
+pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn cwd() -> BorrowedFd<'static> {
+        rustix::fs::CWD
+    }
+
+    #[test]
+    fn makes_a_missing_dir_0700_and_opens_an_existing_one() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let p = t.path().join("d");
+        private_dir(cwd(), &p, true).expect("made");
+        let md = std::fs::metadata(&p).expect("stat");
+        assert_eq!(md.permissions().mode() & 0o7777, 0o700);
+        private_dir(cwd(), &p, true).expect("opened again");
+        assert_eq!(
+            private_dir(cwd(), &t.path().join("missing"), false)
+                .expect_err("not made")
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn refuses_a_symlink_and_a_dir_others_can_write() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let target = t.path().join("target");
+        std::fs::create_dir(&target).expect("mkdir");
+        let link = t.path().join("link");
+        symlink(&target, &link).expect("symlink");
+        let e = private_dir(cwd(), &link, true).expect_err("a symlink");
+        assert_eq!(NotPrivate::of(&e).map(|n| n.why.as_str()), Some("is a symlink"));
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+        let e = private_dir(cwd(), &target, true).expect_err("open to others");
+        let n = NotPrivate::of(&e).expect("typed");
+        assert_eq!(n.mode, Some(0o777));
+        assert_eq!(
+            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o7777,
+            0o777,
+            "left as it was"
+        );
+        // Readable by others only: ours to make private.
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        private_dir(cwd(), &target, false).expect("made private");
+        assert_eq!(
+            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o7777,
+            0o700
+        );
+    }
+}
