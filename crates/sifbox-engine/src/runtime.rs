@@ -245,6 +245,12 @@ fn default_root(base: &Path) -> Result<Root> {
     )))
 }
 
+/// Whether `path` is on a tmpfs.
+fn is_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == TMPFS_MAGIC)
+}
+
 /// What a live sandbox records about itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
