@@ -167,14 +167,14 @@ fn open_root() -> Result<Root> {
     }
     if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p).join("sifbox");
-        let fd = sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|e| {
-            Error::BadInput {
+        let fd =
+            sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|e| Error::BadInput {
                 what: format!("runtime dir {} (from XDG_RUNTIME_DIR)", path.display()),
                 why: e.to_string(),
-                fix: "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
-                    .into(),
-            }
-        })?;
+                fix:
+                    "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
+                        .into(),
+            })?;
         return Root::new(fd, path);
     }
     let base = if is_tmpfs(Path::new("/dev/shm")) {
@@ -194,10 +194,7 @@ fn default_root(base: &Path) -> Result<Root> {
     let uid = rustix::process::geteuid().as_raw();
     let first = base.join(format!("sifbox-{uid}"));
     let fail = |why: String| Error::BadInput {
-        what: format!(
-            "runtime dir {} (XDG_RUNTIME_DIR is unset)",
-            first.display()
-        ),
+        what: format!("runtime dir {} (XDG_RUNTIME_DIR is unset)", first.display()),
         why,
         fix: "set XDG_RUNTIME_DIR (or SIFBOX_RUNTIME) to a directory of your own, or have \
               the owner of the directories named remove them"
@@ -208,7 +205,13 @@ fn default_root(base: &Path) -> Result<Root> {
         rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )
-    .map_err(|e| fail(format!("cannot open {}: {}", base.display(), std::io::Error::from(e))))?;
+    .map_err(|e| {
+        fail(format!(
+            "cannot open {}: {}",
+            base.display(),
+            std::io::Error::from(e)
+        ))
+    })?;
     let names: Vec<String> = std::iter::once(format!("sifbox-{uid}"))
         .chain((1..=FALLBACKS).map(|i| format!("sifbox-{uid}.{i}")))
         .collect();
@@ -243,6 +246,32 @@ fn default_root(base: &Path) -> Result<Root> {
         "none of it and its {FALLBACKS} fallbacks is yours alone: {}",
         refused.join("; ")
     )))
+}
+
+/// The runtime dir `held` (a path through its descriptor, opened in the
+/// mount namespace this process has just left) as a path of this one,
+/// where mounts can be made on it: `shown` (where it was, resolved before
+/// leaving) looked up again, which must lead to the very same directory
+/// (device and inode), or the start fails.
+pub fn same_dir_here(held: &Path, shown: &Path) -> Result<PathBuf> {
+    let want = rustix::fs::stat(held).map_err(|e| Error::io(format!("{}", held.display()), e))?;
+    let here = rustix::fs::open(
+        shown,
+        rustix::fs::OFlags::PATH
+            | rustix::fs::OFlags::DIRECTORY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening {}", shown.display()), e))?;
+    let got = rustix::fs::fstat(&here).map_err(|e| Error::io(format!("{}", shown.display()), e))?;
+    if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino) {
+        return Err(Error::Setup(format!(
+            "the runtime dir {} is not the one the sandbox was started in (something swapped it)",
+            shown.display()
+        )));
+    }
+    Ok(shown.to_path_buf())
 }
 
 /// Whether `path` is on a tmpfs.
@@ -674,7 +703,9 @@ mod tests {
             };
             std::os::unix::fs::symlink("/", t.path().join(name)).expect("symlink");
         }
-        let e = default_root(t.path()).expect_err("none is ours").to_string();
+        let e = default_root(t.path())
+            .expect_err("none is ours")
+            .to_string();
         assert!(e.contains(&format!("sifbox-{uid} is a symlink")), "{e}");
         assert!(e.contains("XDG_RUNTIME_DIR"), "{e}");
     }

@@ -16,7 +16,7 @@
 pub mod lockfile;
 pub mod private_dir;
 
-pub use private_dir::{fd_path, private_dir, NotPrivate};
+pub use private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

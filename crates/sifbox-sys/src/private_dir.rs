@@ -89,7 +89,10 @@ pub fn private_dir(parent: BorrowedFd<'_>, name: &Path, create: bool) -> std::io
         return Err(not_private(
             Some(st.st_uid),
             Some(mode),
-            &format!("belongs to uid {} (mode {mode:04o}), not to you (uid {me})", st.st_uid),
+            &format!(
+                "belongs to uid {} (mode {mode:04o}), not to you (uid {me})",
+                st.st_uid
+            ),
         ));
     }
     if mode & 0o022 != 0 {
@@ -111,6 +114,98 @@ pub fn private_dir(parent: BorrowedFd<'_>, name: &Path, create: bool) -> std::io
 pub fn fd_path(fd: BorrowedFd<'_>) -> PathBuf {
     use std::os::fd::AsRawFd;
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Checks that no other user could swap `path` for another: every
+/// directory above it (as given, and as it resolves) belongs to the caller
+/// or root, and is writable by nobody else unless sticky (`/tmp`: there
+/// only an entry's owner may rename it, and the entry is checked in turn);
+/// a symlink on the way must be the caller's or root's too. Group write
+/// counts only for a group other than the caller's own. Missing
+/// components end the check (what is made later is the caller's). The
+/// error (`PermissionDenied`, a [`NotPrivate`]) names the directory, its
+/// owner and mode.
+pub fn check_ancestors(path: &Path) -> std::io::Result<()> {
+    use rustix::fs::{AtFlags, FileType};
+    let me = rustix::process::geteuid().as_raw();
+    let my_gid = rustix::process::getegid().as_raw();
+    let trusted = |uid: u32| uid == me || uid == 0;
+    let check = |p: &Path, is_last: bool| -> std::io::Result<bool> {
+        let st = match rustix::fs::statat(rustix::fs::CWD, p, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let mode = st.st_mode & 0o7777;
+        let bad = |why: String| {
+            NotPrivate {
+                path: p.to_path_buf(),
+                owner: Some(st.st_uid),
+                mode: Some(mode),
+                why,
+            }
+            .error()
+        };
+        let kind = FileType::from_raw_mode(st.st_mode);
+        // The dir itself is its user's to judge (a shared store's owner).
+        if is_last && kind == FileType::Directory {
+            return Ok(true);
+        }
+        if !trusted(st.st_uid) {
+            let what = if kind == FileType::Symlink {
+                "a symlink"
+            } else {
+                "a directory"
+            };
+            return Err(bad(format!(
+                "is {what} of uid {} (mode {mode:04o}): that user could swap what lies beneath it",
+                st.st_uid
+            )));
+        }
+        if kind == FileType::Directory {
+            let sticky = mode & 0o1000 != 0;
+            let others = mode & 0o002 != 0 || (mode & 0o020 != 0 && st.st_gid != my_gid);
+            if others && !sticky {
+                return Err(bad(format!(
+                    "is writable by other users (mode {mode:04o}, group {}): they could swap what lies beneath it",
+                    st.st_gid
+                )));
+            }
+        }
+        Ok(true)
+    };
+    let walk = |full: &Path| -> std::io::Result<()> {
+        let mut at = PathBuf::new();
+        let parts: Vec<_> = full.components().collect();
+        for (i, c) in parts.iter().enumerate() {
+            at.push(c);
+            if !check(&at, i + 1 == parts.len())? {
+                break;
+            }
+        }
+        Ok(())
+    };
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    walk(&abs)?;
+    // And where it resolves to, through whatever symlinks it has (checked
+    // above to be trusted ones).
+    let mut existing = abs.as_path();
+    while !existing.exists() {
+        match existing.parent() {
+            Some(p) => existing = p,
+            None => return Ok(()),
+        }
+    }
+    let real = std::fs::canonicalize(existing)?;
+    if real != existing {
+        let rest = abs.strip_prefix(existing).unwrap_or(Path::new(""));
+        walk(&real.join(rest))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -146,25 +241,54 @@ mod tests {
         let link = t.path().join("link");
         symlink(&target, &link).expect("symlink");
         let e = private_dir(cwd(), &link, true).expect_err("a symlink");
-        let why = NotPrivate::of(&e).map(|n| n.why.clone()).unwrap_or_default();
+        let why = NotPrivate::of(&e)
+            .map(|n| n.why.clone())
+            .unwrap_or_default();
         assert!(why.starts_with("is a symlink"), "{why}");
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777))
-            .expect("chmod");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let e = private_dir(cwd(), &target, true).expect_err("open to others");
         let n = NotPrivate::of(&e).expect("typed");
         assert_eq!(n.mode, Some(0o777));
         assert_eq!(
-            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o7777,
+            std::fs::metadata(&target)
+                .expect("stat")
+                .permissions()
+                .mode()
+                & 0o7777,
             0o777,
             "left as it was"
         );
         // Readable by others only: ours to make private.
-        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         private_dir(cwd(), &target, false).expect("made private");
         assert_eq!(
-            std::fs::metadata(&target).expect("stat").permissions().mode() & 0o7777,
+            std::fs::metadata(&target)
+                .expect("stat")
+                .permissions()
+                .mode()
+                & 0o7777,
             0o700
         );
+    }
+
+    #[test]
+    fn ancestors_another_user_could_swap_are_found() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().expect("tempdir");
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        check_ancestors(&open.join("store/x")).expect("a private parent");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let e = check_ancestors(&open.join("store")).expect_err("world-writable, not sticky");
+        assert!(e.to_string().contains("could swap"), "{e}");
+        // The dir itself may be open: only what is above it counts.
+        check_ancestors(&open).expect("the last one");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        check_ancestors(&open.join("store")).expect("sticky, as /tmp");
+        // Through a symlink: where it leads is checked too.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&open, &link).expect("symlink");
+        assert!(check_ancestors(&link.join("store")).is_err());
     }
 }

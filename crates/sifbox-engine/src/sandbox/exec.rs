@@ -146,7 +146,7 @@ fn read_until_exit(
     (out.finish(), err.finish())
 }
 
-fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64)> {
+pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64)> {
     loop {
         match protocol::recv::<Event>(conn) {
             Ok((ev, _)) => {
@@ -238,7 +238,7 @@ impl Sandbox {
 
     /// With a memory limit, the kills for it so far (to tell whether an
     /// exec's end was one).
-    fn oom_kills_now(&self) -> Option<u64> {
+    pub(super) fn oom_kills_now(&self) -> Option<u64> {
         self.limits
             .applied
             .iter()
@@ -250,7 +250,7 @@ impl Sandbox {
     /// (or a sandbox that went) while the limit's killer acted is said to
     /// have gone over it, with Docker's exit code 137. `before`: the kills
     /// when the exec started.
-    fn over_memory(
+    pub(super) fn over_memory(
         &self,
         ended: Result<(ExecStatus, u64)>,
         before: Option<u64>,

@@ -29,6 +29,10 @@ pub(super) fn init_main(
     // A session keyring of the sandbox's own: the caller's (an ssh login's
     // keys) is out of reach even of commands that may call keyctl.
     join_keyring(spec)?;
+    // Where the runtime dir (held as a descriptor) is, looked up again in
+    // the new mount namespace below: mounts go on its own mounts only.
+    let shown = std::fs::canonicalize(&launch.dir)
+        .map_err(|e| Error::io(format!("resolving {}", launch.dir.display()), e))?;
     let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
     if spec.net == NetMode::None {
         flags |= UnshareFlags::NEWNET;
@@ -41,7 +45,8 @@ pub(super) fn init_main(
     // Host supplementary groups do not follow into the sandbox where the
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
-    let root = rootfs::assemble(spec, &launch.dir, disk)?;
+    let dir = crate::runtime::same_dir_here(&launch.dir, &shown)?;
+    let root = rootfs::assemble(spec, &dir, disk)?;
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -51,13 +56,9 @@ pub(super) fn init_main(
         None => {
             // A relative name: runtime dir paths can be longer than a socket
             // address allows.
-            rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
-            UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
-                Error::io(
-                    format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
-                    e,
-                )
-            })?
+            rustix::process::chdir(&dir).map_err(errno("chdir to the runtime dir"))?;
+            UnixListener::bind(CONTROL_SOCKET)
+                .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))?
         }
     };
     rootfs::pivot(&root)?;

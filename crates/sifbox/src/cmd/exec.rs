@@ -120,7 +120,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
             null.as_fd()
         };
         Ok(status_exit(
-            &sandbox.exec(req, [input, o.as_fd(), e.as_fd()])?,
+            &sandbox.exec_relayed(req, [input, o.as_fd(), e.as_fd()])?,
         ))
     }
 }

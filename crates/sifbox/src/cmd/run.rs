@@ -133,7 +133,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         crate::cmd::tty::exec(&sandbox, req)
     } else {
         let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-        sandbox.exec(req, [i.as_fd(), o.as_fd(), e.as_fd()])
+        sandbox.exec_relayed(req, [i.as_fd(), o.as_fd(), e.as_fd()])
     };
     let stopped = sandbox.stop(Duration::ZERO);
     signal_handle.close();
