@@ -127,10 +127,14 @@ fn pump_in(from: OwnedFd, to: OwnedFd) {
 }
 
 /// Whether this process may read the terminal `fd` now: it is in the
-/// terminal's foreground process group (a background job that read it
-/// would be stopped by SIGTTIN).
+/// foreground process group of its controlling terminal (a background job
+/// that read it would be stopped by SIGTTIN), or `fd` is another terminal
+/// (which stops nobody).
 fn in_foreground(fd: BorrowedFd<'_>) -> bool {
-    rustix::termios::tcgetpgrp(fd).is_ok_and(|pg| pg == rustix::process::getpgrp())
+    match rustix::termios::tcgetpgrp(fd) {
+        Ok(pg) => pg == rustix::process::getpgrp(),
+        Err(_) => true,
+    }
 }
 
 impl Sandbox {
