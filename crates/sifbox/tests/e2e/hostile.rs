@@ -1452,8 +1452,9 @@ fn a_process_an_exec_leaves_gets_nothing_typed_on_the_callers_terminal() {
         .env("SIFBOX_RUNTIME", sb.runtime())
         .args(["exec", "-i", &sandbox.name, "sh", "-c"])
         .arg(
-            "read l; echo got:$l; \
-             ( sleep 1; read left; echo \"left:$left\" > /tmp/left-read ) >/dev/null 2>&1 &",
+            // fd 3: an asynchronous list's stdin is /dev/null in sh.
+            "read l; echo got:$l; exec 3<&0; \
+             ( sleep 1; read left <&3; echo \"left:$left\" > /tmp/left-read ) >/dev/null 2>&1 &",
         )
         .stdin(Stdio::from(slave))
         .output()
