@@ -582,8 +582,38 @@ pub fn hold(dir: &Path, lock_id: (u64, u64)) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Removes a sandbox's runtime dir; a dir already gone is fine.
+/// Removes a sandbox's runtime dir; a dir already gone is fine. A dir
+/// named by a descriptor (`/proc/self/fd/N`, as the supervisor has its
+/// own) is removed as the entry of its parent, reached from it.
 pub fn remove_dir(dir: &Path) -> Result<()> {
+    if dir.parent() == Some(Path::new("/proc/self/fd")) {
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let name = match std::fs::read_link(dir) {
+            Ok(target) => target,
+            Err(e) if gone(&e) => return Ok(()),
+            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
+        };
+        let Some(name) = name.file_name().map(PathBuf::from) else {
+            return Ok(());
+        };
+        if name.to_string_lossy().ends_with(" (deleted)") {
+            return Ok(());
+        }
+        let parent = rustix::fs::open(
+            dir.join(".."),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io(format!("opening the parent of {}", dir.display()), e))?;
+        let parent = cap_std::fs::Dir::from_std_file(std::fs::File::from(parent));
+        return match parent.remove_dir_all(&name) {
+            Ok(()) => Ok(()),
+            Err(e) if gone(&e) => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", name.display()), e)),
+        };
+    }
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -708,6 +738,24 @@ mod tests {
             .to_string();
         assert!(e.contains(&format!("sifbox-{uid} is a symlink")), "{e}");
         assert!(e.contains("XDG_RUNTIME_DIR"), "{e}");
+    }
+
+    #[test]
+    fn a_dir_named_by_its_descriptor_is_removed() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(t.path(), "a test").expect("root");
+        let r = reserve(&root, "x").expect("reserve");
+        std::fs::write(r.dir.join("state.json"), "{}").expect("write");
+        let fd = rustix::fs::open(
+            &r.dir,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("open");
+        let named = sifbox_sys::fd_path(fd.as_fd());
+        remove_dir(&named).expect("removed");
+        assert!(!t.path().join("sandboxes/x").exists());
+        remove_dir(&named).expect("gone is fine");
     }
 
     #[test]

@@ -188,7 +188,16 @@ impl Sandbox {
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let (err_r, err_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
-        let input = stdin.unwrap_or(null.as_fd());
+        // The caller's file or terminal reaches the command as a pipe.
+        let relayed = stdin
+            .map(super::relay::relayed_input)
+            .transpose()?
+            .flatten();
+        let input = relayed
+            .as_ref()
+            .map(AsFd::as_fd)
+            .or(stdin)
+            .unwrap_or(null.as_fd());
         let conn = self.connect()?;
         let last = req.stop_after;
         protocol::send(

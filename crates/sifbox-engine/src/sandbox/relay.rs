@@ -32,6 +32,14 @@ fn needs_relay(fd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Whether `a` and `b` are the same file (device and inode).
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(x), Ok(y)) => (x.st_dev, x.st_ino) == (y.st_dev, y.st_ino),
+        _ => false,
+    }
+}
+
 /// Writes all of `data` to `to`; false once `to` refuses (its reader went).
 fn write_all(to: BorrowedFd<'_>, mut data: &[u8]) -> bool {
     while !data.is_empty() {
@@ -137,6 +145,26 @@ fn in_foreground(fd: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// The stdin to hand a command for the caller's `fd`: `fd` itself (as
+/// `None`) when it needs no relay; else a pipe's read end, with a thread
+/// that copies `fd` into it started (or /dev/null for a terminal this
+/// process may not read now).
+pub(super) fn relayed_input(fd: BorrowedFd<'_>) -> Result<Option<OwnedFd>> {
+    if !needs_relay(fd) {
+        return Ok(None);
+    }
+    if rustix::termios::isatty(fd) && !in_foreground(fd) {
+        // A background job gets no input, as the kernel would have it.
+        let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
+        return Ok(Some(OwnedFd::from(null)));
+    }
+    let (r, w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
+    let from =
+        rustix::io::fcntl_dupfd_cloexec(fd, 3).map_err(|e| Error::io("duplicating stdin", e))?;
+    std::thread::spawn(move || pump_in(from, w));
+    Ok(Some(r))
+}
+
 impl Sandbox {
     /// [`Sandbox::exec`] with the caller's stdio, relayed where it must be
     /// (see the module docs): what the command (and whatever it leaves
@@ -147,33 +175,30 @@ impl Sandbox {
             return self.exec(req, stdio);
         }
         let pipe = || pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e));
-        let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
-        // What the command gets in place of a relayed descriptor, and what
-        // this process keeps of it.
+        // What the command gets in place of a relayed descriptor, and the
+        // read ends of its output pipes this process copies from.
         let mut theirs: [Option<OwnedFd>; 3] = [None, None, None];
-        let mut input: Option<(OwnedFd, OwnedFd)> = None;
         let mut outputs: Vec<(OwnedFd, BorrowedFd<'_>)> = Vec::new();
-        for (i, fd) in stdio.iter().enumerate() {
-            if !relay[i] {
-                continue;
-            }
-            if i == 0 {
-                if rustix::termios::isatty(*fd) && !in_foreground(*fd) {
-                    // A background job gets no input, as the kernel
-                    // would have it.
-                    theirs[0] = Some(null.as_fd().try_clone_to_owned().ctx(|| "dup".into())?);
-                    continue;
-                }
-                let (r, w) = pipe()?;
-                let from = rustix::io::fcntl_dupfd_cloexec(*fd, 3)
-                    .map_err(|e| Error::io("duplicating stdin", e))?;
-                theirs[0] = Some(r);
-                input = Some((from, w));
-            } else {
+        for (i, fd) in stdio.iter().enumerate().skip(1) {
+            if relay[i] {
                 let (r, w) = pipe()?;
                 theirs[i] = Some(w);
                 outputs.push((r, *fd));
             }
+        }
+        // stdout and stderr on one file or terminal (`>LOG 2>&1`): one
+        // pipe for both, so that their order is kept.
+        if relay[1] && relay[2] && same_file(stdio[1], stdio[2]) {
+            outputs.truncate(1);
+            theirs[2] = theirs[1]
+                .as_ref()
+                .map(|w| w.try_clone())
+                .transpose()
+                .ctx(|| "duplicating a pipe".into())?;
+        }
+        // Last: its copying starts at once.
+        if relay[0] {
+            theirs[0] = relayed_input(stdio[0])?;
         }
         let kills_before = self.oom_kills_now();
         let conn = self.connect()?;
@@ -193,9 +218,6 @@ impl Sandbox {
         }
         // The command's ends are its own now.
         drop(theirs);
-        if let Some((from, to)) = input {
-            std::thread::spawn(move || pump_in(from, to));
-        }
         let (stop_r, stop_w) = pipe()?;
         let ended = std::thread::scope(|s| {
             let pump = s.spawn(move || pump_out(outputs, stop_r));
@@ -209,5 +231,45 @@ impl Sandbox {
         let (status, t) = self.over_memory(ended, kills_before)?;
         self.note_last(last, t);
         Ok(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_and_terminals_are_relayed_pipes_sockets_and_null_are_not() {
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        assert!(!needs_relay(r.as_fd()) && !needs_relay(w.as_fd()));
+        let (a, _b) = UnixStream::pair().expect("socketpair");
+        assert!(!needs_relay(a.as_fd()));
+        let null = File::open("/dev/null").expect("null");
+        assert!(!needs_relay(null.as_fd()));
+        let file = tempfile::tempfile().expect("file");
+        assert!(needs_relay(file.as_fd()));
+        let zero = File::open("/dev/zero").expect("zero");
+        assert!(needs_relay(zero.as_fd()), "a device other than /dev/null");
+        let pty =
+            rustix::pty::openpt(rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY)
+                .expect("openpt");
+        assert!(needs_relay(pty.as_fd()), "a terminal");
+    }
+
+    #[test]
+    fn output_is_copied_until_the_stop_then_drained() {
+        use std::io::{Read, Seek};
+        let mut dest = tempfile::tempfile().expect("file");
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        let (stop_r, stop_w) = pipe_with(PipeFlags::CLOEXEC).expect("pipe");
+        rustix::io::write(&w, b"before the exit\n").expect("write");
+        // The writer stays open (a process left behind): the stop ends it.
+        drop(stop_w);
+        pump_out(vec![(r, dest.as_fd())], stop_r);
+        let mut got = String::new();
+        dest.rewind().expect("rewind");
+        dest.read_to_string(&mut got).expect("read");
+        assert_eq!(got, "before the exit\n");
+        drop(w);
     }
 }

@@ -11,6 +11,7 @@ pub(super) fn init_main(
     listener: Option<UnixListener>,
     disk: Option<OwnedFd>,
     activity: Option<OwnedFd>,
+    held_dir: OwnedFd,
 ) -> Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -61,6 +62,9 @@ pub(super) fn init_main(
                 .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))?
         }
     };
+    // The host's runtime dir, which `launch.dir` named, goes before the
+    // sandbox's root is entered: no descriptor of a host dir stays in init.
+    drop(held_dir);
     rootfs::pivot(&root)?;
     // Its fds (the overlay's, /proc's, /dev's) are of no further use.
     drop(root);

@@ -211,17 +211,16 @@ pub fn main() -> i32 {
         }
         let dir = fds.remove(0);
         l.dir = sifbox_sys::fd_path(std::os::fd::AsFd::as_fd(&dir));
-        std::mem::forget(dir);
         let disk = given_disk(&l, &mut fds)?;
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
-    let launch = launch.and_then(|(l, disk)| {
+    let launch = launch.and_then(|(l, disk, dir)| {
         sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
     // As a forked one does: a sandbox that outlives its client logs to its
     // runtime dir, not to the client's stderr (which would stay open).
-    let launch = launch.and_then(|(l, disk)| {
+    let launch = launch.and_then(|(l, disk, dir)| {
         if !l.oneshot {
             let log = std::fs::OpenOptions::new()
                 .create(true)
@@ -230,10 +229,10 @@ pub fn main() -> i32 {
                 .map_err(|e| Error::io("opening the supervisor log", e))?;
             rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
         }
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
     finish(
-        launch.and_then(|(l, disk)| outer(&l, &mut input, &mut status, None, disk)),
+        launch.and_then(|(l, disk, dir)| outer(&l, &mut input, &mut status, None, disk, dir)),
         &mut status,
     )
 }
@@ -264,7 +263,7 @@ pub fn main_forked(
     let mut status = Status(Some(File::from(status)));
     // Carry neither the client's argv nor its environment, none of the
     // descriptors it had open but those it handed over (`dir`, which
-    // `launch.dir` names, kept for the supervisor's life), and none of
+    // `launch.dir` names, kept by outer for its life), and none of
     // its stdio but stderr (init drops that too); a sandbox that outlives
     // its client logs to its runtime dir instead.
     let keep = [
@@ -297,12 +296,10 @@ pub fn main_forked(
             Ok(())
         });
     let mut input = BufReader::new(File::from(control));
-    let code = finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk)),
+    finish(
+        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk, dir)),
         &mut status,
-    );
-    drop(dir);
-    code
+    )
 }
 
 fn finish(result: Result<i32>, status: &mut Status) -> i32 {
