@@ -672,10 +672,12 @@ impl CopyPlan {
                     let f = e.src.open()?;
                     h.set_size(*size);
                     h.set_entry_type(tar::EntryType::Regular);
-                    // Exactly `size` bytes whatever happens to the file: a
-                    // change is caught just after.
-                    let body = (&f).take(*size).chain(std::io::repeat(0)).take(*size);
-                    b.append_data(&mut h, &e.name, body)?;
+                    // Exactly `size` bytes whatever happens to the file (a
+                    // change is caught just after), holes kept: a sparse
+                    // file of another stage (`COPY --from`) stays sparse.
+                    sifbox_engine::transfer::sparse::append_file(
+                        &mut b, &mut h, &e.name, &f, *size,
+                    )?;
                     e.src.check(&f)?;
                 }
             }

@@ -52,6 +52,8 @@ pub struct FsState {
 pub struct StepOptions {
     pub net: NetMode,
     pub binds: Vec<Bind>,
+    /// `RUN --mount=type=tmpfs`: file systems of their own.
+    pub tmpfs: Vec<sifbox_engine::spec::TmpfsMount>,
 }
 
 /// Runs build steps in sandboxes and keeps their layers.
@@ -64,7 +66,15 @@ pub struct Layers<'s> {
     /// What build steps may ask of the kernel (the default seccomp policy
     /// unless the build opted out).
     confinement: Confinement,
+    /// The most a step's layer may hold, in bytes (see [`Layers::step`]).
+    layer_bytes: u64,
 }
+
+/// The default bound of a build step's layer: 10 GiB, more than a step
+/// that installs a toolchain writes, less than a host's free disk.
+pub const DEFAULT_LAYER_BYTES: u64 = 10 << 30;
+/// The least a step's layer may be bounded to (ext4's own least).
+pub const MIN_LAYER_BYTES: u64 = 16 << 20;
 
 /// Hex SHA-256 of `parts` joined with newlines.
 pub fn chain_key(parent: &str, step: &str) -> String {
@@ -95,7 +105,38 @@ impl<'s> Layers<'s> {
             exe,
             ids,
             confinement: Confinement::default(),
+            layer_bytes: DEFAULT_LAYER_BYTES,
         })
+    }
+
+    /// Each step's layer holds at most `bytes` (at least
+    /// [`MIN_LAYER_BYTES`]).
+    #[must_use]
+    pub fn with_layer_size(mut self, bytes: u64) -> Self {
+        self.layer_bytes = bytes.max(MIN_LAYER_BYTES);
+        self
+    }
+
+    /// The bound of a step's layer, in bytes.
+    pub fn layer_size(&self) -> u64 {
+        self.layer_bytes
+    }
+
+    /// Where a step's writes go: a file system of the layer's size, gone
+    /// with the sandbox (its upper dir copied out first, see
+    /// [`Layers::step`]). As host root an ext4 image on a loop device
+    /// (`Writable::Disk`); without root there is no loop device, so a tmpfs
+    /// of that size, whose content is memory until the step ends.
+    fn bounded_layer(&self) -> Writable {
+        let size_mib = self.layer_bytes.div_ceil(1 << 20);
+        if sifbox_engine::disk::unavailable().is_none() {
+            Writable::Disk {
+                size_mib,
+                scratch: sifbox_engine::disk::scratch_dir(&self.store.root().join("scratch")),
+            }
+        } else {
+            Writable::Tmpfs { size_mib }
+        }
     }
 
     /// Build steps run under `c` instead of the default confinement.
@@ -157,17 +198,18 @@ impl<'s> Layers<'s> {
             }
         }
         let work = self.store.work_dir("build-step")?;
+        // The step writes on a file system of the layer's size; its upper
+        // dir is copied into `work/upper` once its processes are gone.
+        let upper = work.path().join("upper");
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&upper)
+            .map_err(|e| BuildError::io(&upper, e))?;
         let ran = self
-            .sandbox(
-                state,
-                opts,
-                Writable::Overlay {
-                    dir: work.path().to_path_buf(),
-                },
-            )
+            .sandbox_keeping(state, opts, self.bounded_layer(), Some(upper.clone()))
             .and_then(|sb| {
                 f(&sb)?;
-                sb.stop(std::time::Duration::ZERO)?;
+                sb.stop_keeping_layer(std::time::Duration::ZERO)?;
                 Ok(())
             });
         if let Err(e) = ran {
@@ -206,12 +248,23 @@ impl<'s> Layers<'s> {
             &StepOptions {
                 net: NetMode::None,
                 binds,
+                tmpfs: Vec::new(),
             },
             Writable::Tmpfs { size_mib: 64 },
         )
     }
 
     fn sandbox(&self, state: &FsState, opts: &StepOptions, writable: Writable) -> Result<Sandbox> {
+        self.sandbox_keeping(state, opts, writable, None)
+    }
+
+    fn sandbox_keeping(
+        &self,
+        state: &FsState,
+        opts: &StepOptions,
+        writable: Writable,
+        keep_layer: Option<PathBuf>,
+    ) -> Result<Sandbox> {
         // Unique within the process, also across builds that run side by
         // side (sifbox eval builds its tasks' environments in parallel).
         static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -224,6 +277,8 @@ impl<'s> Layers<'s> {
         spec.net = opts.net;
         spec.writable = writable;
         spec.binds = opts.binds.clone();
+        spec.tmpfs = opts.tmpfs.clone();
+        spec.keep_layer = keep_layer;
         spec.confinement = self.confinement;
         let mut so = StartOptions::new(self.exe.clone());
         // A build sandbox dies with the build, and is the build's own:
@@ -308,6 +363,7 @@ impl Layers<'_> {
             &StepOptions {
                 net: NetMode::None,
                 binds,
+                tmpfs: Vec::new(),
             },
             Writable::Tmpfs { size_mib: 1 },
         )?;

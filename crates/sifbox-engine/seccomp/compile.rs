@@ -436,6 +436,26 @@ pub const BPF_RET_K: u16 = 0x06;
 pub const RET_ALLOW: u32 = 0x7fff_0000;
 pub const RET_ERRNO: u32 = 0x0005_0000;
 pub const RET_KILL_PROCESS: u32 = 0x8000_0000;
+/// `SECCOMP_RET_USER_NOTIF`: the caller waits for the filter's listener.
+pub const RET_USER_NOTIF: u32 = 0x7fc0_0000;
+
+/// `program` with every EPERM answer turned into a user notification, so
+/// that a listener hears each denial (and answers it EPERM itself). Other
+/// answers stay: allowed calls never reach the listener, and ENOSYS (calls
+/// newer than the policy, the ENOSYS set) and kills are answered by the
+/// kernel as before.
+pub fn notifying(program: &[sock_filter]) -> Vec<sock_filter> {
+    program
+        .iter()
+        .map(|i| {
+            let mut i = i.clone();
+            if i.code == BPF_RET_K && i.k == RET_ERRNO | EPERM {
+                i.k = RET_USER_NOTIF;
+            }
+            i
+        })
+        .collect()
+}
 
 /// ENOSYS for every system call numbered `from` or above, on `arch` only:
 /// calls newer than the policy look absent, so callers fall back (seccompiler

@@ -85,6 +85,10 @@ pub struct Evidence {
     /// How its limits were enforced, and what could not be.
     #[serde(default)]
     pub limits: crate::limits::Enforcement,
+    /// The calls the default seccomp policy denied, counted; written at
+    /// stop (empty: none, or the policy was off).
+    #[serde(default)]
+    pub seccomp_denied: Vec<crate::denials::Denied>,
 }
 
 /// Host clock now, Unix nanoseconds.
@@ -99,7 +103,7 @@ impl Evidence {
     /// The record of a sandbox that has just become ready.
     pub fn new(spec: &SandboxSpec, image: ImageRef, inside_ready_ns: u64) -> Evidence {
         let uname = rustix::system::uname();
-        let mut namespaces: Vec<String> = ["user", "pid", "mount", "ipc", "uts"]
+        let mut namespaces: Vec<String> = ["user", "pid", "mount", "ipc", "uts", "cgroup"]
             .iter()
             .map(|s| (*s).to_string())
             .collect();
@@ -128,6 +132,7 @@ impl Evidence {
             },
             stopped: None,
             limits: crate::limits::Enforcement::default(),
+            seccomp_denied: Vec::new(),
         }
     }
 
@@ -148,8 +153,13 @@ impl Evidence {
             .ctx(|| format!("writing {}", path.display()))
     }
 
-    /// Adds the stop times to the record at `path`.
-    pub fn record_stop(path: &Path, inside_unix_ns: u64) -> Result<()> {
+    /// Adds the stop times, and the calls the default seccomp policy
+    /// denied, to the record at `path`.
+    pub fn record_stop(
+        path: &Path,
+        inside_unix_ns: u64,
+        denied: &[crate::denials::Denied],
+    ) -> Result<()> {
         let mut data = Vec::new();
         std::fs::OpenOptions::new()
             .read(true)
@@ -166,6 +176,7 @@ impl Evidence {
             host_unix_ns: host_now_ns(),
             inside_unix_ns,
         });
+        ev.seccomp_denied = denied.to_vec();
         ev.write(path)
     }
 }
@@ -187,15 +198,32 @@ pub struct LogsDir {
     pub artifacts: OwnedFd,
 }
 
-/// Makes a logs dir for a sandbox: `dir` (made 0755 when missing) with
-/// [`SUBDIRS`] 0755, owned by the caller (root inside the sandbox; give
+/// Makes a logs dir for a sandbox (`--logs`): `dir`, made when missing and
+/// made 0700 (0711 when `passable`: a user of the image other than root
+/// owns the subdirs and must pass through /logs; nobody lists it), with
+/// [`SUBDIRS`] 0700, owned by the caller (root inside the sandbox; give
 /// them to a user of the image with `Sandbox::chown`), and an empty
 /// sandbox.json to be bound read-only (see [`logs_binds`]) and filled once
-/// the sandbox is ready. `dir` may be one an earlier sandbox had at /logs:
-/// a subdir that is not a directory (a symlink it planted, say) is
-/// refused, never followed, and one left writable by everyone is made
-/// 0755.
-pub fn prepare_logs_dir(dir: &Path) -> Result<LogsDir> {
+/// the sandbox is ready. What a sandbox leaves there (a setuid program, a
+/// file capability) is stripped when it ends; until then no other host
+/// user gets in. `dir` may be one an earlier sandbox had at /logs: a
+/// subdir that is not a directory (a symlink it planted, say) is refused,
+/// never followed, and one left open to other users is made 0700.
+pub fn prepare_logs_dir(dir: &Path, passable: bool) -> Result<LogsDir> {
+    prepare(dir, Some(if passable { 0o711 } else { 0o700 }), 0o700)
+}
+
+/// [`prepare_logs_dir`] for a dir below one that is the caller's alone
+/// (eval's `OUT/JOB`, 0700): the subdirs are 0755, so that the host reads
+/// what the image's other users (a subordinate id when unprivileged)
+/// write there while the sandbox runs.
+pub fn prepare_logs_dir_in_private(dir: &Path) -> Result<LogsDir> {
+    prepare(dir, None, 0o755)
+}
+
+/// Makes the logs dir `dir`, made `top_mode` (when given) and its subdirs
+/// `sub_mode`.
+fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> {
     use std::os::unix::fs::DirBuilderExt;
     let path = std::path::absolute(dir).ctx(|| format!("logs dir {}", dir.display()))?;
     let bad = |why: String, fix: &str| Error::BadInput {
@@ -205,7 +233,7 @@ pub fn prepare_logs_dir(dir: &Path) -> Result<LogsDir> {
     };
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o755)
+        .mode(top_mode.unwrap_or(0o755))
         .create(&path)
         .map_err(|e| {
             bad(
@@ -226,11 +254,19 @@ pub fn prepare_logs_dir(dir: &Path) -> Result<LogsDir> {
             "pass a directory you can read",
         )
     })?;
+    if let Some(mode) = top_mode {
+        rustix::fs::fchmod(&root, Mode::from_raw_mode(mode)).map_err(|e| {
+            bad(
+                format!("cannot make it {mode:04o} ({e})"),
+                "pass a directory of yours",
+            )
+        })?;
+    }
     let [agent, verifier, artifacts] = SUBDIRS;
     let (agent, verifier, artifacts) = (
-        logs_subdir(&root, &path, agent)?,
-        logs_subdir(&root, &path, verifier)?,
-        logs_subdir(&root, &path, artifacts)?,
+        logs_subdir(&root, &path, agent, sub_mode)?,
+        logs_subdir(&root, &path, verifier, sub_mode)?,
+        logs_subdir(&root, &path, artifacts, sub_mode)?,
     );
     // Made now so that it can be bound read-only; filled once the sandbox
     // is ready.
@@ -259,7 +295,7 @@ pub fn prepare_logs_dir(dir: &Path) -> Result<LogsDir> {
 
 /// Makes (or finds) the subdir `sub` of the logs dir `root` at `path`, and
 /// opens it without following a symlink there.
-fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str) -> Result<OwnedFd> {
+fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str, mode: u32) -> Result<OwnedFd> {
     let bad = |why: String| Error::BadInput {
         what: format!("logs dir {}", path.display()),
         why,
@@ -268,7 +304,7 @@ fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str) -> Result<OwnedFd> {
             path.join(sub).display()
         ),
     };
-    match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(0o755)) {
+    match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(mode)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
         Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
     }
@@ -284,10 +320,10 @@ fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str) -> Result<OwnedFd> {
         ))
     })?;
     let st = rustix::fs::fstat(&fd).ctx(|| format!("{}/{sub}", path.display()))?;
-    if st.st_mode & 0o022 != 0 {
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)).map_err(|e| {
+    if st.st_mode & !mode & 0o077 != 0 {
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| {
             bad(format!(
-                "{sub}/ in it is writable by other users and cannot be made 0755 ({e})"
+                "{sub}/ in it is open to other users and cannot be made {mode:04o} ({e})"
             ))
         })?;
     }
@@ -326,18 +362,17 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_logs_dir_is_0755_and_held_open() {
+    fn a_fresh_logs_dir_is_the_callers_alone_and_held_open() {
         let d = tempfile::tempdir().expect("tempdir");
         let dir = d.path().join("a/logs");
-        let logs = prepare_logs_dir(&dir).expect("prepare");
+        let logs = prepare_logs_dir(&dir, false).expect("prepare");
         assert_eq!(logs.path, dir);
         for sub in SUBDIRS {
-            assert_eq!(
-                mode(&dir.join(sub)) & 0o022,
-                0,
-                "{sub} is writable by others"
-            );
+            assert_eq!(mode(&dir.join(sub)), 0o700, "{sub} is open to others");
         }
+        assert_eq!(mode(&dir), 0o700, "the logs dir is open to others");
+        prepare_logs_dir(&dir, true).expect("prepare");
+        assert_eq!(mode(&dir), 0o711, "a passable logs dir");
         assert_eq!(
             std::fs::read_to_string(dir.join(FILE)).expect("read"),
             "{}\n"
@@ -352,7 +387,7 @@ mod tests {
     fn a_reused_logs_dir_follows_no_planted_symlink() {
         let d = tempfile::tempdir().expect("tempdir");
         let dir = d.path().join("logs");
-        prepare_logs_dir(&dir).expect("prepare");
+        prepare_logs_dir(&dir, false).expect("prepare");
         // What an earlier sandbox could leave: agent/ a symlink to a host
         // dir (a decoy), artifacts/ made writable by everyone.
         let decoy = d.path().join("decoy");
@@ -365,21 +400,21 @@ mod tests {
             std::fs::Permissions::from_mode(0o777),
         )
         .expect("chmod");
-        let e = prepare_logs_dir(&dir).expect_err("a symlinked agent/ is refused");
+        let e = prepare_logs_dir(&dir, false).expect_err("a symlinked agent/ is refused");
         assert!(
             matches!(&e, Error::BadInput { why, .. } if why.contains("agent") && why.contains("not a directory")),
             "{e}"
         );
         assert_eq!(mode(&decoy), 0o700, "the decoy's mode changed");
         std::fs::remove_file(dir.join("agent")).expect("rm");
-        prepare_logs_dir(&dir).expect("prepare");
-        assert_eq!(mode(&dir.join("artifacts")), 0o755);
+        prepare_logs_dir(&dir, false).expect("prepare");
+        assert_eq!(mode(&dir.join("artifacts")), 0o700);
         // sandbox.json a symlink: replaced, not written through.
         let target = d.path().join("target.json");
         std::fs::write(&target, "keep").expect("write");
         std::fs::remove_file(dir.join(FILE)).expect("rm");
         std::os::unix::fs::symlink(&target, dir.join(FILE)).expect("symlink");
-        prepare_logs_dir(&dir).expect("prepare");
+        prepare_logs_dir(&dir, false).expect("prepare");
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
         assert!(std::fs::symlink_metadata(dir.join(FILE))
             .expect("stat")
@@ -393,7 +428,7 @@ mod tests {
         std::fs::write(&target, "keep").expect("write");
         let link = d.path().join(FILE);
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
-        assert!(Evidence::record_stop(&link, 1).is_err());
+        assert!(Evidence::record_stop(&link, 1, &[]).is_err());
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
     }
 }

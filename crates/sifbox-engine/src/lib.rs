@@ -6,12 +6,14 @@
 //! requests over a Unix socket ([`protocol`]). [`Sandbox`] is the client side.
 
 pub mod aio;
+pub mod denials;
 pub mod disk;
 pub mod doctor;
 pub mod error;
 pub mod evidence;
 pub mod fakeroot;
 pub mod idmap;
+pub mod layer_copy;
 pub mod limits;
 pub mod protocol;
 pub mod request;

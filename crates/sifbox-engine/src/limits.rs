@@ -72,6 +72,20 @@ pub struct Enforcement {
     pub applied: Vec<Applied>,
     /// Limits asked for that this host cannot enforce, and why.
     pub not_enforced: Vec<String>,
+    /// The limits that are sifbox's defaults, not the caller's choice.
+    #[serde(default)]
+    pub defaults: Vec<String>,
+    /// `RLIMIT_NPROC` for outer to set before it makes the sandbox's user
+    /// namespace: the kernel then caps the processes of the caller's uid,
+    /// all its sandboxes' included, at it (the user-wide cap without a
+    /// cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_nproc: Option<u64>,
+    /// `RLIMIT_NOFILE` (soft, hard) for outer to set before it makes the
+    /// sandbox's user namespace (raising the hard limit needs host
+    /// privilege, which only outer may still have).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nofile: Option<(u64, u64)>,
     /// The sandbox's cgroup, once made (outer joins it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<cgroup::SandboxCgroup>,
@@ -105,15 +119,38 @@ pub struct Host {
     pub cpus: Vec<usize>,
     /// The caller is host root (exempt from `RLIMIT_NPROC`).
     pub root: bool,
+    /// The caller's hard `RLIMIT_NPROC` and `RLIMIT_NOFILE` (None:
+    /// unlimited), which only root may raise.
+    pub nproc_hard: Option<u64>,
+    pub nofile_hard: Option<u64>,
+    /// `fs.nr_open`: no process may have a higher `RLIMIT_NOFILE`.
+    pub nr_open: Option<u64>,
+    /// The caller holds CAP_SYS_RESOURCE (may raise hard limits): root,
+    /// unless a container runtime dropped it.
+    pub sys_resource: bool,
 }
 
 impl Host {
     /// This host, for the calling process.
     pub fn detect() -> Host {
+        use rustix::process::{getrlimit, Resource};
         Host {
             cgroup: cgroup::Hierarchy::detect(Path::new("/sys/fs/cgroup")),
             cpus: allowed_cpus(),
             root: rustix::process::getuid().is_root(),
+            nproc_hard: getrlimit(Resource::Nproc).maximum,
+            nofile_hard: getrlimit(Resource::Nofile).maximum,
+            nr_open: std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .ok()
+                .and_then(|t| t.trim().parse().ok()),
+            sys_resource: std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("CapEff:"))
+                        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                })
+                .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0),
         }
     }
 
@@ -137,6 +174,9 @@ impl Host {
         host
     }
 }
+
+/// The capability's number (linux/capability.h).
+const CAP_SYS_RESOURCE: u32 = 24;
 
 /// The CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
@@ -262,7 +302,69 @@ pub fn plan(limits: &Limits, host: &Host, seed: u64) -> Enforcement {
             None => not_enforced.push("cpus: no cgroup and no CPU affinity here".to_string()),
         }
     }
+    if let Some(u) = limits.user_pids {
+        match cg.filter(|h| h.can("pids")) {
+            Some(h) => applied(
+                "user_pids",
+                u,
+                cg_how(h),
+                format!(
+                    "pids.max of {}, the parent of every sandbox's cgroup of this user",
+                    h.user_base_name()
+                ),
+            ),
+            None if !host.root => {
+                let value = host.nproc_hard.map_or(u, |h| u.min(h));
+                let clamped = if value < u {
+                    format!(" (lowered from {u} to the caller's hard limit)")
+                } else {
+                    String::new()
+                };
+                applied(
+                    "user_pids",
+                    value,
+                    How::Rlimit,
+                    format!("RLIMIT_NPROC of the sandbox's user namespace's creator: every process of the caller's uid on the host counts{clamped}"),
+                );
+                e.user_nproc = Some(value);
+            }
+            None => not_enforced.push(
+                "user_pids: host root is exempt from RLIMIT_NPROC and no pids cgroup is writable"
+                    .to_string(),
+            ),
+        }
+    }
+    if let Some(n) = limits.nofile {
+        // CAP_SYS_RESOURCE may raise a hard limit up to fs.nr_open;
+        // without it a hard limit only goes down.
+        let cap = if host.sys_resource {
+            host.nr_open
+        } else {
+            match (host.nofile_hard, host.nr_open) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        };
+        let hard = cap.map_or(n.hard, |c| n.hard.min(c));
+        let soft = n.soft.min(hard);
+        let mut detail = format!("RLIMIT_NOFILE {soft}:{hard} of every process");
+        if hard < n.hard {
+            detail.push_str(&format!(
+                " (hard lowered from {}: the caller's hard limit or fs.nr_open)",
+                n.hard
+            ));
+            if !limits.defaults.nofile {
+                not_enforced.push(format!(
+                    "nofile: a hard limit of {} was asked for; only {hard} is possible here (the caller's hard limit or fs.nr_open)",
+                    n.hard
+                ));
+            }
+        }
+        applied("nofile", soft, How::Rlimit, detail);
+        e.nofile = Some((soft, hard));
+    }
     e.not_enforced = not_enforced;
+    e.defaults = limits.defaults.names();
     e
 }
 
@@ -561,11 +663,13 @@ mod tests {
             memory_swap: None,
             pids: Some(100),
             cpus_milli: Some(1500),
+            ..Limits::default()
         };
         let host = Host {
             cgroup: None,
             cpus: vec![0, 1, 2, 3],
             root: false,
+            ..Host::default()
         };
         let e = plan(&limits, &host, 1);
         assert_eq!(e.how("memory"), Some(How::Watchdog));

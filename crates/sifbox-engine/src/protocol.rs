@@ -89,6 +89,11 @@ pub enum Request {
     /// Stop the sandbox: every process gets SIGTERM, then SIGKILL after
     /// `grace_ms`.
     Stop { grace_ms: u64 },
+    /// Stop as `Stop` does, and once every process is gone copy the
+    /// writable layer's upper dir into the dir of
+    /// `SandboxSpec::keep_layer` (see [`crate::layer_copy`]); the reply
+    /// says whether it was copied.
+    StopKeepingLayer { grace_ms: u64 },
     /// Liveness check.
     Ping,
 }
@@ -147,20 +152,28 @@ pub enum Event {
     Started { pid: i32 },
     /// The command ended: `code` follows the exit-code contract (128+N for
     /// signal N, 124 after a timeout); `time_ns` is the sandbox's clock then.
+    ///
+    /// `denied`: the calls the default seccomp policy denied during the
+    /// exec, counted (absent when none, so older peers still parse it).
     Exit {
         code: i32,
         #[serde(default)]
         timed_out: bool,
         #[serde(default)]
         time_ns: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        denied: Vec<crate::denials::Denied>,
     },
     /// The command could not be started; `code` is 125, 126 or 127.
     Error { code: i32, message: String },
     /// The request was carried out (stop, ping, signal, transfers);
-    /// `time_ns` is the sandbox's clock then.
+    /// `time_ns` is the sandbox's clock then. `denied`, in the reply to
+    /// stop: every call the default seccomp policy denied in the sandbox.
     Ok {
         #[serde(default)]
         time_ns: u64,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        denied: Vec<crate::denials::Denied>,
     },
 }
 

@@ -198,6 +198,14 @@ pub enum Step {
         readonly: bool,
         need: Need,
     },
+    /// The sandbox's `/sys/fs/cgroup`: only its own cgroup, each of
+    /// `views` (a name below `at`, "" for `at` itself, and the host's
+    /// directory of the sandbox's cgroup there) bound read-only in a
+    /// read-only tmpfs; with no views, an empty read-only tmpfs.
+    CgroupView {
+        at: At,
+        views: Vec<(String, PathBuf)>,
+    },
     /// The subtree at `at` covered by a read-only bind of itself.
     ReadOnly { at: At },
     /// `at` hidden: a file under the host's /dev/null, a directory under an
@@ -368,6 +376,25 @@ pub fn plan(spec: &SandboxSpec) -> Vec<Step> {
             need: Need::Required,
         });
     }
+    for t in &spec.tmpfs {
+        steps.push(Step::Mount {
+            fs: Fs::Tmpfs {
+                mode: t.mode,
+                size: t.size,
+            },
+            at: At {
+                base: Base::Root,
+                path: relative(&t.dst),
+                lookup: Lookup::Image(Create::Dir),
+            },
+            attrs: Attrs {
+                nosuid: true,
+                nodev: true,
+                ..Attrs::default()
+            },
+            names: None,
+        });
+    }
     steps
 }
 
@@ -398,6 +425,9 @@ pub struct NewRoot {
     /// The first empty read-only tmpfs that masks a directory: the others
     /// are clones of it (one superblock for all).
     empty: Option<OwnedFd>,
+    /// The overlay's upper dir, for a sandbox whose layer is kept
+    /// ([`SandboxSpec::keep_layer`]).
+    pub upper: Option<OwnedFd>,
 }
 
 impl NewRoot {
@@ -643,13 +673,31 @@ fn ensure_in_root(root: BorrowedFd<'_>, rel: &Path, kind: Create, links: u32) ->
     open(rel).map_err(sys_err(format!("opening {} in the sandbox", shown())))
 }
 
+/// Bytes of a tmpfs's size per inode it may have.
+pub const TMPFS_BYTES_PER_INODE: u64 = 4096;
+
+/// The inodes a tmpfs of `size` bytes may have: one per 4 KiB (at least
+/// 64). An inode and its dentry are kernel memory (about 1 KiB) that
+/// neither the size nor, without a cgroup, the memory limit counts: the
+/// kernel's default (half the host's RAM pages) let 600,000 empty files
+/// in a 64 MiB /dev/shm take 600 MiB. So empty files take at most a
+/// quarter of the size again, and a tmpfs filled with 4 KiB files (a page
+/// each) runs out of space and of inodes together.
+pub fn tmpfs_inodes(size: u64) -> u64 {
+    (size / TMPFS_BYTES_PER_INODE).max(64)
+}
+
 /// A fresh file system, configured and mounted detached; its log (the
 /// kernel's reasons) goes into the error.
 fn make_fs(fs: &Fs, attrs: Attrs, what: &str) -> Result<OwnedFd> {
     let (name, options): (&str, Vec<(&str, String)>) = match fs {
         Fs::Tmpfs { mode, size } => (
             "tmpfs",
-            vec![("mode", format!("{mode:o}")), ("size", size.to_string())],
+            vec![
+                ("mode", format!("{mode:o}")),
+                ("size", size.to_string()),
+                ("nr_inodes", tmpfs_inodes(*size).to_string()),
+            ],
         ),
         Fs::Proc => ("proc", Vec::new()),
         Fs::Devpts => (
@@ -726,6 +774,51 @@ fn clone_host(src: &Path, what: &str) -> std::result::Result<OwnedFd, (Errno, Er
 fn readonly(tree: &OwnedFd, what: &str) -> Result<()> {
     sifbox_sys::make_readonly_fd(tree.as_fd())
         .map_err(|e| Error::Setup(format!("{what}: making it read-only: {e}")))
+}
+
+/// Mounts the view of its own cgroup a sandbox has at `target` (see
+/// [`Step::CgroupView`]). The host's /sys/fs/cgroup lists every cgroup,
+/// other sandboxes' among them: the tmpfs covers it (a cover that the
+/// sandbox, holding no capability over this mount namespace, cannot
+/// remove). A cgroup v2 view is bound at `target` itself.
+fn cgroup_view(target: BorrowedFd<'_>, views: &[(String, PathBuf)]) -> Result<()> {
+    let what = "mounting the sandbox's /sys/fs/cgroup";
+    if let [(name, dir)] = views {
+        if name.is_empty() {
+            let t = clone_host(dir, what).map_err(|(_, e)| e)?;
+            readonly(&t, what)?;
+            return attach(&t, target, what);
+        }
+    }
+    let top = make_fs(
+        &Fs::Tmpfs {
+            mode: 0o755,
+            size: 64 << 10,
+        },
+        Attrs::NOSUID_NODEV_NOEXEC,
+        what,
+    )?;
+    attach(&top, target, what)?;
+    for (name, dir) in views {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            continue;
+        }
+        rustix::fs::mkdirat(&top, name.as_str(), Mode::from_raw_mode(0o555))
+            .map_err(sys_err(format!("{what}: creating {name}")))?;
+        let sub = open_beneath(&top, Path::new(name), OFlags::DIRECTORY)
+            .map_err(sys_err(format!("{what}: opening {name}")))?;
+        let t = clone_host(dir, what).map_err(|(_, e)| e)?;
+        attach(&t, sub.as_fd(), what)?;
+        // `cpu,cpuacct` is also found as `cpu` and `cpuacct`, as on hosts.
+        if name.contains(',') {
+            for c in name.split(',') {
+                if !c.is_empty() && !views.iter().any(|(n, _)| n == c) {
+                    let _ = rustix::fs::symlinkat(name.as_str(), &top, c);
+                }
+            }
+        }
+    }
+    readonly(&top, what)
 }
 
 /// Carries out `steps` on `root`.
@@ -829,6 +922,12 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
             )
             .map_err(sys_err(format!("{what}: cloning it")))?;
             attach(&tree, target.as_fd(), &what)?;
+        }
+        Step::CgroupView { at, views } => {
+            let Some(target) = root.resolve(at, None)? else {
+                return Ok(());
+            };
+            cgroup_view(target.as_fd(), views)?;
         }
         Step::ReadOnly { at } => {
             let Some(target) = root.resolve(at, None)? else {
@@ -1128,14 +1227,39 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         fd,
         mounts: HashMap::new(),
         empty: None,
+        upper: spec.keep_layer.is_some().then_some(upper),
     })
 }
 
-/// Prepares the overlay root and carries out the plan of `spec` on it.
-pub fn assemble(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Result<NewRoot> {
+/// Prepares the overlay root and carries out the plan of `spec` on it;
+/// `cgroup_views` is what its /sys/fs/cgroup shows ([`Step::CgroupView`]).
+pub fn assemble(
+    spec: &SandboxSpec,
+    dir: &Path,
+    disk: Option<OwnedFd>,
+    cgroup_views: Vec<(String, PathBuf)>,
+) -> Result<NewRoot> {
     let mut root = prepare_root(spec, dir, disk)?;
-    apply(&mut root, &plan(spec))?;
+    apply(&mut root, &plan_with_cgroup(spec, cgroup_views))?;
     Ok(root)
+}
+
+/// [`plan`] with the sandbox's /sys/fs/cgroup ([`Step::CgroupView`])
+/// right after /sys.
+pub fn plan_with_cgroup(spec: &SandboxSpec, views: Vec<(String, PathBuf)>) -> Vec<Step> {
+    let mut steps = plan(spec);
+    let at = steps
+        .iter()
+        .position(|s| matches!(s, Step::Sys { .. }))
+        .map_or(steps.len(), |i| i + 1);
+    steps.insert(
+        at,
+        Step::CgroupView {
+            at: At::new(Base::Sys, "fs/cgroup", Lookup::IfPresent),
+            views,
+        },
+    );
+    steps
 }
 
 /// Makes `root` the root of this mount namespace and detaches the old one.
@@ -1171,6 +1295,8 @@ mod tests {
                 dst: "/mnt/../data".into(),
                 readonly: true,
             }],
+            tmpfs: Vec::new(),
+            keep_layer: None,
             host_dns: true,
             shm_bytes: 1 << 20,
             confinement: Confinement::default(),
@@ -1287,6 +1413,40 @@ mod tests {
     }
 
     #[test]
+    fn tmpfs_mounts_are_real_tmpfs_of_their_size_after_the_binds() {
+        let mut s = spec();
+        s.tmpfs.push(crate::spec::TmpfsMount {
+            dst: "/scratch/t".into(),
+            size: 1 << 20,
+            mode: 0o1777,
+        });
+        let steps = plan(&s);
+        let last = steps.last().expect("steps");
+        assert_eq!(
+            last,
+            &Step::Mount {
+                fs: Fs::Tmpfs {
+                    mode: 0o1777,
+                    size: 1 << 20
+                },
+                at: At {
+                    base: Base::Root,
+                    path: "scratch/t".into(),
+                    lookup: Lookup::Image(Create::Dir),
+                },
+                attrs: Attrs {
+                    nosuid: true,
+                    nodev: true,
+                    ..Attrs::default()
+                },
+                names: None,
+            }
+        );
+        s.tmpfs[0].size = 0;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
     fn binds_follow_the_spec_and_the_image_cannot_lead_them_out() {
         let steps = plan(&spec());
         let bind = steps
@@ -1338,6 +1498,7 @@ mod tests {
             fd,
             mounts: HashMap::new(),
             empty: None,
+            upper: None,
         };
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(

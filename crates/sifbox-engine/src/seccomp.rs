@@ -85,6 +85,46 @@ pub fn install(allow_userns: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The program [`install_reporting`] installs: [`program`] with every EPERM
+/// answer made a user notification.
+pub fn notify_program(allow_userns: bool) -> &'static [SockFilter] {
+    if allow_userns {
+        POLICY_USERNS_NOTIFY
+    } else {
+        POLICY_NOTIFY
+    }
+}
+
+/// Installs the default policy as [`install`] does, but with a listener
+/// that hears every denied call: the returned descriptor must be served
+/// (`crate::denials::serve`) or every denied call waits for ever. Calls the
+/// policy allows never reach it. `Ok(None)`: this process's filter chain
+/// already has a listener (a sifbox inside a sandbox); the plain policy is
+/// installed instead and denials stay silent.
+pub fn install_reporting(allow_userns: bool) -> std::io::Result<Option<std::os::fd::OwnedFd>> {
+    if !SUPPORTED {
+        install(allow_userns)?;
+        return Ok(None);
+    }
+    match sifbox_sys::seccomp_notify::install_filter_with_listener(notify_program(allow_userns)) {
+        Ok(Some(fd)) => Ok(Some(fd)),
+        Ok(None) => install(allow_userns).map(|()| None),
+        Err(e) => Err(std::io::Error::new(
+            e.kind(),
+            format!("installing the default seccomp policy with a listener: {e}"),
+        )),
+    }
+}
+
+/// The name of system call `nr` on this architecture, if the policy names
+/// it (every call it allows or names as denied).
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    NUMBERS
+        .iter()
+        .find(|(_, n)| *n == nr)
+        .map(|(name, _)| *name)
+}
+
 /// The system calls allowed (some with argument checks) with and without
 /// nested namespaces.
 pub fn allowed(allow_userns: bool) -> Vec<&'static str> {
@@ -874,6 +914,54 @@ mod tests {
     }
 
     #[test]
+    fn the_notifying_program_is_the_plain_one_with_eperm_made_a_notification() {
+        for arch in compile::ARCHES {
+            let p = programs(arch);
+            for plain in [&p.single, &p.single_userns] {
+                let notify = compile::notifying(plain);
+                assert_eq!(notify.len(), plain.len());
+                let mut changed = 0;
+                for (a, b) in plain.iter().zip(&notify) {
+                    if a.code == compile::BPF_RET_K && a.k == EPERM {
+                        assert_eq!(b.k, compile::RET_USER_NOTIF);
+                        assert_eq!((a.code, a.jt, a.jf), (b.code, b.jt, b.jf));
+                        changed += 1;
+                    } else {
+                        assert_eq!(a, b, "{arch:?}: only EPERM answers change");
+                    }
+                }
+                assert!(changed > 0, "{arch:?}: no EPERM answer to notify");
+            }
+        }
+        // The generated programs of this architecture are the same.
+        for userns in [false, true] {
+            let plain = program(userns);
+            let notify = notify_program(userns);
+            assert_eq!(plain.len(), notify.len());
+            for (a, b) in plain.iter().zip(notify) {
+                if a.code == compile::BPF_RET_K && a.k == EPERM {
+                    assert_eq!(b.k, compile::RET_USER_NOTIF);
+                } else {
+                    assert_eq!(a, b);
+                }
+            }
+        }
+        // Answers other than EPERM stay: an unknown call still gets ENOSYS,
+        // a denied one is now heard.
+        let s = Stack::new(TargetArch::x86_64);
+        let data = |nr| Data {
+            nr,
+            arch: compile::audit_arch(TargetArch::x86_64),
+            args: [0; 6],
+        };
+        let notify = compile::notifying(&s.progs.single);
+        assert_eq!(run(&notify, &data(s.nr("keyctl"))), compile::RET_USER_NOTIF);
+        assert_eq!(run(&notify, &data(s.nr("getpid"))), ALLOWED);
+        assert_eq!(run(&notify, &data(s.nr("io_uring_setup"))), ENOSYS);
+        assert_eq!(run(&notify, &data(s.progs.newer_from)), ENOSYS);
+    }
+
+    #[test]
     fn accessors_describe_the_policy() {
         let allowed_plain = allowed(false);
         let allowed_userns = allowed(true);
@@ -890,5 +978,8 @@ mod tests {
         assert!(newer_from() > 400);
         assert_eq!(syscall_number("getpid"), Some(libc::SYS_getpid));
         assert_eq!(syscall_number("no_such_call"), None);
+        assert_eq!(syscall_name(libc::SYS_getpid), Some("getpid"));
+        assert_eq!(syscall_name(libc::SYS_keyctl), Some("keyctl"));
+        assert_eq!(syscall_name(-1), None);
     }
 }

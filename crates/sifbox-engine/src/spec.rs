@@ -147,6 +147,140 @@ pub struct Limits {
     /// CPUs, in thousandths (1500 is one and a half).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus_milli: Option<u32>,
+    /// Processes and threads of all the caller's sandboxes together (with
+    /// a cgroup: their common parent's `pids.max`; without: RLIMIT_NPROC,
+    /// which then counts every process of the caller's uid on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_pids: Option<u64>,
+    /// RLIMIT_NOFILE of the sandbox's processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nofile: Option<Nofile>,
+    /// Which of these are sifbox's defaults rather than the caller's
+    /// choice (recorded as sandbox.json's `limits.defaults`).
+    #[serde(default, skip_serializing_if = "Defaulted::is_none")]
+    pub defaults: Defaulted,
+}
+
+/// Docker's `--ulimit nofile=SOFT:HARD`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nofile {
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// Open files per process unless told otherwise: systemd's and Docker's
+/// (containerd since 2.0) default. A soft 1024 keeps programs that use
+/// `select()` (which cannot see fds from 1024 up) working and bounds what
+/// a leaking program takes before it fails; the hard 524288 lets a
+/// program that needs more (a database, a JVM, a build with many
+/// parallel jobs) raise its own soft limit, as on a desktop.
+pub const DEFAULT_NOFILE: Nofile = Nofile {
+    soft: 1024,
+    hard: 524_288,
+};
+
+/// The most memory a sandbox gets by default (see [`default_memory`]).
+pub const MAX_DEFAULT_MEMORY: u64 = 4 << 30;
+
+/// The memory limit a sandbox gets unless told otherwise: 4 GiB (what eval
+/// gives a task that names none, and what most agent tasks ask for), but
+/// at most half of the host's RAM, so that one runaway sandbox leaves the
+/// host and a neighbour room. `total_ram` is in bytes (0: unknown, then
+/// 4 GiB).
+pub fn default_memory_for(total_ram: u64) -> u64 {
+    if total_ram == 0 {
+        return MAX_DEFAULT_MEMORY;
+    }
+    MAX_DEFAULT_MEMORY.min(total_ram / 2).max(64 << 20)
+}
+
+/// [`default_memory_for`] this host (MemTotal of /proc/meminfo).
+pub fn default_memory() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib.saturating_mul(1024));
+    default_memory_for(total)
+}
+
+/// The cap on all of one user's sandboxes' processes unless told
+/// otherwise: half of the host's pid space (`pid_max`), so that however
+/// many sandboxes a user starts, the host and other users keep the other
+/// half. `pid_max` 0 (unknown): the kernel's default 32768.
+pub fn default_user_pids_for(pid_max: u64) -> u64 {
+    let pid_max = if pid_max == 0 { 32_768 } else { pid_max };
+    (pid_max / 2).max(DEFAULT_PIDS)
+}
+
+/// [`default_user_pids_for`] this host (/proc/sys/kernel/pid_max).
+pub fn default_user_pids() -> u64 {
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    default_user_pids_for(pid_max)
+}
+
+/// Parses Docker's `--ulimit nofile=SOFT[:HARD]` (HARD defaults to SOFT);
+/// no other resource is taken.
+pub fn parse_ulimit(text: &str) -> std::result::Result<Nofile, String> {
+    let Some(value) = text.trim().strip_prefix("nofile=") else {
+        return Err(format!(
+            "{text:?}: only nofile=SOFT[:HARD] is supported (e.g. nofile=4096:65536)"
+        ));
+    };
+    let num = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{text:?}: {v:?} is not a number of files"))
+    };
+    let (soft, hard) = match value.split_once(':') {
+        Some((s, h)) => (num(s)?, num(h)?),
+        None => (num(value)?, num(value)?),
+    };
+    if soft == 0 || soft > hard {
+        return Err(format!(
+            "{text:?}: the soft limit must be above 0 and at most the hard one"
+        ));
+    }
+    Ok(Nofile { soft, hard })
+}
+
+/// Which limits of a [`Limits`] are sifbox's defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Defaulted {
+    #[serde(default)]
+    pub memory: bool,
+    #[serde(default)]
+    pub pids: bool,
+    #[serde(default)]
+    pub user_pids: bool,
+    #[serde(default)]
+    pub nofile: bool,
+}
+
+impl Defaulted {
+    fn is_none(&self) -> bool {
+        *self == Defaulted::default()
+    }
+
+    /// The names of the defaulted limits, as sandbox.json lists them.
+    pub fn names(&self) -> Vec<String> {
+        [
+            (self.memory, "memory"),
+            (self.pids, "pids"),
+            (self.user_pids, "user_pids"),
+            (self.nofile, "nofile"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, n)| (*n).to_string())
+        .collect()
+    }
 }
 
 /// The process cap every sandbox gets unless told otherwise: enough for
@@ -186,6 +320,22 @@ impl Limits {
                 "a sandbox needs at least one process",
                 "give a number such as 4096",
             ));
+        }
+        if self.user_pids == Some(0) {
+            return Err(bad(
+                "user_pids limit 0",
+                "a user's sandboxes need at least one process",
+                "give a number such as 16384",
+            ));
+        }
+        if let Some(n) = self.nofile {
+            if n.soft == 0 || n.soft > n.hard {
+                return Err(bad(
+                    "nofile limit",
+                    "the soft limit must be above 0 and at most the hard one",
+                    "give nofile=SOFT:HARD such as nofile=1024:524288",
+                ));
+            }
         }
         if self.cpus_milli == Some(0) {
             return Err(bad(
@@ -241,6 +391,20 @@ pub enum Writable {
     /// (host root only: see [`crate::disk`]).
     Disk { size_mib: u64, scratch: PathBuf },
 }
+
+/// A tmpfs of its own at a path inside the sandbox (a build's `RUN
+/// --mount=type=tmpfs`): a real file system of `size` bytes, nosuid and
+/// nodev, gone with the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsMount {
+    pub dst: PathBuf,
+    pub size: u64,
+    pub mode: u32,
+}
+
+/// The size of a `RUN --mount=type=tmpfs` without `size=`: 1 GiB, a
+/// bound where BuildKit sets none (what a step writes there is memory).
+pub const DEFAULT_TMPFS_MOUNT_BYTES: u64 = 1 << 30;
 
 /// A host path made visible inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,6 +475,16 @@ pub struct SandboxSpec {
     pub ids: IdMapping,
     pub writable: Writable,
     pub binds: Vec<Bind>,
+    /// Tmpfs mounts of their own, made after the binds.
+    #[serde(default)]
+    pub tmpfs: Vec<TmpfsMount>,
+    /// An empty host dir that init opens at the start (as the caller's
+    /// root in the sandbox): `Sandbox::stop_keeping_layer` copies the
+    /// writable layer's upper dir into it once every process is gone (see
+    /// [`crate::layer_copy`]). For a writable layer on a bounded file
+    /// system (`Writable::Tmpfs`, `Writable::Disk`): a build step's.
+    #[serde(default)]
+    pub keep_layer: Option<PathBuf>,
     /// Bind the host's /etc/resolv.conf and /etc/hosts (with `NetMode::Host`).
     pub host_dns: bool,
     /// Size of the tmpfs at `/dev/shm`, in bytes. (`/tmp` is the image's,
@@ -344,6 +518,8 @@ impl SandboxSpec {
                 size_mib: DEFAULT_TMPFS_MIB,
             },
             binds: Vec::new(),
+            tmpfs: Vec::new(),
+            keep_layer: None,
             host_dns: true,
             shm_bytes: DEFAULT_SHM_BYTES,
             confinement: Confinement::default(),
@@ -393,6 +569,22 @@ impl SandboxSpec {
                 "a tmpfs needs some space",
                 "give a size, e.g. 64 MiB",
             ));
+        }
+        if self.keep_layer.is_some() && matches!(self.writable, Writable::Overlay { .. }) {
+            return Err(bad(
+                "keep_layer with an overlay dir".into(),
+                "the overlay dir's upper is kept already",
+                "give a tmpfs or disk writable layer, or no keep_layer",
+            ));
+        }
+        for t in &self.tmpfs {
+            if !t.dst.is_absolute() || t.size == 0 {
+                return Err(bad(
+                    format!("the tmpfs at {} of {} bytes", t.dst.display(), t.size),
+                    "needs an absolute path and some space",
+                    "give an absolute path inside the sandbox and a size, e.g. 64 MiB",
+                ));
+            }
         }
         for b in &self.binds {
             if !b.dst.is_absolute() {
@@ -681,6 +873,34 @@ mod tests {
         assert!(parse_size("1.2.3m").is_err());
         assert!(parse_size("99999999999999999999").is_err());
         assert!(parse_size("99999999999t").is_err());
+    }
+
+    #[test]
+    fn default_limits_and_ulimit_parse() {
+        assert_eq!(default_memory_for(24 << 30), 4 << 30);
+        assert_eq!(default_memory_for(6 << 30), 3 << 30, "half the RAM");
+        assert_eq!(default_memory_for(0), 4 << 30, "unknown RAM");
+        assert_eq!(default_user_pids_for(32_768), 16_384);
+        assert_eq!(default_user_pids_for(0), 16_384);
+        assert_eq!(default_user_pids_for(4000), DEFAULT_PIDS);
+        assert_eq!(
+            parse_ulimit("nofile=1024:4096"),
+            Ok(Nofile {
+                soft: 1024,
+                hard: 4096
+            })
+        );
+        assert_eq!(parse_ulimit("nofile=64"), Ok(Nofile { soft: 64, hard: 64 }));
+        assert!(parse_ulimit("nproc=10").is_err());
+        assert!(parse_ulimit("nofile=10:5").is_err());
+        assert!(parse_ulimit("nofile=0").is_err());
+        assert!(parse_ulimit("nofile=x").is_err());
+        let d = Defaulted {
+            memory: true,
+            nofile: true,
+            ..Defaulted::default()
+        };
+        assert_eq!(d.names(), vec!["memory", "nofile"]);
     }
 
     #[test]

@@ -24,6 +24,9 @@
 //!   path that the stream writes twice with different types, and a hard link
 //!   to anything but a regular file the stream wrote before, are refused.
 //!   On the host, setuid and setgid bits are dropped unless asked for.
+//! - Files with holes travel as sparse entries and land with their holes
+//!   ([`sparse`]); what an unpacking writes is counted against its
+//!   [`Limits`] as it goes, and an unpacking that fails removes what it made.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -37,6 +40,10 @@ use std::path::{Component, Path, PathBuf};
 use cap_std::fs::Dir;
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid, CWD};
 use rustix::io::Errno;
+
+pub mod sparse;
+
+pub use sparse::{LimitExceeded, Limits};
 
 /// What becomes of the setuid and setgid bits of unpacked entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,13 +146,9 @@ fn append_node(
     }
     match node {
         Node::Dir(_) | Node::Socket => b.append_data(&mut h, name, std::io::empty()),
-        Node::File(f) => {
-            // Exactly the size in the header, whatever the file does
-            // meanwhile: a short read is padded with zeros.
-            let size = meta.len();
-            let data = f.take(size).chain(std::io::repeat(0)).take(size);
-            b.append_data(&mut h, name, data)
-        }
+        // Exactly the size in the header, whatever the file does
+        // meanwhile (a short read is padded with zeros); holes kept.
+        Node::File(f) => sparse::append_file(b, &mut h, name, f, meta.len()),
         Node::Link(target) => b.append_link(&mut h, name, target),
         Node::Special => {
             let dev = meta.rdev();
@@ -317,22 +320,35 @@ pub fn unpack_tar(
     let (base, rename) = placement(dst, name)?;
     let root = open_root(&base)?;
     let map = |raw: &Path| entry_path(raw, name, &rename);
-    unpack_with(input, root, map, owner, SetId::Keep)
+    unpack_with(input, root, map, owner, SetId::Keep, Limits::UNLIMITED)
 }
 
 /// Unpacks a tar stream that a sandbox wrote (a download) at `dst` on the
 /// host (see [`placement`]), confined to the destination's directory,
 /// owned by the caller; `setid` says whether setuid and setgid bits stay.
+/// Held to the default [`Limits`].
 pub fn unpack_to_host(
     input: impl Read,
     dst: &Path,
     name: &str,
     setid: SetId,
 ) -> std::io::Result<()> {
+    unpack_to_host_limited(input, dst, name, setid, Limits::default())
+}
+
+/// [`unpack_to_host`] held to `limits`: past one, the unpacking stops
+/// with [`LimitExceeded`] and what it made is removed.
+pub fn unpack_to_host_limited(
+    input: impl Read,
+    dst: &Path,
+    name: &str,
+    setid: SetId,
+    limits: Limits,
+) -> std::io::Result<()> {
     let (base, rename) = placement(dst, name)?;
     let root = open_root(&base)?;
     let map = |raw: &Path| entry_path(raw, name, &rename);
-    unpack_with(input, root, map, None, setid)
+    unpack_with(input, root, map, None, setid, limits)
 }
 
 /// Unpacks a tar stream whose entries are relative names into the directory
@@ -341,7 +357,14 @@ pub fn unpack_to_host(
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     let root = open_root(dst)?;
-    unpack_with(input, root, relative_name, owner, SetId::Keep)
+    unpack_with(
+        input,
+        root,
+        relative_name,
+        owner,
+        SetId::Keep,
+        Limits::UNLIMITED,
+    )
 }
 
 /// Unpacks a tar stream of relative names (`sifbox cp - NAME:DIR`, as
@@ -367,7 +390,14 @@ pub fn extract_into(
         ),
         e => e.into(),
     })?;
-    unpack_with(input, root, relative_name, owner, SetId::Keep)
+    unpack_with(
+        input,
+        root,
+        relative_name,
+        owner,
+        SetId::Keep,
+        Limits::UNLIMITED,
+    )
 }
 
 /// An entry's name as a path below the destination: plain components only
@@ -398,15 +428,33 @@ fn relative_name(raw: &Path) -> std::io::Result<PathBuf> {
 /// are as they came. On an error, what was written stays (with no end
 /// marker, so `tar` reports the stream as cut short).
 pub fn retar(input: impl Read, name: &str, setid: SetId, out: impl Write) -> std::io::Result<()> {
+    retar_limited(input, name, setid, Limits::default(), out)
+}
+
+/// [`retar`] held to `limits` (file data and entries passed on): past one,
+/// it stops with [`LimitExceeded`].
+pub fn retar_limited(
+    input: impl Read,
+    name: &str,
+    setid: SetId,
+    limits: Limits,
+    out: impl Write,
+) -> std::io::Result<()> {
     let mut b = tar::Builder::new(out);
     let mut sent: HashMap<PathBuf, Written> = HashMap::new();
+    let mut budget = sparse::Budget::new(limits);
     let mut archive = tar::Archive::new(input);
     for entry in archive.entries()? {
         let mut entry = entry?;
-        let raw = entry.path()?.into_owned();
-        retar_entry(&mut b, &mut sent, name, setid, &raw, &mut entry).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("archive entry {}: {e}", raw.display()))
-        })?;
+        let (raw, sp) = entry_name(&mut entry)?;
+        budget.entry()?;
+        let mut r = Retar {
+            b: &mut b,
+            sent: &mut sent,
+            budget: &mut budget,
+        };
+        r.entry(name, setid, &raw, sp.as_ref(), &mut entry)
+            .map_err(|e| with_entry(e, &raw))?;
     }
     // As in unpacking: read the padding, so that the writer sees no closed
     // pipe.
@@ -414,97 +462,137 @@ pub fn retar(input: impl Read, name: &str, setid: SetId, out: impl Write) -> std
     b.into_inner()?.flush()
 }
 
-/// One entry of [`retar`].
-fn retar_entry(
-    b: &mut tar::Builder<impl Write>,
-    sent: &mut HashMap<PathBuf, Written>,
-    name: &str,
-    setid: SetId,
-    raw: &Path,
+/// An entry's name, and what its PAX header says of it when it is sparse
+/// (whose real name is there).
+fn entry_name(
     entry: &mut tar::Entry<'_, impl Read>,
-) -> std::io::Result<()> {
-    let rel = entry_path(raw, name, name)?;
-    let header = entry.header();
-    let kind = header.entry_type();
-    let new = if kind.is_dir() {
-        Written::Dir
-    } else if kind.is_symlink() {
-        Written::Symlink
-    } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
-        Written::File { dev: 0, ino: 0 }
-    } else {
-        tracing::debug!("leaving out special file {}", raw.display());
-        return Ok(());
+) -> std::io::Result<(PathBuf, Option<sparse::Sparse>)> {
+    let sp = sparse::sparse_of(entry)?;
+    let raw = match &sp {
+        Some(s) => s.name.clone(),
+        None => entry.path()?.into_owned(),
     };
-    for above in rel.ancestors().skip(1) {
-        if let Some(w) = sent.get(above).filter(|w| !matches!(w, Written::Dir)) {
-            return Err(std::io::Error::other(format!(
-                "below {}, which this stream sent as {}: refused",
-                above.display(),
-                w.what()
-            )));
+    Ok((raw, sp))
+}
+
+/// `e` with the entry it is about; a passed limit stays as it is (its
+/// caller names the flag).
+fn with_entry(e: std::io::Error, raw: &Path) -> std::io::Error {
+    if LimitExceeded::find(&e).is_some() {
+        return e;
+    }
+    std::io::Error::new(e.kind(), format!("archive entry {}: {e}", raw.display()))
+}
+
+/// The state of one [`retar`].
+struct Retar<'a, W: Write> {
+    b: &'a mut tar::Builder<W>,
+    sent: &'a mut HashMap<PathBuf, Written>,
+    budget: &'a mut sparse::Budget,
+}
+
+impl<W: Write> Retar<'_, W> {
+    /// One entry of [`retar`].
+    fn entry(
+        &mut self,
+        name: &str,
+        setid: SetId,
+        raw: &Path,
+        sp: Option<&sparse::Sparse>,
+        entry: &mut tar::Entry<'_, impl Read>,
+    ) -> std::io::Result<()> {
+        let (b, sent) = (&mut *self.b, &mut *self.sent);
+        let rel = entry_path(raw, name, name)?;
+        let header = entry.header();
+        let kind = header.entry_type();
+        let new = if kind.is_dir() {
+            Written::Dir
+        } else if kind.is_symlink() {
+            Written::Symlink
+        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
+            Written::File { dev: 0, ino: 0 }
+        } else {
+            tracing::debug!("leaving out special file {}", raw.display());
+            return Ok(());
+        };
+        for above in rel.ancestors().skip(1) {
+            if let Some(w) = sent.get(above).filter(|w| !matches!(w, Written::Dir)) {
+                return Err(std::io::Error::other(format!(
+                    "below {}, which this stream sent as {}: refused",
+                    above.display(),
+                    w.what()
+                )));
+            }
         }
-    }
-    if let Some(old) = sent.get(&rel) {
-        if std::mem::discriminant(old) != std::mem::discriminant(&new) {
-            return Err(std::io::Error::other(format!(
-                "this stream sent {} there before and now sends {}: refused",
-                old.what(),
-                new.what()
-            )));
+        if let Some(old) = sent.get(&rel) {
+            if std::mem::discriminant(old) != std::mem::discriminant(&new) {
+                return Err(std::io::Error::other(format!(
+                    "this stream sent {} there before and now sends {}: refused",
+                    old.what(),
+                    new.what()
+                )));
+            }
         }
-    }
-    let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
-    if setid == SetId::Strip {
-        mode &= !0o6000;
-    }
-    let mut h = tar::Header::new_gnu();
-    h.set_mode(mode);
-    h.set_mtime(header.mtime().unwrap_or(0));
-    h.set_uid(header.uid().unwrap_or(0));
-    h.set_gid(header.gid().unwrap_or(0));
-    h.set_size(0);
-    if kind.is_dir() {
-        h.set_entry_type(tar::EntryType::Directory);
-        b.append_data(&mut h, &rel, std::io::empty())?;
-    } else if kind.is_symlink() {
-        let target = entry.link_name()?.ok_or_else(|| {
-            std::io::Error::other(format!("symlink {} has no target", raw.display()))
-        })?;
-        h.set_entry_type(tar::EntryType::Symlink);
-        b.append_link(&mut h, &rel, target)?;
-    } else if kind.is_hard_link() {
-        let target = entry.link_name()?.ok_or_else(|| {
-            std::io::Error::other(format!("hard link {} has no target", raw.display()))
-        })?;
-        let trel = entry_path(&target, name, name).map_err(|e| {
-            let to = target.display();
-            std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
-        })?;
-        if !matches!(sent.get(&trel), Some(Written::File { .. })) {
-            return Err(std::io::Error::other(format!(
-                "a hard link to {}, which is not a regular file sent earlier in this stream: \
+        let mut mode = header.mode().unwrap_or(0o644) & 0o7777;
+        if setid == SetId::Strip {
+            mode &= !0o6000;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(mode);
+        h.set_mtime(header.mtime().unwrap_or(0));
+        h.set_uid(header.uid().unwrap_or(0));
+        h.set_gid(header.gid().unwrap_or(0));
+        h.set_size(0);
+        if kind.is_dir() {
+            h.set_entry_type(tar::EntryType::Directory);
+            b.append_data(&mut h, &rel, std::io::empty())?;
+        } else if kind.is_symlink() {
+            let target = entry.link_name()?.ok_or_else(|| {
+                std::io::Error::other(format!("symlink {} has no target", raw.display()))
+            })?;
+            h.set_entry_type(tar::EntryType::Symlink);
+            b.append_link(&mut h, &rel, target)?;
+        } else if kind.is_hard_link() {
+            let target = entry.link_name()?.ok_or_else(|| {
+                std::io::Error::other(format!("hard link {} has no target", raw.display()))
+            })?;
+            let trel = entry_path(&target, name, name).map_err(|e| {
+                let to = target.display();
+                std::io::Error::new(e.kind(), format!("a hard link to {to}: {e}"))
+            })?;
+            if !matches!(sent.get(&trel), Some(Written::File { .. })) {
+                return Err(std::io::Error::other(format!(
+                    "a hard link to {}, which is not a regular file sent earlier in this stream: \
                  refused",
-                target.display()
-            )));
+                    target.display()
+                )));
+            }
+            h.set_entry_type(tar::EntryType::Link);
+            b.append_link(&mut h, &rel, &trel)?;
+        } else if let Some(sp) = sp {
+            // Passed on sparse, under the checked name.
+            let size = entry.size();
+            let extents = sparse::read_map(entry, size, sp.real_size)?;
+            let stored: u64 = extents.iter().map(|e| e.1).sum();
+            self.budget.bytes(stored)?;
+            sparse::append_sparse(b, &h, &rel, sp.real_size, &extents, entry.by_ref())?;
+        } else {
+            // Exactly the size in the header: a stream cut short is padded
+            // here and fails at its next header.
+            let size = entry.size();
+            self.budget.bytes(size)?;
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_size(size);
+            let data = entry
+                .by_ref()
+                .take(size)
+                .chain(std::io::repeat(0))
+                .take(size);
+            b.append_data(&mut h, &rel, data)?;
         }
-        h.set_entry_type(tar::EntryType::Link);
-        b.append_link(&mut h, &rel, &trel)?;
-    } else {
-        // Exactly the size in the header: a stream cut short is padded
-        // here and fails at its next header.
-        let size = entry.size();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_size(size);
-        let data = entry
-            .by_ref()
-            .take(size)
-            .chain(std::io::repeat(0))
-            .take(size);
-        b.append_data(&mut h, &rel, data)?;
+        sent.insert(rel, new);
+        Ok(())
     }
-    sent.insert(rel, new);
-    Ok(())
 }
 
 /// [`write_tar`] of what `path` leads to when it is a symlink (`cp -L`),
@@ -556,6 +644,10 @@ struct Unpacker<M> {
     written: HashMap<PathBuf, Written>,
     /// Directories and the mode and mtime they get at the end.
     dirs: HashMap<PathBuf, (u32, u64)>,
+    /// What this unpacking made, in order: removed, last first, when it
+    /// fails.
+    created: Vec<PathBuf>,
+    budget: sparse::Budget,
 }
 
 fn unpack_with(
@@ -564,6 +656,7 @@ fn unpack_with(
     map: impl Fn(&Path) -> std::io::Result<PathBuf>,
     owner: Option<(u32, u32)>,
     setid: SetId,
+    limits: Limits,
 ) -> std::io::Result<()> {
     let mut u = Unpacker {
         root,
@@ -572,14 +665,23 @@ fn unpack_with(
         setid,
         written: HashMap::new(),
         dirs: HashMap::new(),
+        created: Vec::new(),
+        budget: sparse::Budget::new(limits),
     };
     let mut archive = tar::Archive::new(input);
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let raw = entry.path()?.into_owned();
-        u.entry(&raw, &mut entry).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("archive entry {}: {e}", raw.display()))
-        })?;
+    let r = (|| -> std::io::Result<()> {
+        for entry in archive.entries()? {
+            let mut entry = entry?;
+            let (raw, sp) = entry_name(&mut entry)?;
+            u.budget.entry()?;
+            u.entry(&raw, sp.as_ref(), &mut entry)
+                .map_err(|e| with_entry(e, &raw))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        u.remove_created();
+        return Err(e);
     }
     // Read what follows the end-of-archive marker (tar pads its output to
     // whole records), so that the writer never sees a closed pipe.
@@ -588,7 +690,45 @@ fn unpack_with(
 }
 
 impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
-    fn entry(&mut self, raw: &Path, entry: &mut tar::Entry<'_, impl Read>) -> std::io::Result<()> {
+    /// Removes what this unpacking made, last first, each reached from the
+    /// root without following anything; what cannot be removed stays.
+    fn remove_created(&mut self) {
+        for rel in self.created.drain(..).rev() {
+            let Ok((parent, file)) = split(&rel) else {
+                continue;
+            };
+            let Ok(dir) = walk(&self.root, &parent, None) else {
+                continue;
+            };
+            let st = rustix::fs::statat(&dir, &file, AtFlags::SYMLINK_NOFOLLOW);
+            let flags = match st {
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                    // Its mode may forbid removing what is in it.
+                    if let Ok(d) = open_dir(&dir, &file, None) {
+                        let _ = rustix::fs::chmodat(
+                            &d,
+                            "",
+                            Mode::from_raw_mode(0o700),
+                            AtFlags::EMPTY_PATH,
+                        );
+                    }
+                    AtFlags::REMOVEDIR
+                }
+                Ok(_) => AtFlags::empty(),
+                Err(_) => continue,
+            };
+            if let Err(e) = rustix::fs::unlinkat(&dir, &file, flags) {
+                tracing::warn!("{}: not removed after the failed copy: {e}", rel.display());
+            }
+        }
+    }
+
+    fn entry(
+        &mut self,
+        raw: &Path,
+        sp: Option<&sparse::Sparse>,
+        entry: &mut tar::Entry<'_, impl Read>,
+    ) -> std::io::Result<()> {
         let rel = (self.map)(raw)?;
         if rel.as_os_str().is_empty() {
             // `./`: the destination itself, which exists.
@@ -623,8 +763,11 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
             }
         }
         if kind.is_dir() {
-            let pdir = walk(&self.root, &parent, true)?;
-            let dir = open_dir(&pdir, &file, Some(Mode::from_raw_mode(0o700)))?;
+            let pdir = walk(&self.root, &parent, Some(&mut self.created))?;
+            if make_dir(&pdir, &file, Mode::from_raw_mode(0o700))? {
+                self.created.push(rel.clone());
+            }
+            let dir = open_dir(&pdir, &file, None)?;
             if let Some((uid, gid)) = self.owner {
                 rustix::fs::chownat(&dir, "", ids(uid), gids(gid), AtFlags::EMPTY_PATH)?;
             }
@@ -632,7 +775,7 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
             self.dirs.insert(rel, (mode.as_raw_mode(), mtime));
             return Ok(());
         }
-        let dir = walk(&self.root, &parent, false)?;
+        let dir = walk(&self.root, &parent, None)?;
         if kind.is_hard_link() {
             let target = entry.link_name()?.ok_or_else(|| {
                 std::io::Error::other(format!("hard link {} has no target", raw.display()))
@@ -649,9 +792,10 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
                 )));
             };
             let (tparent, tfile) = split(&trel)?;
-            let tdir = walk(&self.root, &tparent, false)?;
+            let tdir = walk(&self.root, &tparent, None)?;
             clear(&dir, &file)?;
             rustix::fs::linkat(&tdir, &tfile, &dir, &file, AtFlags::empty())?;
+            self.created.push(rel.clone());
             // The name may have been swapped since it was written (in a
             // directory the sandbox also sees): keep the link only if it is
             // the inode this stream wrote.
@@ -672,6 +816,7 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
                 std::io::Error::other(format!("symlink {} has no target", raw.display()))
             })?;
             rustix::fs::symlinkat(target.as_ref(), &dir, &file)?;
+            self.created.push(rel.clone());
             // By name, not following: exact for the link just made (a name
             // swapped meanwhile is one the sandbox can change anyway).
             if let Some((uid, gid)) = self.owner {
@@ -690,7 +835,15 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
             flags,
             Mode::from_raw_mode(0o600),
         )?);
-        std::io::copy(entry, &mut f)?;
+        self.created.push(rel.clone());
+        match sp {
+            Some(sp) => {
+                let size = entry.size();
+                let extents = sparse::read_map(entry, size, sp.real_size)?;
+                sparse::write_extents(entry, &extents, sp.real_size, &f, &mut self.budget)?;
+            }
+            None => sparse::write_plain(entry, &mut f, &mut self.budget)?,
+        }
         // Owner first: chown clears setuid and setgid bits.
         if let Some((uid, gid)) = self.owner {
             rustix::fs::fchown(&f, ids(uid), gids(gid))?;
@@ -720,7 +873,7 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
         for (rel, (mode, mtime)) in dirs {
             let set = || -> std::io::Result<()> {
                 let (parent, file) = split(&rel)?;
-                let pdir = walk(&self.root, &parent, false)?;
+                let pdir = walk(&self.root, &parent, None)?;
                 let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
                 let dir =
                     rustix::fs::openat(&pdir, &file, flags, Mode::empty()).map_err(not_a_dir)?;
@@ -742,8 +895,13 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
 
 /// The directory `rel` below `root`, reached one component at a time
 /// without following any symlink (one there is an error, never a way
-/// out). With `make`, missing components are created.
-fn walk(root: &OwnedFd, rel: &Path, make: bool) -> std::io::Result<OwnedFd> {
+/// out). With `made`, missing components are created and their paths
+/// pushed onto it.
+fn walk(
+    root: &OwnedFd,
+    rel: &Path,
+    mut made: Option<&mut Vec<PathBuf>>,
+) -> std::io::Result<OwnedFd> {
     let mut cur: Option<OwnedFd> = None;
     let mut so_far = PathBuf::new();
     for c in rel.components() {
@@ -752,14 +910,29 @@ fn walk(root: &OwnedFd, rel: &Path, make: bool) -> std::io::Result<OwnedFd> {
         };
         so_far.push(n);
         let base = cur.as_ref().map_or(root.as_fd(), AsFd::as_fd);
-        let mode = make.then(|| Mode::from_raw_mode(0o755));
-        let next = open_dir(&base, Path::new(n), mode)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", so_far.display())))?;
+        let named =
+            |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", so_far.display()));
+        if let Some(made) = made.as_deref_mut() {
+            if make_dir(&base, Path::new(n), Mode::from_raw_mode(0o755)).map_err(named)? {
+                made.push(so_far.clone());
+            }
+        }
+        let next = open_dir(&base, Path::new(n), None).map_err(named)?;
         cur = Some(next);
     }
     match cur {
         Some(fd) => Ok(fd),
         None => root.try_clone(),
+    }
+}
+
+/// Makes the directory `name` in `dir` unless something is there: whether
+/// it made it.
+fn make_dir(dir: &impl AsFd, name: &Path, mode: Mode) -> std::io::Result<bool> {
+    match rustix::fs::mkdirat(dir, name, mode) {
+        Ok(()) => Ok(true),
+        Err(Errno::EXIST) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -843,6 +1016,9 @@ pub fn write_root_tar(out: impl Write) -> std::io::Result<()> {
     let mut b = tar::Builder::new(out);
     b.follow_symlinks(false);
     b.mode(tar::HeaderMode::Complete);
+    // Sparse files go dense: the image's reader (`sifbox_image::layer`)
+    // takes no sparse entries.
+    b.sparse(false);
     // (device, inode) of each regular file with more than one link: the
     // name it was archived under.
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
@@ -1462,7 +1638,8 @@ mod tests {
         ]);
         assert_refused(s.download(&data), "x/d");
         s.assert_decoy_intact();
-        assert!(s.dest().join("x/d").is_dir());
+        // A refused stream leaves nothing of what it made.
+        assert!(!s.dest().join("x").exists());
     }
 
     #[test]
@@ -1832,6 +2009,77 @@ mod tests {
             h.set_cksum();
             raw[..512].copy_from_slice(h.as_bytes());
             assert_refused(retarred(&raw, SetId::Keep).map(drop), bad);
+        }
+    }
+
+    /// A tree with a 64 MiB file holding 8 KiB of data, archived.
+    fn sparse_tree() -> (tempfile::TempDir, Vec<u8>) {
+        use std::os::unix::fs::FileExt;
+        let t = tempfile::tempdir().expect("tempdir");
+        let src = t.path().join("src");
+        std::fs::create_dir(&src).expect("mkdir");
+        let f = File::create(src.join("sparse")).expect("create");
+        f.write_all_at(&[1u8; 4096], 0).expect("write");
+        f.write_all_at(&[2u8; 4096], 40 << 20).expect("write");
+        f.set_len(64 << 20).expect("truncate");
+        std::fs::write(src.join("plain"), "plain").expect("write");
+        let mut data = Vec::new();
+        write_tar(&src, "src", &mut data).expect("tar");
+        (t, data)
+    }
+
+    #[test]
+    fn sparse_files_keep_their_holes_through_download_and_retar() {
+        let (t, data) = sparse_tree();
+        if data.len() > 1 << 20 {
+            eprintln!("skipped: the temp dir's file system reports no holes");
+            return;
+        }
+        let mut again = Vec::new();
+        retar(&data[..], "src", SetId::Strip, &mut again).expect("retar");
+        assert!(again.len() < 1 << 20, "retar sent {} bytes", again.len());
+        for (i, stream) in [&data, &again].into_iter().enumerate() {
+            let out = t.path().join(format!("out{i}"));
+            std::fs::create_dir(&out).expect("mkdir");
+            unpack_to_host(&stream[..], &out, "src", SetId::Strip).expect("unpack");
+            let got = out.join("src/sparse");
+            let md = std::fs::metadata(&got).expect("stat");
+            assert_eq!(md.len(), 64 << 20);
+            assert!(md.blocks() < 1024, "{} blocks", md.blocks());
+            assert_eq!(
+                std::fs::read(&got).expect("read"),
+                std::fs::read(t.path().join("src/sparse")).expect("read")
+            );
+        }
+    }
+
+    #[test]
+    fn a_download_past_its_limits_fails_and_leaves_nothing() {
+        let (t, data) = sparse_tree();
+        for limits in [
+            Limits {
+                max_bytes: 4096,
+                max_entries: 100,
+            },
+            Limits {
+                max_bytes: 1 << 30,
+                max_entries: 2,
+            },
+        ] {
+            let out = t.path().join("out");
+            std::fs::create_dir(&out).expect("mkdir");
+            let e = unpack_to_host_limited(&data[..], &out, "src", SetId::Strip, limits)
+                .expect_err("past the limit");
+            assert!(LimitExceeded::find(&e).is_some(), "{e}");
+            assert_eq!(
+                std::fs::read_dir(&out).expect("ls").count(),
+                0,
+                "left behind"
+            );
+            std::fs::remove_dir(&out).expect("rmdir");
+            let e = retar_limited(&data[..], "src", SetId::Strip, limits, std::io::sink())
+                .expect_err("past the limit");
+            assert!(LimitExceeded::find(&e).is_some(), "{e}");
         }
     }
 

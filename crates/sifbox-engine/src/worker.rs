@@ -26,14 +26,34 @@ use crate::spec::{Confinement, SeccompMode};
 /// runs under the same policy).
 static POLICY_INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Installs the sandbox's seccomp policy on this process, once.
+/// Installs the sandbox's seccomp policy on this process, once, with a
+/// listener that counts its denials ([`crate::denials`]) unless this
+/// process's filter chain has one already (a sifbox inside a sandbox:
+/// denials stay silent there).
 fn confine(c: Confinement) -> std::io::Result<()> {
     use std::sync::atomic::Ordering;
+    /// Why the listener's thread could not start: the filter is in place
+    /// without it (the kernel answers ENOSYS instead of EPERM), so every
+    /// exec of this process fails with the reason rather than run so.
+    static NO_LISTENER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(why) = NO_LISTENER.get() {
+        return Err(std::io::Error::other(why.clone()));
+    }
     if c.seccomp == SeccompMode::Unconfined || POLICY_INSTALLED.load(Ordering::Relaxed) {
         return Ok(());
     }
-    crate::seccomp::install(c.allow_userns)?;
+    let listener = crate::seccomp::install_reporting(c.allow_userns)?;
     POLICY_INSTALLED.store(true, Ordering::Relaxed);
+    if let Some(fd) = listener {
+        // Nobody else answers the listener (held, unserved, it would
+        // stop every denied call for ever; closed, the kernel answers
+        // ENOSYS).
+        if let Err(e) = crate::denials::serve(fd) {
+            let why = format!("starting the seccomp listener's thread: {e}");
+            let _ = NO_LISTENER.set(why.clone());
+            return Err(std::io::Error::new(e.kind(), why));
+        }
+    }
     Ok(())
 }
 
@@ -156,6 +176,9 @@ pub fn run(
     if let Err(e) = confine(confinement) {
         return fail(125, e.to_string());
     }
+    // What processes of an earlier exec were denied after it ended is not
+    // this exec's (the sandbox's totals have it).
+    let _ = crate::denials::take_exec();
     let Some(program) = req.argv.first().cloned() else {
         return fail(125, "no command given".into());
     };
@@ -305,6 +328,7 @@ pub fn run(
             code,
             timed_out,
             time_ns: now_ns(),
+            denied: crate::denials::take_exec(),
         },
         &mut status_file,
     );

@@ -90,6 +90,10 @@ fn main() -> ExitCode {
         ),
         ("install_does_not_set_no_new_privs", keeps_setuid),
         ("a_foreign_abi_is_killed", foreign_abi),
+        (
+            "denials_are_heard_counted_and_answered_eperm",
+            denials_heard,
+        ),
     ];
     if std::env::var_os("SIFBOX_SECCOMP_BENCH").is_some() {
         cases.push(("bench", bench));
@@ -305,6 +309,70 @@ fn denied_calls() -> Outcome {
             .collect();
         confine(false)?;
         expect(&rows, Some(&before))
+    })
+}
+
+/// The reporting install: a denied call still fails with EPERM (answered
+/// by the listener's thread), is counted by name, and allowed or ENOSYS
+/// calls are not; a second listener in the chain (a nested sifbox) falls
+/// back to the plain policy, whose EPERM then wins unheard.
+fn denials_heard() -> Outcome {
+    use sifbox_engine::denials::{self, Denied};
+    in_child(|| {
+        if !has_cap_sys_admin() {
+            rustix::thread::set_no_new_privs(true).map_err(|e| format!("no_new_privs: {e}"))?;
+        }
+        let fd = seccomp::install_reporting(false)
+            .map_err(|e| e.to_string())?
+            .ok_or("no listener: this process's chain had one already")?;
+        denials::serve(fd).map_err(|e| format!("serving the listener: {e}"))?;
+        expect(
+            &[
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::KeyctlSessionKeyringId, Some(EPERM)),
+                (P::AddKeyNull, Some(EPERM)),
+                (P::Getpid, None),
+                (P::IoUringSetupNull, Some(ENOSYS)),
+                (P::Unassigned, Some(ENOSYS)),
+            ],
+            None,
+        )?;
+        let d = |name: &str, count| Denied {
+            syscall: name.into(),
+            count,
+        };
+        let mut got = denials::take_exec();
+        got.sort_by(|a, b| a.syscall.cmp(&b.syscall));
+        if got != [d("add_key", 1), d("keyctl", 3)] {
+            return Err(format!("counted {got:?}"));
+        }
+        if !denials::take_exec().is_empty() {
+            return Err("take_exec did not clear the counts".into());
+        }
+        // A program's own program exec'd below is heard too.
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let out = Command::new(exe)
+            .env(PROBE_ENV, "keyctl")
+            .output()
+            .map_err(|e| format!("running the probe: {e}"))?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if said.trim() != EPERM.to_string() {
+            return Err(format!("the exec'd probe said {said:?}"));
+        }
+        if denials::take_exec() != [d("keyctl", 1)] {
+            return Err("the exec'd program's denial was not counted".into());
+        }
+        // A nested sifbox: no second listener; the plain policy stacks.
+        match seccomp::install_reporting(false) {
+            Ok(None) => {}
+            other => return Err(format!("a second listener: {other:?}")),
+        }
+        expect(&[(P::KeyctlSessionKeyringId, Some(EPERM))], None)?;
+        if !denials::take_exec().is_empty() {
+            return Err("the inner filter's EPERM should win, unheard".into());
+        }
+        Ok(())
     })
 }
 
@@ -666,6 +734,16 @@ fn bench() -> Outcome {
             t.elapsed()
         }),
         (
+            "install_reporting(false) + denials::serve (the listener's thread)",
+            || {
+                let t = Instant::now();
+                if let Ok(Some(fd)) = seccomp::install_reporting(false) {
+                    let _ = sifbox_engine::denials::serve(fd);
+                }
+                t.elapsed()
+            },
+        ),
+        (
             "seccompiler's linear programs for the same policy, stacked",
             || {
                 let stack = reference_programs();
@@ -685,43 +763,72 @@ fn bench() -> Outcome {
         report(what, timed_children(N, body)?);
     }
     // fork + exit of a child, with and without installing first.
-    for (what, install) in [("fork+wait, no filter", false), ("fork+install+wait", true)] {
-        let mut v = Vec::new();
-        for _ in 0..N {
+    // Interleaved, so that the machine's load falls on all three alike.
+    let whats = [
+        "fork+wait, no filter",
+        "fork+install+wait",
+        "fork+install_reporting+serve+wait",
+    ];
+    let mut v = vec![Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..N {
+        for (i, times) in v.iter_mut().enumerate() {
             let t = Instant::now();
             fork_child(|| {
-                if install {
+                if i == 1 {
                     seccomp::install(false).map_err(|e| e.to_string())?;
+                } else if i == 2 {
+                    if let Some(fd) =
+                        seccomp::install_reporting(false).map_err(|e| e.to_string())?
+                    {
+                        sifbox_engine::denials::serve(fd).map_err(|e| e.to_string())?;
+                    }
                 }
                 Ok(())
             })?;
-            v.push(t.elapsed());
+            times.push(t.elapsed());
         }
-        report(what, v);
+    }
+    for (what, times) in whats.iter().zip(v) {
+        report(what, times);
     }
     // Per-call overhead: getpid (constant answer: the kernel caches it) and
-    // ioctl (argument checks: the filters run every time).
-    let (mut r, mut w) = std::io::pipe().map_err(|e| e.to_string())?;
-    fork_child(|| {
-        let n = 2_000_000;
-        let mut rows = Vec::new();
-        for round in 0..2 {
-            if round == 1 {
-                seccomp::install(false).map_err(|e| e.to_string())?;
+    // ioctl (argument checks: the filters run every time), under the plain
+    // policy and under the reporting one (allowed calls never reach its
+    // listener: the same program, other return values).
+    for reporting in [false, true] {
+        let (mut r, mut w) = std::io::pipe().map_err(|e| e.to_string())?;
+        fork_child(|| {
+            let n = 2_000_000;
+            let mut rows = Vec::new();
+            for round in 0..2 {
+                if round == 1 && reporting {
+                    let fd = seccomp::install_reporting(false).map_err(|e| e.to_string())?;
+                    if let Some(fd) = fd {
+                        sifbox_engine::denials::serve(fd).map_err(|e| e.to_string())?;
+                    }
+                } else if round == 1 {
+                    seccomp::install(false).map_err(|e| e.to_string())?;
+                }
+                rows.push(per_call(P::Getpid, n));
+                rows.push(per_call(P::IoctlDevNull(IoctlRequest::Tcgets), n / 10));
+                rows.push(per_call(P::Clone3Null, n / 4));
             }
-            rows.push(per_call(P::Getpid, n));
-            rows.push(per_call(P::IoctlDevNull(IoctlRequest::Tcgets), n / 10));
-            rows.push(per_call(P::Clone3Null, n / 4));
-        }
-        let line = format!(
-            "  getpid: {:.0} ns -> {:.0} ns; open+ioctl(TCGETS)+close: {:.0} ns -> {:.0} ns; clone3 (denied): {:.0} ns -> {:.0} ns (no filter -> policy)\n",
-            rows[0], rows[3], rows[1], rows[4], rows[2], rows[5]
-        );
-        w.write_all(line.as_bytes()).map_err(|e| e.to_string())
-    })?;
-    drop(w);
-    let mut s = String::new();
-    r.read_to_string(&mut s).map_err(|e| e.to_string())?;
-    print!("{s}");
+            let line = format!(
+                "  getpid: {:.0} ns -> {:.0} ns; open+ioctl(TCGETS)+close: {:.0} ns -> {:.0} ns; clone3 (ENOSYS): {:.0} ns -> {:.0} ns (no filter -> {})\n",
+                rows[0],
+                rows[3],
+                rows[1],
+                rows[4],
+                rows[2],
+                rows[5],
+                if reporting { "the reporting policy" } else { "the plain policy" }
+            );
+            w.write_all(line.as_bytes()).map_err(|e| e.to_string())
+        })?;
+        drop(w);
+        let mut s = String::new();
+        r.read_to_string(&mut s).map_err(|e| e.to_string())?;
+        print!("{s}");
+    }
     Ok(())
 }

@@ -291,6 +291,10 @@ pub struct RolloutResult {
     pub build_log: Option<String>,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The calls the default seccomp policy denied in the rollout's
+    /// sandboxes, counted (absent: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seccomp_denied: Vec<sifbox_engine::denials::Denied>,
     /// The sifbox that ran the rollout.
     #[serde(default)]
     pub sifbox_version: String,
@@ -325,6 +329,7 @@ impl RolloutResult {
             verifier_sandbox: None,
             steps: Vec::new(),
             notes: Vec::new(),
+            seccomp_denied: Vec::new(),
             sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }

@@ -429,7 +429,8 @@ pub struct RemixOptions {
     /// they add entries to), the image's own time, and the newest time any
     /// entry keeps (newer ones get it, as [`PackOptions::clamp_mtime`]).
     pub time: u32,
-    /// The (uid, gid) of entries the edits make.
+    /// The (uid, gid) of entries the edits make (whatever their parent: a
+    /// setgid directory gives its group only to what a file system makes).
     pub owner: (u32, u32),
     /// gzip level (0 to 9) of new data and the tables.
     pub compression_level: u32,

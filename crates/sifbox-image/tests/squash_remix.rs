@@ -202,8 +202,25 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
     let made_in = |dir: &Path, times: &mut DirTimes| {
         times.insert(dir.to_path_buf(), i64::from(time));
     };
+    // What an edit makes has the remix's owner, whatever the directory it
+    // is made in: a setgid parent gives its group to what is made in it on
+    // a file system, not to an entry the remix writes.
+    let own = |p: &Path| {
+        if is_root() {
+            let (uid, gid) = remix_opts(time).owner;
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                p,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .expect("chown");
+        }
+    };
     let mkdir = |p: &Path| {
         fs::create_dir(p).expect("mkdir");
+        own(p);
         fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
     };
     let mut cur = root.to_path_buf();
@@ -237,6 +254,7 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
         Edit::FileIfMissing { .. } => {
             if there.is_err() {
                 File::create(&cur).expect("create");
+                own(&cur);
                 fs::set_permissions(&cur, fs::Permissions::from_mode(0o644)).expect("chmod");
                 made_in(&dir, times);
                 set_time(&cur, i64::from(time));
@@ -253,6 +271,9 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
             // Through the existing file, when there is one: every name of
             // it changes.
             fs::write(&cur, data).expect("write");
+            if there.is_err() {
+                own(&cur);
+            }
             fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(*mode))).expect("chmod");
             set_time(&cur, i64::from(time));
             true
@@ -523,6 +544,56 @@ fn an_edit_through_a_symlink_is_unsupported() {
     .is_none());
 }
 
+/// What the edits make in a setgid directory (a dir, its missing parent,
+/// new files) has the remix's owner and no setgid bit: an image's entries
+/// carry their own owners; a setgid parent gives its group only to what is
+/// made in it on a live file system.
+#[test]
+fn entries_an_edit_makes_in_a_setgid_dir_have_the_remix_owner() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).expect("src");
+    let (uid, gid) = owner(true);
+    let edits = [
+        Edit::DirAs {
+            path: "a".into(),
+            attrs: Attrs {
+                mode: 0o2755,
+                uid,
+                gid,
+                mtime: 1_400_000_000,
+            },
+        },
+        Edit::Dir {
+            path: "a/b/c".into(),
+        },
+        Edit::FileIfMissing { path: "a/e".into() },
+        Edit::File {
+            path: "a/f".into(),
+            data: b"f\n".to_vec(),
+            mode: 0o644,
+        },
+    ];
+    let time = 1_500_000_000;
+    check_against_model(tmp.path(), &src, &edits, time, &PackOptions::default())
+        .expect("supported");
+    let got = snapshot(&tmp.path().join("got"));
+    let info = |p: &str| got.entries.get(Path::new(p)).expect(p).clone();
+    if is_root() {
+        assert_eq!(
+            (info("a").mode, info("a").uid, info("a").gid),
+            (0o2755, uid, gid)
+        );
+    }
+    for p in ["a/b", "a/b/c", "a/e", "a/f"] {
+        let i = info(p);
+        assert_eq!(i.mode & 0o7000, 0, "{p}: {i:?}");
+        if is_root() {
+            assert_eq!((i.uid, i.gid), remix_opts(time).owner, "{p}: {i:?}");
+        }
+    }
+}
+
 /// A random tree: paths over a small alphabet, with files of 0 to 3
 /// blocks (4 KiB blocks), symlinks and hard links.
 #[derive(Debug, Clone)]
@@ -746,8 +817,26 @@ fn make_random_tree(root: &Path, nodes: &[(String, Node)], times: &[u32]) {
     }
 }
 
+/// 48 cases (`PROPTEST_CASES` gives another number), the failures
+/// recorded in squash_remix.proptest-regressions re-run first (the file
+/// next to this one: a test file has no lib.rs or main.rs above it, where
+/// proptest's default looks first).
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    ProptestConfig {
+        cases,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     /// Random trees with random edits: the remix reads back (by sifbox and
     /// by unsquashfs) as the packed edited tree, or is refused as

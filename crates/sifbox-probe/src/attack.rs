@@ -54,6 +54,7 @@ pub const ATTACKS: &[&str] = &[
     "syscalls",
     "mount-api",
     "vsock",
+    "seccomp-listener",
 ];
 
 /// Runs the named attacks (`all`: every one) and returns the report.
@@ -82,6 +83,7 @@ pub fn run(names: &[String]) -> Result<Value, String> {
             "syscalls" => try_all(ALWAYS_DENIED),
             "mount-api" => try_all(USERNS_ONLY),
             "vsock" => vsock(),
+            "seccomp-listener" => seccomp_listener(),
             other => return Err(format!("unknown attack {other:?}; known: {ATTACKS:?}")),
         };
         out.insert(
@@ -447,6 +449,17 @@ fn try_all(calls: &[ProbeSyscall]) -> Outcome {
         Outcome::contained(denied.join("; "))
     } else {
         Outcome::escaped(open.join("; "))
+    }
+}
+
+/// A seccomp listener of its own (what container runtimes and some
+/// sandboxes inside ask for): the kernel allows one per filter chain, and
+/// the default policy's is sifbox's, so the kernel answers EBUSY. Not an
+/// escape where it works: the filter allows everything.
+fn seccomp_listener() -> Outcome {
+    match try_syscall(ProbeSyscall::SeccompListenerAllowAll) {
+        Ok(_) => Outcome::escaped("got a seccomp listener of its own"),
+        Err(e) => Outcome::contained(format!("seccomp(NEW_LISTENER): {e}")),
     }
 }
 

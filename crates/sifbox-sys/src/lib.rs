@@ -6,7 +6,8 @@
 //! that run between `fork` and `exec` of a `std::process::Command`,
 //! `mount_setattr`, bringing the loopback interface up, attaching loop
 //! devices, giving idle supervisors' clean pages back (`madvise`),
-//! installing seccomp filters and (feature `probe`, for tests) raw system
+//! installing seccomp filters (and hearing their denials,
+//! [`seccomp_notify`]) and (feature `probe`, for tests) raw system
 //! call probes. Each function is
 //! small, checks its preconditions, and maps each failing call to its own
 //! error variant so that an error names the exact syscall that failed.
@@ -15,6 +16,7 @@
 
 pub mod lockfile;
 pub mod private_dir;
+pub mod seccomp_notify;
 
 pub use private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
 
@@ -1020,6 +1022,13 @@ mod probe {
         /// personality(persona): changes the caller's execution domain (and
         /// that of programs it execs) when the value is valid; no memory.
         Personality(u32),
+        /// seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+        /// a static one-instruction program that allows every call): what a
+        /// program that wants its own seccomp listener does. Where it is
+        /// installed it changes nothing the caller may do; the listener's
+        /// descriptor is closed at once. EBUSY where the caller's filter
+        /// chain has a listener already.
+        SeccompListenerAllowAll,
         /// System call number 1000, which no kernel assigns, with zero
         /// arguments: ENOSYS from the kernel.
         Unassigned,
@@ -1386,6 +1395,39 @@ mod probe {
                 // SAFETY: an integer.
                 unsafe { libc::syscall(libc::SYS_personality, persona as libc::c_ulong) },
             ),
+            ProbeSyscall::SeccompListenerAllowAll => {
+                static ALLOW_ALL: [libc::sock_filter; 1] = [libc::sock_filter {
+                    code: 0x06, // ret #k
+                    jt: 0,
+                    jf: 0,
+                    k: 0x7fff_0000, // SECCOMP_RET_ALLOW
+                }];
+                let fprog = libc::sock_fprog {
+                    len: 1,
+                    filter: ALLOW_ALL.as_ptr().cast_mut(),
+                };
+                // SAFETY: `fprog` points at a static one-instruction program,
+                // which the kernel copies and never writes through.
+                let rc = unsafe {
+                    libc::syscall(
+                        libc::SYS_seccomp,
+                        libc::SECCOMP_SET_MODE_FILTER,
+                        libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                        &fprog as *const libc::sock_fprog,
+                    )
+                };
+                let answer = check(rc);
+                if let Some(fd) = answer
+                    .as_ref()
+                    .ok()
+                    .and_then(|fd| libc::c_int::try_from(*fd).ok())
+                {
+                    // SAFETY: closes the listener the kernel just returned
+                    // to us, which nothing else holds.
+                    unsafe { libc::close(fd) };
+                }
+                answer
+            }
             ProbeSyscall::Unassigned => check(
                 // SAFETY: no arguments; no kernel implements this number.
                 unsafe { libc::syscall(UNASSIGNED) },

@@ -60,6 +60,16 @@ pub struct BuildOptions {
     /// running when it is set must be stopped by its caller:
     /// `sifbox_engine::supervisor::kill_sandboxes_of_thread`.)
     pub interrupted: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// What `RUN --mount=type=cache` dirs are kept apart by. `None` (`sifbox
+    /// build`): a mount without `id=` gets a dir of its build context (its
+    /// canonical path) and target, one with `id=` the store-wide dir of that
+    /// id, as the Dockerfile's author asked. `Some(scope)` (eval: the task):
+    /// every cache mount, `id=` or not, gets a dir of that scope, so that no
+    /// task plants a file in another's cache.
+    pub cache_scope: Option<String>,
+    /// The most one step's layer may hold, in bytes (`--layer-size`; see
+    /// `Layers::with_layer_size`).
+    pub layer_size: u64,
 }
 
 /// What a build made.
@@ -195,8 +205,9 @@ pub fn build(
     for w in plan.warnings() {
         progress.warn(&w);
     }
-    let layers =
-        Layers::new(store, opts.exe.clone(), opts.userns)?.with_confinement(opts.confinement);
+    let layers = Layers::new(store, opts.exe.clone(), opts.userns)?
+        .with_confinement(opts.confinement)
+        .with_layer_size(opts.layer_size);
     let fake_ids = layers.ids().mode == UsernsMode::Single;
     let total = plan.stages.iter().map(|s| s.instructions.len() + 1).sum();
     let mut b = Builder {

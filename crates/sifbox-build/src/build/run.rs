@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use sifbox_engine::protocol::ExecRequest;
-use sifbox_engine::spec::{Bind, NetMode};
+use sifbox_engine::spec::{Bind, NetMode, TmpfsMount, DEFAULT_TMPFS_MOUNT_BYTES};
 use sifbox_engine::transfer::SetId;
 use sifbox_engine::ExecStatus;
 
@@ -65,9 +65,30 @@ impl Builder<'_> {
             _ => NetMode::Host,
         };
         let mut binds = Vec::new();
+        let mut tmpfs = Vec::new();
         let mut mount_keys = Vec::new();
         let mut scratch: Vec<tempfile::TempDir> = Vec::new();
         for m in &r.mounts {
+            if m.kind == MountType::Tmpfs {
+                // A real tmpfs of `size=` (the audit: a host dir took 300
+                // MiB past `size=1m`).
+                let t = m
+                    .effective_target()
+                    .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
+                let dst = if t.starts_with('/') {
+                    clean_abs(&t)
+                } else {
+                    clean_abs(&format!("{}/{t}", Self::workdir(cur)))
+                };
+                let t = TmpfsMount {
+                    dst: dst.into(),
+                    size: m.size.unwrap_or(DEFAULT_TMPFS_MOUNT_BYTES),
+                    mode: m.mode.unwrap_or(0o1777),
+                };
+                mount_keys.push(format!("tmpfs:{}:{}", t.dst.display(), t.size));
+                tmpfs.push(t);
+                continue;
+            }
             if let Some((bind, key)) = self.mount(inst, m, cur, results, &mut scratch)? {
                 binds.push(bind);
                 mount_keys.push(key);
@@ -122,14 +143,23 @@ impl Builder<'_> {
             .user(cur.meta.user.clone())
             .fake_ids(self.fake_ids)
             .build();
-        let stubs = mount_stubs(&cur.state, &binds);
+        let mut stubs = mount_stubs(&cur.state, &binds);
+        let places: Vec<Bind> = tmpfs
+            .iter()
+            .map(|t: &TmpfsMount| Bind {
+                src: PathBuf::new(),
+                dst: t.dst.clone(),
+                readonly: false,
+            })
+            .collect();
+        stubs.extend(mount_stubs(&cur.state, &places));
         let progress = Arc::clone(&self.progress);
         let mut outcome: Option<(ExecStatus, steps::Output)> = None;
         let result = self.layers.step(
             &cur.state,
             &key,
             self.opts.no_cache,
-            &StepOptions { net, binds },
+            &StepOptions { net, binds, tmpfs },
             |sb| {
                 let sink = Sink(progress);
                 let (status, out) = steps::run_command(sb, req, sink)?;
@@ -189,6 +219,13 @@ impl Builder<'_> {
                          intercepting proxy, build with --host-ca to show the host's CA bundle to RUN steps)",
                     );
                 }
+                if lines.iter().any(|l| l.contains("No space left on device")) {
+                    let _ = write!(
+                        t,
+                        "\n(a step's layer holds at most {} MiB: raise the bound with --layer-size, or write less in one step)",
+                        self.layers.layer_size() >> 20
+                    );
+                }
                 Err(BuildError::RunFailed {
                     file: self.file.clone(),
                     line: inst.line,
@@ -229,7 +266,7 @@ impl Builder<'_> {
                     .store
                     .root()
                     .join("build-cache")
-                    .join(&chain_key("cache", &id)[..24]);
+                    .join(&chain_key("cache", &self.cache_scope(m, &id))[..24]);
                 std::fs::create_dir_all(&dir).map_err(|e| BuildError::io(&dir, e))?;
                 Ok(Some((
                     Bind {
@@ -238,20 +275,6 @@ impl Builder<'_> {
                         readonly: m.readonly,
                     },
                     format!("cache:{id}:{}", m.readonly),
-                )))
-            }
-            MountType::Tmpfs => {
-                let dst = target()?;
-                let t = self.scratch_dir("sifbox-tmpfs.")?;
-                let src = t.path().to_path_buf();
-                scratch.push(t);
-                Ok(Some((
-                    Bind {
-                        src,
-                        dst: dst.into(),
-                        readonly: false,
-                    },
-                    "tmpfs".into(),
                 )))
             }
             MountType::Secret => {
@@ -339,6 +362,24 @@ impl Builder<'_> {
                 inst,
                 format!("--mount type {other:?} is not supported by sifbox"),
             )),
+        }
+    }
+}
+
+impl Builder<'_> {
+    /// What names a cache mount's dir (see `BuildOptions::cache_scope`):
+    /// the id alone when the Dockerfile gave one to `sifbox build` (the
+    /// store-wide dir of that id), else the id within the build's context,
+    /// or within the caller's scope (eval's task).
+    fn cache_scope(&self, m: &dockerfile::Mount, id: &str) -> String {
+        match (&self.opts.cache_scope, &m.id) {
+            (Some(scope), _) => format!("scope\n{scope}\n{id}"),
+            (None, Some(_)) => id.to_string(),
+            (None, None) => {
+                let ctx = std::fs::canonicalize(&self.opts.context)
+                    .unwrap_or_else(|_| self.opts.context.clone());
+                format!("context\n{}\n{id}", ctx.display())
+            }
         }
     }
 }

@@ -76,6 +76,7 @@ impl AsyncSandbox {
             let (mut out, mut err) = (Tail::new(max_output), Tail::new(max_output));
             let (mut o, mut e) = (stdout, stderr);
             let (mut ob, mut eb) = (vec![0u8; 16384], vec![0u8; 16384]);
+            let mut denied = Vec::new();
             let status = loop {
                 tokio::select! {
                     r = read_opt(o.as_mut(), &mut ob) => match r {
@@ -87,7 +88,10 @@ impl AsyncSandbox {
                         _ => e = None,
                     },
                     ev = events.next() => match ev {
-                        Ok(Some(ev)) => {
+                        Ok(Some(mut ev)) => {
+                            if let crate::protocol::Event::Exit { denied: d, .. } = &mut ev {
+                                denied = std::mem::take(d);
+                            }
                             if let Some(st) = ExecStatus::from_event(ev) {
                                 break Ok(st);
                             }
@@ -102,19 +106,16 @@ impl AsyncSandbox {
             // hold the pipes open for as long as they live.
             drain(o, &mut out);
             drain(e, &mut err);
-            status.map(|st| (st, out, err))
+            status.map(|st| (st, out, err, denied))
         };
         tokio::pin!(collect, feed);
-        let (status, out, err) = tokio::select! {
+        let (status, out, err, denied) = tokio::select! {
             r = &mut collect => r?,
             () = &mut feed => unreachable!("feeding stdin never ends by itself"),
         };
-        Ok(ExecOutput::new(
-            status,
-            out.finish(),
-            err.finish(),
-            started.elapsed(),
-        ))
+        let mut output = ExecOutput::new(status, out.finish(), err.finish(), started.elapsed());
+        output.denied = denied;
+        Ok(output)
     }
 
     /// Starts `req` with its stdin, stdout and stderr piped to the returned

@@ -620,6 +620,7 @@ mod tests {
                     code: 3,
                     timed_out: false,
                     time_ns: 1,
+                    denied: Vec::new(),
                 },
             ] {
                 let body = serde_json::to_vec(&ev).expect("json");

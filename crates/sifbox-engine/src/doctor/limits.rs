@@ -60,6 +60,7 @@ pub(super) fn every_limit() -> crate::spec::Limits {
         memory_swap: None,
         pids: Some(crate::spec::DEFAULT_PIDS),
         cpus_milli: Some(1500),
+        ..crate::spec::Limits::default()
     }
 }
 

@@ -364,6 +364,7 @@ alice:400000:10
             cgroup: None,
             cpus: vec![0, 1, 2, 3],
             root: false,
+            ..Host::default()
         };
         let checks = limit_checks(&plan(&limits, &host, 0), (6, 1));
         let names: Vec<&str> = checks.iter().map(|c| c.name).collect();
@@ -415,6 +416,7 @@ alice:400000:10
             }),
             cpus: vec![0],
             root: true,
+            ..Host::default()
         };
         let checks = limit_checks(&plan(&limits, &v1, 0), (6, 1));
         for c in &checks {

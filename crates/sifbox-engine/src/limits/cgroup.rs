@@ -76,6 +76,11 @@ pub struct CgroupLimits {
     /// CPU quota in thousandths of a CPU: cpu.max / cpu.cfs_quota_us over
     /// a 100 ms period (at least 0.01 CPU, the kernel's minimum).
     pub cpus_milli: Option<u32>,
+    /// pids.max of the parent of all the caller's sandboxes' cgroups (v1:
+    /// `sifbox/UID/`, v2: the delegated cgroup's `sifbox/`), written at
+    /// each start (the last start's value holds).
+    #[serde(default)]
+    pub user_pids: Option<u64>,
 }
 
 impl CgroupLimits {
@@ -241,7 +246,7 @@ impl Hierarchy {
         for (set, what) in [
             (limits.memory.is_some(), "memory"),
             (limits.memory_swap.is_some(), "swap"),
-            (limits.pids.is_some(), "pids"),
+            (limits.pids.is_some() || limits.user_pids.is_some(), "pids"),
             (limits.cpus_milli.is_some(), "cpu"),
         ] {
             if set && !self.can(what) {
@@ -309,11 +314,27 @@ impl Hierarchy {
         }
     }
 
-    /// The directories sandboxes' cgroups are made in.
+    /// The directories sandboxes' cgroups are made in: per user (v1
+    /// `sifbox/UID/`; v2's delegated cgroup is the user's already).
     pub fn bases(&self) -> Vec<PathBuf> {
         match self {
             Hierarchy::V2 { delegated, .. } => vec![delegated.join(BASE)],
-            Hierarchy::V1 { dirs, .. } => dirs.iter().map(|d| d.mount.join(BASE)).collect(),
+            Hierarchy::V1 { dirs, .. } => dirs.iter().map(|d| v1::user_base(&d.mount)).collect(),
+        }
+    }
+
+    /// The cgroup whose pids.max caps all the caller's sandboxes, as the
+    /// record names it.
+    pub fn user_base_name(&self) -> String {
+        match self {
+            Hierarchy::V2 { delegated, .. } => delegated.join(BASE).display().to_string(),
+            Hierarchy::V1 { dirs, .. } => dirs
+                .iter()
+                .find(|d| d.controllers.iter().any(|c| c == "pids"))
+                .map_or_else(
+                    || format!("{BASE}/{}", rustix::process::geteuid().as_raw()),
+                    |d| v1::user_base(&d.mount).display().to_string(),
+                ),
         }
     }
 }
@@ -379,6 +400,29 @@ impl SandboxCgroup {
     /// per dir.
     pub fn payloads(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.join(PAYLOAD)).collect()
+    }
+
+    /// What the sandbox's /sys/fs/cgroup shows: its own `payload/` of each
+    /// dir, named as the host's controller mount (v1: `memory`,
+    /// `cpu,cpuacct`...; the dir is `MOUNT/sifbox/UID/NAME-RAND`), or for
+    /// v2 the one payload at /sys/fs/cgroup itself (name "").
+    pub fn views(&self) -> Vec<(String, PathBuf)> {
+        self.dirs
+            .iter()
+            .filter_map(|d| {
+                let name = if self.version == 2 {
+                    String::new()
+                } else {
+                    d.parent()?
+                        .parent()?
+                        .parent()?
+                        .file_name()?
+                        .to_str()?
+                        .to_string()
+                };
+                Some((name, d.join(PAYLOAD)))
+            })
+            .collect()
     }
 
     /// Moves process `pid` (and its threads) into the cgroup.
@@ -518,7 +562,13 @@ impl SandboxCgroup {
 /// and is never empty after), holding no process. Returns what it removed.
 pub fn gc(h: &Hierarchy, live: &dyn Fn(&str) -> bool, min_age: Duration) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    for base in h.bases() {
+    // v1 made sandboxes' cgroups in `sifbox/` itself before per-user
+    // bases (`sifbox/UID/`, whose name no sandbox's matches).
+    let legacy = match h {
+        Hierarchy::V1 { dirs, .. } => dirs.iter().map(|d| d.mount.join(BASE)).collect(),
+        Hierarchy::V2 { .. } => Vec::new(),
+    };
+    for base in h.bases().into_iter().chain(legacy) {
         let Ok(entries) = std::fs::read_dir(&base) else {
             continue;
         };

@@ -60,6 +60,7 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             stop_asked: Cell::new(false),
+            denied: RefCell::new(Vec::new()),
             limits: state.limits,
         })
     }

@@ -15,7 +15,13 @@ pub struct TtyExec {
 impl TtyExec {
     /// Waits for the command to end.
     pub fn wait(self, name: &str) -> Result<ExecStatus> {
-        wait_exit(&self.conn, name).map(|(st, _)| st)
+        self.wait_reporting(name).map(|(st, _)| st)
+    }
+
+    /// Waits for the command to end; also the calls the default seccomp
+    /// policy denied during the exec.
+    pub fn wait_reporting(self, name: &str) -> Result<(ExecStatus, Vec<Denied>)> {
+        wait_exit(&self.conn, name).map(|(st, _, denied)| (st, denied))
     }
 }
 
@@ -32,6 +38,9 @@ pub struct ExecOutput {
     /// Why the command could not start, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The calls the default seccomp policy denied during the exec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied: Vec<Denied>,
 }
 
 /// The last `max` bytes of a stream, and whether anything was dropped.
@@ -87,6 +96,7 @@ impl ExecOutput {
                 ExecStatus::Failed { message, .. } => Some(message),
                 ExecStatus::Exited { .. } => None,
             },
+            denied: Vec::new(),
         }
     }
 }
@@ -146,16 +156,20 @@ fn read_until_exit(
     (out.finish(), err.finish())
 }
 
-pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64)> {
+/// The exec's end: its status, the sandbox's clock then, and the calls the
+/// default seccomp policy denied during it.
+pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64, Vec<Denied>)> {
     loop {
         match protocol::recv::<Event>(conn) {
-            Ok((ev, _)) => {
-                let t = match &ev {
-                    Event::Exit { time_ns, .. } => *time_ns,
-                    _ => 0,
+            Ok((mut ev, _)) => {
+                let (t, denied) = match &mut ev {
+                    Event::Exit {
+                        time_ns, denied, ..
+                    } => (*time_ns, std::mem::take(denied)),
+                    _ => (0, Vec::new()),
                 };
                 if let Some(st) = ExecStatus::from_event(ev) {
-                    return Ok((st, t));
+                    return Ok((st, t, denied));
                 }
             }
             Err(ProtocolError::Closed) => {
@@ -212,19 +226,27 @@ impl Sandbox {
         // server started with `&`) must not hold the caller.
         let (stop_r, stop_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let reader = std::thread::spawn(move || read_until_exit(out_r, err_r, stop_r, max_output));
+        let mut denied = Vec::new();
         let ended = self
             .wait_ready()
-            .and_then(|()| wait_exit(&conn, &self.name));
+            .and_then(|()| wait_exit(&conn, &self.name))
+            .map(|(st, t, d)| {
+                denied = d;
+                (st, t)
+            });
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
         let (status, t) = self.over_memory(ended, kills_before)?;
         self.note_last(last, t);
-        Ok(ExecOutput::new(
+        self.note_denied(&denied);
+        let mut out = ExecOutput::new(
             status,
             (stdout, out_cut),
             (stderr, err_cut),
             started.elapsed(),
-        ))
+        );
+        out.denied = denied;
+        Ok(out)
     }
 
     /// Runs a command with the given stdin, stdout and stderr and waits for it.
@@ -240,8 +262,14 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
-        let (status, t) = self.over_memory(wait_exit(&conn, &self.name), kills_before)?;
+        let mut denied = Vec::new();
+        let ended = wait_exit(&conn, &self.name).map(|(st, t, d)| {
+            denied = d;
+            (st, t)
+        });
+        let (status, t) = self.over_memory(ended, kills_before)?;
         self.note_last(last, t);
+        self.note_denied(&denied);
         Ok(status)
     }
 

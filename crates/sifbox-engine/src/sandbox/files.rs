@@ -191,10 +191,24 @@ impl Sandbox {
         setid: transfer::SetId,
         follow: bool,
     ) -> Result<()> {
+        self.download_limited(src, dst, setid, follow, transfer::Limits::default())
+    }
+
+    /// [`Sandbox::download_following`] held to `limits`: past one, the
+    /// download fails with [`transfer::LimitExceeded`] inside its error and
+    /// what it wrote is removed.
+    pub fn download_limited(
+        &self,
+        src: &str,
+        dst: &Path,
+        setid: transfer::SetId,
+        follow: bool,
+        limits: transfer::Limits,
+    ) -> Result<()> {
         let name = download_name(src);
         let dst_owned = dst.to_path_buf();
         self.download_stream(src, follow, move |r| {
-            transfer::unpack_to_host(r, &dst_owned, &name, setid)
+            transfer::unpack_to_host_limited(r, &dst_owned, &name, setid, limits)
         })
         .map_err(|e| e.ctx_io(|| format!("writing {}", dst.display())))
     }
@@ -202,21 +216,24 @@ impl Sandbox {
     /// Writes a tar stream of `src` in the sandbox to `out` (`cp NAME:/path
     /// -`), its entries named after `src`'s last component and checked
     /// as a download's are, setuid and setgid bits dropped unless kept (see
-    /// [`transfer::retar`]). With `follow`, a symlink at `src` itself is
-    /// followed inside the sandbox.
+    /// [`transfer::retar_limited`]), held to `limits`. With `follow`, a
+    /// symlink at `src` itself is followed inside the sandbox.
     pub fn download_tar<W>(
         &self,
         src: &str,
         follow: bool,
         setid: transfer::SetId,
+        limits: transfer::Limits,
         out: W,
     ) -> Result<()>
     where
         W: Write + Send + 'static,
     {
         let name = download_name(src);
-        self.download_stream(src, follow, move |r| transfer::retar(r, &name, setid, out))
-            .map_err(|e| e.ctx_io(|| "writing the tar stream".to_string()))
+        self.download_stream(src, follow, move |r| {
+            transfer::retar_limited(r, &name, setid, limits, out)
+        })
+        .map_err(|e| e.ctx_io(|| "writing the tar stream".to_string()))
     }
 
     /// Asks for a tar stream of `src` and hands the pipe it comes through

@@ -30,6 +30,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
             memory_swap: l.swap_total().filter(|_| h.can("swap")),
             pids: l.pids.filter(|_| h.can("pids")),
             cpus_milli: l.cpus_milli.filter(|_| h.can("cpu")),
+            user_pids: l.user_pids.filter(|_| h.can("pids")),
         };
         match h.create(&spec.name, &cl) {
             Ok(cg) => e.cgroup = Some(cg),
@@ -323,6 +324,7 @@ impl Sandbox {
             stop_inside_ns: Cell::new(0),
             stopping: Cell::new(false),
             stop_asked: Cell::new(false),
+            denied: RefCell::new(Vec::new()),
             limits: launch.limits.clone(),
         };
         guard.0 = None; // the Sandbox's Drop cleans up from here on

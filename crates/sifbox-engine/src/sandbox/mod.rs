@@ -14,6 +14,7 @@ use rustix::pipe::{pipe_with, PipeFlags};
 use rustix::process::{Pid, Signal, WaitOptions};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::denials::Denied;
 use crate::error::{Error, IoContext, Result};
 use crate::evidence::{self, Evidence, ImageRef};
 use crate::idmap;
@@ -204,6 +205,9 @@ pub struct Sandbox {
     stop_asked: Cell<bool>,
     /// How its limits are enforced.
     limits: crate::limits::Enforcement,
+    /// The calls the default seccomp policy denied: what this handle's
+    /// execs reported, or the sandbox's totals from init's answer to stop.
+    denied: RefCell<Vec<Denied>>,
 }
 
 /// A status line of the supervisor that is not an error.
@@ -286,6 +290,19 @@ impl Sandbox {
         }
     }
 
+    /// Adds an exec's denials to the handle's (for a pty exec, which its
+    /// caller waits for: [`TtyExec::wait_reporting`]'s).
+    pub fn note_denied(&self, denied: &[Denied]) {
+        crate::denials::merge(&mut self.denied.borrow_mut(), denied);
+    }
+
+    /// The calls the default seccomp policy denied in the sandbox: once
+    /// init answered a stop, every one (its count); before, those of this
+    /// handle's execs.
+    pub fn denied(&self) -> Vec<Denied> {
+        self.denied.borrow().clone()
+    }
+
     fn note_last(&self, last: bool, inside_ns: u64) {
         if last {
             self.stopping.set(true);
@@ -357,7 +374,7 @@ impl Sandbox {
 
     fn reply(&self, conn: &UnixStream) -> Result<u64> {
         match protocol::recv::<Event>(conn) {
-            Ok((Event::Ok { time_ns }, _)) => Ok(time_ns),
+            Ok((Event::Ok { time_ns, .. }, _)) => Ok(time_ns),
             Ok((Event::Error { message, .. }, _)) => {
                 Err(Error::Setup(format!("sandbox {}: {message}", self.name)))
             }

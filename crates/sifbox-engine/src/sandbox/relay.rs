@@ -228,8 +228,14 @@ impl Sandbox {
             let _ = pump.join();
             ended
         });
+        let mut denied = Vec::new();
+        let ended = ended.map(|(st, t, d)| {
+            denied = d;
+            (st, t)
+        });
         let (status, t) = self.over_memory(ended, kills_before)?;
         self.note_last(last, t);
+        self.note_denied(&denied);
         Ok(status)
     }
 }

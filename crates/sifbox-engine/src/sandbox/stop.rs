@@ -48,9 +48,42 @@ impl Stopping {
     pub fn name(&self) -> &str {
         &self.0.name
     }
+
+    /// Every call the default seccomp policy denied in the sandbox (see
+    /// [`Sandbox::denied`]).
+    pub fn denied(&self) -> Vec<crate::denials::Denied> {
+        self.0.denied()
+    }
 }
 
 impl Sandbox {
+    /// Stops the sandbox as [`Sandbox::stop`] does, its writable layer
+    /// copied first into the dir of `SandboxSpec::keep_layer` (once every
+    /// process is gone, so nothing changes under the copy): how a build
+    /// step whose layer is on a bounded file system keeps it.
+    pub fn stop_keeping_layer(mut self, grace: std::time::Duration) -> Result<()> {
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let conn = self.connect()?;
+        protocol::send(&conn, &Request::StopKeepingLayer { grace_ms }, &[])
+            .map_err(|e| self.proto(e))?;
+        let copied = match protocol::recv::<Event>(&conn) {
+            Ok((Event::Ok { time_ns, denied }, _)) => {
+                self.stop_inside_ns.set(time_ns);
+                if !denied.is_empty() {
+                    *self.denied.borrow_mut() = denied;
+                }
+                Ok(())
+            }
+            Ok((Event::Error { message, .. }, _)) => Err(Error::Setup(message)),
+            Ok((other, _)) => Err(Error::Setup(format!("an unexpected answer: {other:?}"))),
+            Err(e) => Err(self.proto(e)),
+        };
+        // Stopped either way: what is left is the supervisor's exit.
+        self.stop_asked.set(true);
+        let finished = self.shutdown(grace);
+        copied.and(finished)
+    }
+
     /// Stops the sandbox: SIGTERM to every process, SIGKILL after `grace`;
     /// returns once no process, mount or runtime dir of it is left.
     pub fn stop(mut self, grace: std::time::Duration) -> Result<()> {
@@ -91,8 +124,14 @@ impl Sandbox {
                 // The reply comes once every process had its grace time
                 // and what was left was killed and reaped.
                 Some(c) => {
-                    if let Ok((Event::Ok { time_ns }, _)) = protocol::recv::<Event>(&c) {
+                    if let Ok((Event::Ok { time_ns, denied }, _)) = protocol::recv::<Event>(&c) {
                         self.stop_inside_ns.set(time_ns);
+                        // init's count covers every exec of the sandbox
+                        // (empty where it could not count: then what this
+                        // handle's execs reported stays).
+                        if !denied.is_empty() {
+                            *self.denied.borrow_mut() = denied;
+                        }
                     }
                 }
                 None => {
@@ -135,7 +174,7 @@ impl Sandbox {
         if let Some(path) = self.evidence_reached() {
             // A record inside the runtime dir goes with it.
             if !path.starts_with(&self.dir) {
-                Evidence::record_stop(&path, inside_ns)?;
+                Evidence::record_stop(&path, inside_ns, &self.denied.borrow())?;
             }
         }
         // Only if no other sandbox has taken the name since the

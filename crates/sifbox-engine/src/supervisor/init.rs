@@ -16,6 +16,21 @@ pub(super) fn init_main(
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let spec = &launch.spec;
+    // The dir a kept layer is copied into, opened while the host's paths
+    // are still in reach; the copy comes when the sandbox stops.
+    let keep_dst = match &spec.keep_layer {
+        Some(p) => Some(
+            rustix::fs::open(
+                p,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| Error::io(format!("opening {}", p.display()), e))?,
+        ),
+        None => None,
+    };
     // Nothing of the client's stdin or stdout (the control pipe, when the
     // supervisor was executed) stays in the sandbox; stderr goes before
     // the first request is served.
@@ -34,12 +49,16 @@ pub(super) fn init_main(
     // the new mount namespace below: mounts go on its own mounts only.
     let shown = std::fs::canonicalize(&launch.dir)
         .map_err(|e| Error::io(format!("resolving {}", launch.dir.display()), e))?;
-    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS;
+    // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
+    // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
+    // system mounted inside (with nested namespaces) shows nothing above.
+    let mut flags =
+        UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
     if spec.net == NetMode::None {
         flags |= UnshareFlags::NEWNET;
     }
     sifbox_sys::unshare_namespaces(flags).map_err(|e| Error::Host {
-        what: "creating the sandbox's mount, ipc, uts and network namespaces".into(),
+        what: "creating the sandbox's mount, ipc, uts, cgroup and network namespaces".into(),
         source: e,
         fix: "run `sifbox doctor` to see what this host allows".into(),
     })?;
@@ -47,7 +66,17 @@ pub(super) fn init_main(
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
     let dir = crate::runtime::same_dir_here(&launch.dir, &shown)?;
-    let root = rootfs::assemble(spec, &dir, disk)?;
+    let views = launch
+        .limits
+        .cgroup
+        .as_ref()
+        .map(crate::limits::cgroup::SandboxCgroup::views)
+        .unwrap_or_default();
+    let mut root = rootfs::assemble(spec, &dir, disk, views)?;
+    let keep = match (root.upper.take(), keep_dst) {
+        (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
+        _ => None,
+    };
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
@@ -77,6 +106,11 @@ pub(super) fn init_main(
     // a user namespace (all the sandbox's, whatever their ids) at the
     // RLIMIT_NPROC its creator had when it made it.
     if let Some(n) = launch.limits.nproc {
+        // Not above the user-wide cap outer set (a hard limit only goes
+        // down here).
+        let n = rustix::process::getrlimit(rustix::process::Resource::Nproc)
+            .maximum
+            .map_or(n, |h| n.min(h));
         let l = rustix::process::Rlimit {
             current: Some(n),
             maximum: Some(n),
@@ -160,7 +194,13 @@ pub(super) fn init_main(
             idle: false,
         })
     });
-    serve(listener, spec.confinement, activity)
+    serve(listener, spec.confinement, activity, keep)
+}
+
+/// A layer to keep when the sandbox stops: its upper dir and where to.
+pub(super) struct KeptLayer {
+    pub(super) upper: OwnedFd,
+    pub(super) dst: OwnedFd,
 }
 
 /// init's side of the watchdog's idle protocol. The sandbox is idle when

@@ -60,6 +60,7 @@ pub(super) fn outer(
     };
     // Limits first, so that everything forked from here on is under them.
     enter_limits(&launch.limits)?;
+    set_rlimits(&launch.limits)?;
 
     sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
         what: "creating the sandbox's user and pid namespaces".into(),
@@ -182,6 +183,38 @@ fn read_client(input: &mut BufReader<File>) -> Client {
             Err(_) => return Client::Gone,
         }
     }
+}
+
+/// The rlimits that must be set before the sandbox's user namespace is
+/// made: `RLIMIT_NOFILE` (raising a hard limit needs privilege in the
+/// host's user namespace, which root loses once inside) and the user-wide
+/// `RLIMIT_NPROC`, which the kernel keeps for the new namespace as the
+/// cap on its creator's uid, every process of that uid on the host
+/// counted (ucounts, Linux 5.14): so all the caller's sandboxes together
+/// stay below it, whatever ids their processes have inside.
+fn set_rlimits(limits: &crate::limits::Enforcement) -> Result<()> {
+    use rustix::process::{setrlimit, Resource, Rlimit};
+    if let Some((soft, hard)) = limits.nofile {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(soft),
+                maximum: Some(hard),
+            },
+        )
+        .map_err(errno("setrlimit(RLIMIT_NOFILE)"))?;
+    }
+    if let Some(n) = limits.user_nproc {
+        setrlimit(
+            Resource::Nproc,
+            Rlimit {
+                current: Some(n),
+                maximum: Some(n),
+            },
+        )
+        .map_err(errno("setrlimit(RLIMIT_NPROC) for user_pids"))?;
+    }
+    Ok(())
 }
 
 /// Joins the sandbox's cgroup and takes its CPU affinity (outer does, before

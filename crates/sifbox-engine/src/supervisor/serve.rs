@@ -67,8 +67,14 @@ pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
+    mut keep: Option<super::init::KeptLayer>,
 ) -> ! {
     use rustix::event::{poll, PollFd, PollFlags};
+    // Before any worker is forked: they count the policy's denials into
+    // what stop's reply reports.
+    if confinement.seccomp != crate::spec::SeccompMode::Unconfined {
+        crate::denials::share();
+    }
     // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
     let sigchld = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
@@ -189,6 +195,7 @@ pub(super) fn serve(
         }
         let ok = || Event::Ok {
             time_ns: worker::now_ns(),
+            denied: Vec::new(),
         };
         match req {
             Request::Ping => {
@@ -200,7 +207,35 @@ pub(super) fn serve(
                 // init, which only exits after it: the client may take the
                 // sandbox's outputs as final while the kernel unmounts.
                 kill_and_reap_all(Duration::from_secs(10));
-                let _ = protocol::send(&conn, &ok(), &[]);
+                let reply = Event::Ok {
+                    time_ns: worker::now_ns(),
+                    denied: crate::denials::sandbox_totals(),
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
+                exit_now(0);
+            }
+            Request::StopKeepingLayer { grace_ms } => {
+                stop_all(Duration::from_millis(grace_ms));
+                kill_and_reap_all(Duration::from_secs(10));
+                let copied = match keep.take() {
+                    Some(k) => rustix::fs::openat(
+                        &k.upper,
+                        ".",
+                        rustix::fs::OFlags::RDONLY
+                            | rustix::fs::OFlags::DIRECTORY
+                            | rustix::fs::OFlags::CLOEXEC,
+                        rustix::fs::Mode::empty(),
+                    )
+                    .map_err(std::io::Error::from)
+                    .and_then(|upper| crate::layer_copy::copy_tree(upper, k.dst))
+                    .map_err(|e| format!("copying the writable layer out: {e}")),
+                    None => Err("this sandbox keeps no layer (no keep_layer)".to_string()),
+                };
+                let reply = match copied {
+                    Ok(()) => ok(),
+                    Err(message) => Event::Error { code: 125, message },
+                };
+                let _ = protocol::send(&conn, &reply, &[]);
                 exit_now(0);
             }
             Request::Signal { exec_id, signal } => {
@@ -236,7 +271,7 @@ pub(super) fn serve(
                                 // client's connection and stdio come again
                                 // with the job, and another worker's channel
                                 // must reach EOF when init closes its end.
-                                drop((listener, conn, fds, workers, sigchld, activity));
+                                drop((listener, conn, fds, workers, sigchld, activity, keep));
                                 // The exits of a worker's commands are its
                                 // own business, not a reason to wake init.
                                 if let Some(id) = sigchld_id {
@@ -273,7 +308,7 @@ pub(super) fn serve(
             }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
-                    drop((listener, workers, activity));
+                    drop((listener, workers, activity, keep));
                     exit_now(serve_in_child(&conn, other, fds, confinement))
                 }
                 Ok(sifbox_sys::Forked::Parent(pid)) => {
@@ -313,6 +348,7 @@ fn serve_in_child(
         let ev = match r {
             Ok(()) => Event::Ok {
                 time_ns: worker::now_ns(),
+                denied: Vec::new(),
             },
             Err(e) => Event::Error {
                 code: 125,
@@ -450,12 +486,35 @@ fn signal_exec(anchor: Pid, signal: i32) {
         }
         return;
     }
-    for p in worker::descendants(anchor) {
-        // The command leads its own process group (or session).
-        if rustix::process::getpgid(Some(p)).ok() == Some(p) {
-            let _ = rustix::process::kill_process_group(p, sig);
+    // `exec -d` answers before its command has forked and made its own
+    // group: a signal sent in that window (a busy host) would find no group
+    // and be lost, so it waits for one, briefly, while the anchor lives.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let mut sent = false;
+        for p in worker::descendants(anchor) {
+            // The command leads its own process group (or session).
+            if rustix::process::getpgid(Some(p)).ok() == Some(p) {
+                let _ = rustix::process::kill_process_group(p, sig);
+                sent = true;
+            }
         }
+        if sent || !running(anchor) || std::time::Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// Whether `pid` exists and has not exited (a zombie has).
+fn running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }
 
 /// Reaps every child that has exited; returns their pids.

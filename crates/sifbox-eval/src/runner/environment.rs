@@ -221,6 +221,10 @@ impl Ctx<'_> {
             confinement: self.opts.confinement(task),
             // The job's Cancel kills the step's sandbox; the build then fails.
             interrupted: None,
+            // Each task's cache mounts are its own, `id=` or not: a task
+            // plants nothing in another's (the audit: a wheel).
+            cache_scope: Some(format!("eval task {}", task.dir.display())),
+            layer_size: sifbox_build::layers::DEFAULT_LAYER_BYTES,
         };
         let shown = role.shown(task);
         self.observer.build_started(&shown);

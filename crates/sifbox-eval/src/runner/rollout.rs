@@ -63,7 +63,9 @@ pub(super) fn rollout(ctx: &Ctx<'_>, task: &Task, env: &TaskEnv, attempt: u32) -
     ctx.observer.rollout_started(&r.rollout);
     let prepared = fresh_dir(&ctx.dir, &dir)
         .map_err(|e| format!("clearing {}: {e}", dir.display()))
-        .and_then(|()| sifbox_engine::evidence::prepare_logs_dir(&dir).map_err(|e| e.to_string()))
+        .and_then(|()| {
+            sifbox_engine::evidence::prepare_logs_dir_in_private(&dir).map_err(|e| e.to_string())
+        })
         .and_then(|logs| {
             // A placeholder, bound read-only: nothing in the sandbox can
             // plant a result.
@@ -597,6 +599,7 @@ fn stop(
     // Once no process of it is left; the job finishes the rest (unmounts,
     // the runtime dir) beside the next rollouts.
     let stopping = sandbox.stop_processes(Duration::ZERO);
+    sifbox_engine::denials::merge(&mut r.seccomp_denied, &stopping.denied());
     if let Some(id) = kill_id {
         ctx.cancel.unregister(id);
     }

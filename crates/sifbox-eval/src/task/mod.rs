@@ -540,6 +540,7 @@ impl RolloutLimits {
             memory_swap: None,
             pids: self.pids,
             cpus_milli: self.cpus.and_then(cpus_milli),
+            ..sifbox_engine::spec::Limits::default()
         }
     }
 
@@ -2381,6 +2382,7 @@ env = { HINT = "h" }
                 memory_swap: None,
                 pids: Some(spec::DEFAULT_PIDS),
                 cpus_milli: None,
+                ..spec::Limits::default()
             }
         );
         // The task's values.

@@ -33,6 +33,12 @@ pub struct BuildArgs {
     /// Run every step, ignoring the cache.
     #[arg(long = "no-cache")]
     pub no_cache: bool,
+    /// The most one step's layer may hold (at least 16m): a step that
+    /// writes more fails with "No space left on device". As root the step
+    /// writes on an ext4 image of this size; otherwise (no loop device
+    /// without root) on a tmpfs of this size, in memory until it ends.
+    #[arg(long, value_name = "SIZE", default_value = "10g")]
+    pub layer_size: String,
     /// Output: auto (condensed on a terminal), plain (every line), quiet.
     #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
     pub progress: String,
@@ -142,10 +148,12 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         )?,
         target: a.target.clone(),
         no_cache: a.no_cache,
+        layer_size: layer_size(&a.layer_size)?,
         host_ca,
         exe,
         confinement: a.confine.confinement(),
         interrupted: Some(Arc::clone(&interrupted.flag)),
+        cache_scope: None,
     };
     let progress = Arc::new(Progress::new(mode));
     let resolver = |r: &str| resolve_image(&store, r);
@@ -246,5 +254,25 @@ fn signal_name(sig: i32) -> &'static str {
         signal_hook::consts::SIGTERM => "SIGTERM",
         signal_hook::consts::SIGHUP => "SIGHUP",
         _ => "a signal",
+    }
+}
+
+/// `--layer-size`: a size of at least 16 MiB.
+fn layer_size(text: &str) -> crate::error::Result<u64> {
+    let min = sifbox_build::layers::MIN_LAYER_BYTES;
+    match sifbox_engine::spec::parse_size(text) {
+        Ok(n) if n >= min => Ok(n),
+        Ok(_) => Err(bad(
+            format!("--layer-size {text}"),
+            "is below 16 MiB, the least a step's layer may have",
+            "give at least 16m",
+        )
+        .into()),
+        Err(why) => Err(bad(
+            format!("--layer-size {text}"),
+            &why,
+            "give a size such as 512m or 10g",
+        )
+        .into()),
     }
 }

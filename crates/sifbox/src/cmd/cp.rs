@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use sifbox_engine::transfer::SetId;
+use sifbox_engine::transfer::{LimitExceeded, Limits, SetId};
 use sifbox_engine::Sandbox;
 
 use crate::cmd::options::bad;
@@ -28,6 +28,15 @@ pub struct CpArgs {
     /// the link's name. Symlinks below SRC are always copied as links.
     #[arg(short = 'L', long = "follow-link")]
     pub follow_link: bool,
+    /// For downloads: the most file data the copy may write (holes of
+    /// sparse files are free), as 512k, 64m, 16g; past it the copy fails
+    /// and what it wrote is removed.
+    #[arg(long, value_name = "SIZE", default_value = "16g")]
+    pub max_size: String,
+    /// For downloads: the most entries (files, directories, links) the
+    /// copy may write; past it the copy fails and what it wrote is removed.
+    #[arg(long, value_name = "N", default_value_t = sifbox_engine::transfer::sparse::DEFAULT_MAX_ENTRIES)]
+    pub max_files: u64,
     /// Source: a host path, NAME:/path in a sandbox, or `-`: a tar stream
     /// on stdin, unpacked into the directory NAME:/dir (which must exist).
     pub src: String,
@@ -77,8 +86,16 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
         (Side::Sandbox(name, path), Side::Host(dst)) => {
             check_inside(path)?;
             not_owner(&a)?;
+            let limits = limits(&a)?;
             let sandbox = Sandbox::attach(name)?;
-            sandbox.download_following(path, &PathBuf::from(dst), setid(&a), a.follow_link)?;
+            let r = sandbox.download_limited(
+                path,
+                &PathBuf::from(dst),
+                setid(&a),
+                a.follow_link,
+                limits,
+            );
+            r.map_err(|e| past_limit(e, &a.src, "nothing of it was kept"))?;
         }
         (Side::Stream, Side::Sandbox(name, path)) => {
             check_inside(path)?;
@@ -115,14 +132,15 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                 )
                 .into());
             }
+            let limits = limits(&a)?;
             let sandbox = Sandbox::attach(name)?;
             let out = StdoutStream::default();
             let closed = Arc::clone(&out.closed);
-            let copied = sandbox.download_tar(path, a.follow_link, setid(&a), out);
+            let copied = sandbox.download_tar(path, a.follow_link, setid(&a), limits, out);
             if closed.load(Ordering::SeqCst) {
                 return Err(CliError::StdoutClosed);
             }
-            copied?;
+            copied.map_err(|e| past_limit(e, &a.src, "the stream was cut short"))?;
         }
         _ => {
             return Err(bad(
@@ -134,6 +152,41 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--max-size` and `--max-files`.
+fn limits(a: &CpArgs) -> sifbox_engine::Result<Limits> {
+    let max_bytes = sifbox_engine::spec::parse_size(&a.max_size).map_err(|why| {
+        bad(
+            &format!("--max-size {}", a.max_size),
+            &why,
+            "give a size such as 512k, 64m or 16g",
+        )
+    })?;
+    Ok(Limits {
+        max_bytes,
+        max_entries: a.max_files,
+    })
+}
+
+/// A download that passed a limit: one error naming the limit and its
+/// flag (what it wrote is removed by then).
+fn past_limit(e: sifbox_engine::Error, src: &str, after: &str) -> sifbox_engine::Error {
+    let Some(l) = LimitExceeded::find(&e) else {
+        return e;
+    };
+    let (flag, what) = match l.which {
+        sifbox_engine::transfer::sparse::Limit::Bytes => ("--max-size", "bytes of file data"),
+        sifbox_engine::transfer::sparse::Limit::Entries => ("--max-files", "entries"),
+    };
+    bad(
+        &format!("sifbox cp {src}"),
+        &format!(
+            "the copy passed its limit of {} {what} ({flag}); {after}",
+            l.limit
+        ),
+        &format!("raise the limit with {flag}, or copy less"),
+    )
 }
 
 fn setid(a: &CpArgs) -> SetId {

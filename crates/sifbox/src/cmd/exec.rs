@@ -107,6 +107,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
                 eprintln!("sifbox: error: {e}");
             }
         }
+        crate::cmd::report_denials(&out.denied);
         Ok(crate::exit_code(out.exit_code))
     } else if a.tty && rustix::termios::isatty(std::io::stdin()) {
         Ok(status_exit(&crate::cmd::tty::exec(&sandbox, req)?))
@@ -119,8 +120,8 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
         } else {
             null.as_fd()
         };
-        Ok(status_exit(
-            &sandbox.exec_relayed(req, [input, o.as_fd(), e.as_fd()])?,
-        ))
+        let status = sandbox.exec_relayed(req, [input, o.as_fd(), e.as_fd()])?;
+        crate::cmd::report_denials(&sandbox.denied());
+        Ok(status_exit(&status))
     }
 }

@@ -92,18 +92,7 @@ pub(crate) fn store_access() -> sifbox_engine::Result<Access> {
             _ => Err(bad(format!("SIFBOX_STORE_SHARED={v}"), "not a yes or no")),
         };
     }
-    let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-    else {
-        return Ok(Access::Private);
-    };
-    let file = dir.join("sifbox/config.toml");
-    let Some(table) = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())
-    else {
+    let Some((file, table)) = config_table() else {
         return Ok(Access::Private);
     };
     match table.get("store").and_then(|s| s.get("shared")) {
@@ -114,6 +103,21 @@ pub(crate) fn store_access() -> sifbox_engine::Result<Access> {
             "not a boolean",
         )),
     }
+}
+
+/// The caller's config file, `$XDG_CONFIG_HOME/sifbox/config.toml`
+/// (default ~/.config), and its table; None when there is none or it is
+/// not TOML.
+pub(crate) fn config_table() -> Option<(PathBuf, toml::Table)> {
+    let dir = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    let file = dir.join("sifbox/config.toml");
+    let table = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())?;
+    Some((file, table))
 }
 
 pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {

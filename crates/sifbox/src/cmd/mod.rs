@@ -64,6 +64,17 @@ pub mod start;
 pub mod stop;
 pub mod tty;
 
+/// Says on stderr, a line each, which calls the sandbox's default seccomp
+/// policy denied during a command, how often, and where that is explained
+/// (Docker's denials are silent: a program just fails with EPERM).
+pub fn report_denials(denied: &[sifbox_engine::denials::Denied]) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for line in sifbox_engine::denials::lines(denied) {
+        let _ = writeln!(err, "{line}");
+    }
+}
+
 /// The exit code for how an exec ended, printing why it could not start.
 pub fn status_exit(status: &ExecStatus) -> ExitCode {
     if let ExecStatus::Failed { message, .. } = status {

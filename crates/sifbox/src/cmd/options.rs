@@ -67,9 +67,11 @@ impl ConfineArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct LimitArgs {
     /// Memory of all the sandbox's processes together, its tmpfs writes
-    /// included: bytes, or with a unit (`512m`, `2g`).
-    #[arg(long, value_name = "SIZE", value_parser = size_arg)]
-    pub memory: Option<u64>,
+    /// included: bytes, or with a unit (`512m`, `2g`); `unlimited` for
+    /// none. Default: `[limits] memory` of ~/.config/sifbox/config.toml,
+    /// else 4 GiB or half the host's RAM, whichever is less.
+    #[arg(long, value_name = "SIZE", value_parser = memory_arg)]
+    pub memory: Option<MemoryArg>,
     /// Memory plus swap (Docker's meaning): equal to --memory for no swap,
     /// -1 for unlimited swap; default twice --memory.
     #[arg(long, value_name = "SIZE", value_parser = swap_arg, allow_hyphen_values = true)]
@@ -80,15 +82,137 @@ pub struct LimitArgs {
     /// CPUs the sandbox may use: a number, fractions allowed (`0.5`, `2`).
     #[arg(long, value_name = "N", value_parser = spec::parse_cpus)]
     pub cpus: Option<u32>,
+    /// Open files per process: `nofile=SOFT[:HARD]` (default
+    /// nofile=1024:524288, or `[limits] nofile` of the config file).
+    #[arg(long, value_name = "nofile=SOFT[:HARD]", value_parser = spec::parse_ulimit)]
+    pub ulimit: Option<spec::Nofile>,
+}
+
+/// `--memory`: a size, or no limit at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryArg {
+    Size(u64),
+    Unlimited,
+}
+
+fn memory_arg(s: &str) -> Result<MemoryArg, String> {
+    if s.trim().eq_ignore_ascii_case("unlimited") {
+        return Ok(MemoryArg::Unlimited);
+    }
+    spec::parse_size(s).map(MemoryArg::Size)
+}
+
+/// `[limits]` of the caller's config file: `memory` (a size or
+/// "unlimited"), `user_pids` (a number), `nofile` ("SOFT[:HARD]").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LimitsConfig {
+    memory: Option<MemoryArg>,
+    user_pids: Option<u64>,
+    nofile: Option<spec::Nofile>,
+}
+
+fn limits_config() -> sifbox_engine::Result<LimitsConfig> {
+    let Some((file, table)) = crate::cmd::image::config_table() else {
+        return Ok(LimitsConfig::default());
+    };
+    parse_limits_config(&file, &table)
+}
+
+fn parse_limits_config(
+    file: &std::path::Path,
+    table: &toml::Table,
+) -> sifbox_engine::Result<LimitsConfig> {
+    let mut c = LimitsConfig::default();
+    let Some(limits) = table.get("limits") else {
+        return Ok(c);
+    };
+    let bad = |key: &str, v: &dyn std::fmt::Display, why: String, fix: &str| Error::BadInput {
+        what: if key.is_empty() {
+            format!("limits = {v} in {}", file.display())
+        } else {
+            format!("limits.{key} = {v} in {}", file.display())
+        },
+        why,
+        fix: fix.into(),
+    };
+    let Some(limits) = limits.as_table() else {
+        return Err(bad(
+            "",
+            limits,
+            "[limits] is not a table".into(),
+            "write it as a [limits] section",
+        ));
+    };
+    for (key, v) in limits {
+        match (key.as_str(), v) {
+            ("memory", toml::Value::String(t)) => {
+                c.memory = Some(memory_arg(t).map_err(|why| {
+                    bad(key, v, why, "give a size such as \"8g\", or \"unlimited\"")
+                })?);
+            }
+            ("user_pids", toml::Value::Integer(n)) if *n > 0 => {
+                c.user_pids = u64::try_from(*n).ok();
+            }
+            ("nofile", toml::Value::String(t)) => {
+                c.nofile = Some(spec::parse_ulimit(&format!("nofile={t}")).map_err(|why| {
+                    bad(key, v, why, "give \"SOFT:HARD\" such as \"1024:524288\"")
+                })?);
+            }
+            ("memory" | "user_pids" | "nofile", _) => {
+                return Err(bad(
+                    key,
+                    v,
+                    "not a value of the right kind".into(),
+                    "memory = \"8g\" or \"unlimited\"; user_pids = 16384; nofile = \"1024:524288\"",
+                ))
+            }
+            _ => {
+                return Err(bad(
+                    key,
+                    v,
+                    "no such limit".into(),
+                    "[limits] takes memory, user_pids and nofile",
+                ))
+            }
+        }
+    }
+    Ok(c)
 }
 
 impl LimitArgs {
+    /// The limits: flags first, then `[limits]` of the config file, then
+    /// sifbox's defaults (marked as such in the record).
     pub fn limits(&self) -> sifbox_engine::Result<spec::Limits> {
+        self.limits_with(&limits_config()?)
+    }
+
+    fn limits_with(&self, config: &LimitsConfig) -> sifbox_engine::Result<spec::Limits> {
+        let mut defaults = spec::Defaulted::default();
+        let memory = match self.memory.or(config.memory) {
+            Some(MemoryArg::Size(m)) => Some(m),
+            Some(MemoryArg::Unlimited) => None,
+            None => {
+                defaults.memory = true;
+                Some(spec::default_memory())
+            }
+        };
+        let user_pids = config.user_pids.unwrap_or_else(|| {
+            defaults.user_pids = true;
+            spec::default_user_pids()
+        });
+        let nofile = self.ulimit.or(config.nofile).unwrap_or_else(|| {
+            defaults.nofile = true;
+            spec::DEFAULT_NOFILE
+        });
+        defaults.pids = self.pids == spec::DEFAULT_PIDS;
         let l = spec::Limits {
-            memory: self.memory,
+            memory,
             memory_swap: self.memory_swap,
             pids: Some(self.pids),
             cpus_milli: self.cpus,
+            user_pids: Some(user_pids),
+            nofile: Some(nofile),
+            defaults,
         };
         l.validate()?;
         Ok(l)
@@ -154,7 +278,8 @@ pub struct SandboxArgs {
     #[command(flatten)]
     pub env: EnvArgs,
     /// Bind DIR at /logs, with agent/, verifier/ and artifacts/ in it
-    /// (0755, owned by --logs-owner); sandbox.json is written there. DIR
+    /// (0700, owned by --logs-owner; DIR itself 0700, or 0711 when the
+    /// owner is not root); sandbox.json is written there. DIR
     /// outlives the sandbox.
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
@@ -270,10 +395,18 @@ pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Pl
             other => Error::Setup(other.to_string()),
         })?;
     }
+    // The logs dir is the caller's alone (0700) unless a user of the image
+    // other than root gets its subdirs: that user must pass through /logs.
+    let owner = a.logs_owner.as_deref().or(a.user.as_deref()).or(image
+        .meta
+        .user
+        .as_deref()
+        .filter(|u| !u.is_empty()));
+    let passable = owner.is_some_and(|o| !matches!(o, "root" | "0" | "0:0" | "root:root"));
     let logs = a
         .logs
         .as_deref()
-        .map(sifbox_engine::evidence::prepare_logs_dir)
+        .map(|d| sifbox_engine::evidence::prepare_logs_dir(d, passable))
         .transpose()?
         .map(|l| l.path);
     if let Some(dir) = &logs {
@@ -435,6 +568,68 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
         eprintln!(
             "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
             logs.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn args(memory: Option<MemoryArg>) -> LimitArgs {
+        LimitArgs {
+            memory,
+            memory_swap: None,
+            pids: spec::DEFAULT_PIDS,
+            cpus: None,
+            ulimit: None,
+        }
+    }
+
+    fn config(text: &str) -> sifbox_engine::Result<LimitsConfig> {
+        parse_limits_config(
+            std::path::Path::new("/c.toml"),
+            &text.parse::<toml::Table>().expect("toml"),
+        )
+    }
+
+    #[test]
+    fn flags_beat_the_config_which_beats_the_defaults() {
+        let l = args(None)
+            .limits_with(&LimitsConfig::default())
+            .expect("ok");
+        assert_eq!(l.memory, Some(spec::default_memory()));
+        assert!(l.defaults.memory && l.defaults.user_pids && l.defaults.nofile);
+        assert_eq!(l.nofile, Some(spec::DEFAULT_NOFILE));
+        let c = config("[limits]\nmemory = \"unlimited\"\nuser_pids = 50\nnofile = \"10:20\"")
+            .expect("config");
+        let l = args(None).limits_with(&c).expect("ok");
+        assert_eq!(l.memory, None);
+        assert_eq!(l.user_pids, Some(50));
+        assert_eq!(l.nofile, Some(spec::Nofile { soft: 10, hard: 20 }));
+        assert!(!l.defaults.memory && !l.defaults.user_pids && !l.defaults.nofile);
+        let l = args(Some(MemoryArg::Size(1 << 30)))
+            .limits_with(&c)
+            .expect("ok");
+        assert_eq!(l.memory, Some(1 << 30));
+    }
+
+    #[test]
+    fn a_bad_config_names_the_key_and_the_file() {
+        for bad in [
+            "[limits]\nmemory = 5",
+            "[limits]\nmemory = \"lots\"",
+            "[limits]\nuser_pids = -1",
+            "[limits]\nnofile = \"9:1\"",
+            "[limits]\nswap = 1",
+            "limits = 3",
+        ] {
+            let e = config(bad).expect_err(bad).to_string();
+            assert!(e.contains("/c.toml") && e.contains("limits"), "{bad}: {e}");
+        }
+        assert_eq!(
+            config("[store]\nshared = true").expect("ok"),
+            LimitsConfig::default()
         );
     }
 }

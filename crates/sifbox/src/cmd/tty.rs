@@ -92,9 +92,14 @@ pub fn exec(sandbox: &Sandbox, mut req: ExecRequest) -> sifbox_engine::Result<Ex
             let _ = out.flush();
         }
     });
-    let status = session.wait(sandbox.name());
+    let status = session.wait_reporting(sandbox.name());
     // The command is gone; what it wrote is drained once the pty closes.
     let _ = output.join();
     drop(raw);
-    status
+    status.map(|(status, denied)| {
+        // Also for sandbox.json at stop.
+        sandbox.note_denied(&denied);
+        crate::cmd::report_denials(&denied);
+        status
+    })
 }

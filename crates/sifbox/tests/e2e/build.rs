@@ -419,6 +419,106 @@ COPY --from=busybox /etc/sifbox-test-rootfs /from-image\n";
     );
 }
 
+/// Cache mounts are kept apart by build context: one context's build
+/// plants nothing in another's cache (the audit: a wheel), unless both
+/// name the same `id=`.
+#[test]
+fn cache_mounts_are_per_context_unless_they_share_an_id() {
+    let env = Env::new();
+    let other = Tree::temp("sifbox-build-ctx2.");
+    let df = "FROM busybox\nARG WHO\n\
+RUN --mount=type=cache,target=/c echo $WHO >> /c/log && cp /c/log /seen\n\
+RUN --mount=type=cache,id=shared,target=/s echo $WHO >> /s/log && cp /s/log /seen-shared\n";
+    env.build_ok(df, &["--build-arg", "WHO=first", "-t", "first"]);
+    other.file("Dockerfile", df);
+    let ctx = other.path().display().to_string();
+    env.sifbox(&[
+        "build",
+        "--progress",
+        "plain",
+        "--build-arg",
+        "WHO=second",
+        "-t",
+        "second",
+        &ctx,
+    ])
+    .success();
+    assert_eq!(env.sh("second", "cat /seen"), "second\n");
+    assert_eq!(env.sh("second", "cat /seen-shared"), "first\nsecond\n");
+    // The same context again: its own cache is kept.
+    env.build_ok(df, &["--build-arg", "WHO=third", "-t", "third"]);
+    assert_eq!(env.sh("third", "cat /seen"), "first\nthird\n");
+}
+
+/// A step's layer holds at most `--layer-size` (the audit: a 1 GiB layer
+/// was accepted): one that writes more fails naming the flag; one within
+/// it keeps what it wrote (owners, modes, links, a deletion of the base's
+/// file) once copied out of the bounded file system.
+#[test]
+fn step_layers_are_bounded_by_layer_size() {
+    let env = Env::new();
+    let df = "FROM busybox\nRUN dd if=/dev/zero of=/big bs=1M count=64\n";
+    env.file("Dockerfile", df);
+    let out = env.build(&["--layer-size", "32m"]);
+    out.command_failed().stderr_has("--layer-size");
+    let df = "FROM busybox\n\
+RUN head -c 1048576 /dev/urandom > /f && chown 1000:1000 /f && chmod 640 /f && ln /f /h \
+&& ln -s f /l && rm /etc/sifbox-test-rootfs && mkdir -p /d/e && head -c 8388608 /dev/zero > /d/e/z\n";
+    env.build_ok(df, &["--layer-size", "32m", "-t", "kept"]);
+    let got = env.sh(
+        "kept",
+        "stat -c '%s %a' /f; readlink /l; test -e /etc/sifbox-test-rootfs || echo gone; \
+         stat -c %s /d/e/z; test /f -ef /h && echo linked",
+    );
+    assert_eq!(got, "1048576 640\nf\ngone\n8388608\nlinked\n");
+    if keeps_owners() {
+        assert_eq!(env.sh("kept", "stat -c %u:%g /f"), "1000:1000\n");
+    }
+    // Below the least: refused up front.
+    input_error(&env.build(&["--layer-size", "1m"])).stderr_has("--layer-size");
+}
+
+/// `RUN --mount=type=tmpfs,size=1m` is a tmpfs of that size (the audit:
+/// a host dir that took 300 MiB).
+#[test]
+fn tmpfs_mounts_are_real_and_bounded_by_their_size() {
+    let env = Env::new();
+    let df = "FROM busybox\n\
+RUN --mount=type=tmpfs,target=/t,size=1m sh -c 'if head -c 2097152 /dev/zero > /t/big 2>/dev/null; \
+then echo wrote; else echo full; fi > /result; grep -c \" /t tmpfs \" /proc/mounts >> /result'\n\
+RUN --mount=type=tmpfs,target=/u sh -c 'head -c 2097152 /dev/zero > /u/big && echo wrote >> /result'\n";
+    env.build_ok(df, &["-t", "tmpfs"]);
+    assert_eq!(
+        env.sh("tmpfs", "cat /result; ls /t /u | wc -l"),
+        "full\n1\nwrote\n0\n"
+    );
+}
+
+/// A file of 1 GiB holding 4 KiB of data keeps its holes through `COPY
+/// --from` (the audit: 2 GB), and an image with a sparse file exports
+/// (it failed: "GNU sparse files are not supported").
+#[test]
+fn copy_from_keeps_holes_and_sparse_files_export() {
+    let env = Env::new();
+    let df = "FROM busybox AS maker\n\
+RUN dd if=/dev/urandom of=/s bs=4096 count=1 2>/dev/null && truncate -s 1G /s\n\
+FROM busybox\n\
+COPY --from=maker /s /s\n\
+RUN stat -c '%s %b %B' /s > /s-stat && rm /s && truncate -s 10M /small-sparse\n";
+    env.build_ok(df, &["-t", "sparse"]);
+    let out = env.sh("sparse", "cat /s-stat; stat -c %s /small-sparse");
+    let n: Vec<u64> = out
+        .split_whitespace()
+        .map(|n| n.parse().expect("number"))
+        .collect();
+    assert_eq!((n[0], n[3]), (1 << 30, 10 << 20), "{out}");
+    assert!(
+        n[1] * n[2] <= 1 << 20,
+        "the copy takes {} bytes in its layer",
+        n[1] * n[2]
+    );
+}
+
 #[test]
 fn run_mounts_and_network() {
     let env = Env::new();

@@ -157,6 +157,35 @@ fn failed(class: &str, reward: Option<f64>) -> (String, Option<String>, Option<f
     ("failed".into(), Some(class.into()), reward)
 }
 
+/// result.json counts the calls the default seccomp policy denied in the
+/// rollout, the agent's and the verifier's together; unconfined it has
+/// none.
+#[test]
+fn result_json_counts_the_seccomp_policys_denials() {
+    let env = Env::with_evalbase();
+    env.task(
+        "denied",
+        "",
+        "#!/bin/bash\nsifbox-probe attack keyring >/dev/null\nsifbox-probe attack keyring >/dev/null\n",
+        "#!/bin/bash\nsifbox-probe attack keyring >/dev/null\necho 1 > /logs/verifier/reward.txt\n",
+    );
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "policy", &tasks]).output().success();
+    let r = env.result("policy", "denied__1");
+    assert_eq!(r["reward"], 1.0, "{r:#}");
+    assert_eq!(
+        r["seccomp_denied"],
+        serde_json::json!([{"syscall": "keyctl", "count": 3}]),
+        "{r:#}"
+    );
+    env.eval(&["--job", "unconfined", "--seccomp", "unconfined", &tasks])
+        .output()
+        .success();
+    let r = env.result("unconfined", "denied__1");
+    assert_eq!(r["reward"], 1.0, "{r:#}");
+    assert!(r.get("seccomp_denied").is_none(), "{r:#}");
+}
+
 /// `eval --host-ca=FILE` (or SIFBOX_HOST_CA) shows the host's CA bundle to
 /// the agent and the verifier, with SSL_CERT_FILE and the like pointing at
 /// it; without it they see none. A missing file is bad input.
@@ -433,6 +462,51 @@ fn workers_build_other_tasks_instead_of_waiting() {
     );
     let s = env.json("s/summary.json");
     assert_eq!(s["mean_reward"], 1.0, "{s:#}");
+}
+
+/// A task's build cache is its own, even under a shared `id=`: one task
+/// plants nothing (the audit: a wheel) in another's cache mounts.
+#[test]
+fn tasks_do_not_share_build_cache_mounts() {
+    let env = Env::with_evalbase();
+    for t in ["plant", "victim"] {
+        env.write(
+            &format!("tasks/{t}/environment/Dockerfile"),
+            &format!(
+                "FROM evalbase\n\
+RUN --mount=type=cache,id=pip,target=/c --mount=type=cache,target=/root/.cache \
+sh -c 'ls /c /root/.cache > /seen; echo {t} > /c/{t}.whl; echo {t} > /root/.cache/{t}.whl'\n"
+            ),
+        );
+        env.task(
+            t,
+            "[environment]\n#dockerfile\n",
+            "#!/bin/bash\ntrue\n",
+            "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
+        );
+    }
+    let tasks = env.path("tasks").display().to_string();
+    env.eval(&["--job", "c", "-j", "1", &tasks])
+        .output()
+        .success();
+    for t in ["plant", "victim"] {
+        let out = env
+            .cmd(&[
+                "run",
+                "--entrypoint",
+                "",
+                &format!("eval/{t}"),
+                "cat",
+                "/seen",
+            ])
+            .output();
+        out.success();
+        assert!(
+            !out.stdout.contains(".whl"),
+            "{t} saw another task's cache: {}",
+            out.stdout
+        );
+    }
 }
 
 #[test]

@@ -1091,13 +1091,17 @@ fn cgroups_made_inside_a_sandbox_go_with_it() {
     // Whatever it made, nothing of the sandbox's is left in any hierarchy.
     let mut left = Vec::new();
     for mount in ["memory", "pids", "cpu,cpuacct", "cpu", "unified", ""] {
+        // v1: the user's sandboxes are in sifbox/UID/.
         let base = Path::new("/sys/fs/cgroup").join(mount).join("sifbox");
-        if let Ok(rd) = std::fs::read_dir(&base) {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&name))
-                    .map(|e| e.path()),
-            );
+        let uid = rustix::process::geteuid().as_raw().to_string();
+        for base in [base.join(uid), base] {
+            if let Ok(rd) = std::fs::read_dir(&base) {
+                left.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with(&name))
+                        .map(|e| e.path()),
+                );
+            }
         }
     }
     assert!(left.is_empty(), "cgroups left: {left:?}");
@@ -1199,6 +1203,22 @@ fn setuid_files_left_in_a_logs_dir_lose_their_bits() {
         &[],
     );
     sandbox.exec(&[], &["sh", "-c", plant]).success();
+    // While it runs, no other local user reaches them (the dir and its
+    // subdirs are the caller's alone); root can be someone else.
+    if harness::is_root() {
+        use std::os::unix::process::CommandExt;
+        for p in [logs.join("top"), logs.join("agent/sh")] {
+            assert!(p.is_file(), "{} was not planted", p.display());
+            let reached = std::process::Command::new("sh")
+                .args(["-c", "test -e \"$1\"", "sh"])
+                .arg(&p)
+                .uid(65534)
+                .gid(65534)
+                .status()
+                .expect("sh as nobody");
+            assert!(!reached.success(), "nobody reaches {}", p.display());
+        }
+    }
     sandbox.stop();
     assert_eq!(setid_files(&logs), Vec::<String>::new(), "after stop");
 }

@@ -22,12 +22,16 @@ struct Limited<'a> {
 
 impl<'a> Limited<'a> {
     fn new(sb: &'a Sifbox, opts: &[&str]) -> Limited<'a> {
+        Limited::with_env(sb, opts, &[])
+    }
+
+    fn with_env(sb: &'a Sifbox, opts: &[&str], envs: &[(&str, &str)]) -> Limited<'a> {
         let logs = tempdir("sifbox-lim-logs.");
         let logs_dir = logs.path().join("logs").display().to_string();
         let mut all = vec!["--logs", logs_dir.as_str()];
         all.extend_from_slice(opts);
         Limited {
-            sandbox: Started::new(sb, &unique("lim"), &all, &[]),
+            sandbox: Started::new(sb, &unique("lim"), &all, envs),
             logs,
         }
     }
@@ -595,4 +599,224 @@ fn sandbox_json_records_the_limits() {
         .output()
         .sifbox_error();
     sb.run(["--cpus", "0", "--", "true"]).output().usage_error();
+}
+
+/// The applied record of `limit`.
+fn applied<'r>(record: &'r Value, limit: &str) -> &'r Value {
+    record["limits"]["applied"]
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["limit"] == limit))
+        .unwrap_or_else(|| panic!("no {limit} applied: {record:#}"))
+}
+
+/// Without --memory a sandbox has a memory limit (issue 24: a 3 GiB
+/// allocation went through): the default, min(4 GiB, half the RAM),
+/// recorded as a default; an allocation a bit over it is killed, and
+/// `--memory unlimited` lifts it (the same allocation succeeds).
+#[test]
+fn a_sandbox_has_a_default_memory_limit_that_unlimited_lifts() {
+    let sb = Sifbox::new();
+    let s = Limited::new(&sb, &[]);
+    let record = s.record();
+    let memory = applied(&record, "memory");
+    let limit = memory["value"].as_u64().expect("value");
+    assert!(
+        (64 << 20..=4 << 30).contains(&limit),
+        "default memory {limit}: {record:#}"
+    );
+    let defaults = record["limits"]["defaults"].as_array().expect("defaults");
+    for d in ["memory", "pids", "user_pids", "nofile"] {
+        assert!(
+            defaults.iter().any(|x| x == d),
+            "{d} not a default: {record:#}"
+        );
+    }
+    // A bit over the limit, every page touched (dd's buffer, filled by
+    // full reads of /dev/zero).
+    let mib = (limit >> 20) + 200;
+    let hog = format!("exec dd if=/dev/zero of=/dev/null bs={mib}M count=1 iflag=fullblock");
+    let out = s.exec(&hog);
+    out.code_is(137);
+    drop(s);
+    let free = Limited::new(&sb, &["--memory", "unlimited"]);
+    let record = free.record();
+    assert!(
+        how(&record, "memory").is_none(),
+        "unlimited is no limit: {record:#}"
+    );
+    assert!(
+        !record["limits"]["defaults"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|x| x == "memory")),
+        "{record:#}"
+    );
+    free.exec(&hog).success();
+}
+
+/// A tmpfs the sandbox gets has one inode per 4 KiB of its size (issue 24:
+/// 600,000 empty files in /dev/shm took 597 MiB of kernel memory): empty
+/// files stop at the bound with ENOSPC.
+#[test]
+fn empty_files_in_dev_shm_stop_at_the_inode_bound() {
+    let sb = Sifbox::new();
+    // 8 MiB: 2048 inodes, the root directory one of them.
+    let out = sb
+        .run([
+            "--shm-size",
+            "8m",
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 6000 ]; do true > /dev/shm/f$i 2>/dev/null || break; i=$((i+1)); done; echo $i; : > /dev/shm/again",
+        ])
+        .timeout(Duration::from_secs(120))
+        .output();
+    let made: u64 = out
+        .stdout
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{} {}", out.stdout, out.stderr));
+    assert!(
+        (2000..2048).contains(&made),
+        "{made} empty files in an 8 MiB /dev/shm (bound: 2048 inodes)"
+    );
+    assert!(
+        out.stderr.contains("No space left on device"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Open files: 1024 soft by default, the hard limit 524288 where the
+/// caller may give it (else the caller's own), recorded; `--ulimit
+/// nofile=S:H` sets both.
+#[test]
+fn open_files_have_a_default_limit_and_ulimit_changes_it() {
+    let sb = Sifbox::new();
+    let own_hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(u64::MAX);
+    let s = Limited::new(&sb, &[]);
+    let out = s.exec("ulimit -n; ulimit -Hn");
+    out.success();
+    let got: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(got.first(), Some(&"1024"), "{}", out.stdout);
+    let hard: u64 = got.get(1).and_then(|h| h.parse().ok()).expect("hard");
+    assert!(
+        hard == 524_288 || (hard == own_hard && own_hard < 524_288),
+        "hard {hard} (ours {own_hard})"
+    );
+    assert_eq!(applied(&s.record(), "nofile")["value"], 1024);
+    drop(s);
+    let out = sb
+        .run([
+            "--ulimit",
+            "nofile=512:900",
+            "--",
+            "sh",
+            "-c",
+            "ulimit -n; ulimit -Hn",
+        ])
+        .output();
+    out.success();
+    assert_eq!(out.stdout, "512\n900\n");
+    // A bad one is refused up front.
+    sb.run(["--ulimit", "nofile=900:512", "--", "true"])
+        .output()
+        .usage_error();
+}
+
+/// As root a sandbox's /sys/fs/cgroup lists only its own cgroup (issue 24:
+/// it listed every other sandbox's), and /proc/self/cgroup names no host
+/// path; without a cgroup of its own it shows nothing.
+#[test]
+fn sys_fs_cgroup_shows_only_the_sandboxs_own_cgroup() {
+    let sb = Sifbox::new();
+    let other = Limited::new(&sb, &[]);
+    let s = Limited::new(&sb, &[]);
+    let out =
+        s.exec("find /sys/fs/cgroup -maxdepth 3 -type d | sort; echo ===; cat /proc/self/cgroup");
+    out.success();
+    let (tree, own) = out.stdout.split_once("===").expect("sections");
+    let name = other.sandbox.name.as_str();
+    assert!(
+        !tree.contains(name),
+        "another sandbox's cgroup listed: {tree}"
+    );
+    assert!(!tree.contains("sifbox"), "{tree}");
+    assert!(!own.contains("sifbox"), "{own}");
+    let record = s.record();
+    if record["limits"]["cgroup"].is_null() {
+        assert!(!is_root(), "{record:#}");
+        assert_eq!(tree.trim(), "/sys/fs/cgroup", "nothing shown: {tree}");
+        return;
+    }
+    // Its own memory cgroup is there, with its limit above it.
+    let stat =
+        s.exec("cat /sys/fs/cgroup/memory/memory.stat /sys/fs/cgroup/memory.max 2>/dev/null; true");
+    let limit = applied(&record, "memory")["value"].as_u64().expect("value");
+    assert!(
+        stat.stdout
+            .contains(&format!("hierarchical_memory_limit {limit}"))
+            || stat.stdout.contains(&limit.to_string()),
+        "{}",
+        stat.stdout
+    );
+    // Read-only: no cgroup can be made there.
+    let out = s.exec("mkdir /sys/fs/cgroup/pids/x 2>&1 || mkdir /sys/fs/cgroup/x 2>&1; true");
+    assert!(out.stdout.contains("Read-only"), "{}", out.stdout);
+}
+
+/// All of a user's sandboxes together stay below `user_pids` (issue 24:
+/// three default sandboxes held 12,300 of a pid_max of 32,768): a small
+/// cap from the config file, one sandbox holding 100 processes, a second
+/// one cannot make as many as its own cap would allow.
+#[test]
+fn the_user_pids_cap_bounds_two_sandboxes_together() {
+    const CAP: usize = 300;
+    let sb = Sifbox::new();
+    let config = tempdir("sifbox-lim-config.");
+    std::fs::create_dir_all(config.path().join("sifbox")).expect("mkdir");
+    std::fs::write(
+        config.path().join("sifbox/config.toml"),
+        format!("[limits]\nuser_pids = {CAP}\n"),
+    )
+    .expect("config");
+    let xdg = config.path().display().to_string();
+    for attempt in 0..3 {
+        let a = Limited::with_env(&sb, &[], &[("XDG_CONFIG_HOME", &xdg)]);
+        let b = Limited::with_env(&sb, &[], &[("XDG_CONFIG_HOME", &xdg)]);
+        let record = a.record();
+        let user = applied(&record, "user_pids");
+        assert_eq!(user["value"], CAP as u64, "{user}");
+        let (ma, mb) = (unique_number(), unique_number());
+        let fork = |s: &Limited, marker: u64, n: usize| {
+            let out = s.exec(&format!(
+                "i=0; while [ $i -lt {n} ]; do sleep {marker} >/dev/null 2>&1 & i=$((i+1)); done"
+            ));
+            assert!(matches!(out.code(), Some(0 | 2)), "{}", out.stderr);
+            processes_with_arg(&marker.to_string()).len()
+        };
+        let in_a = fork(&a, ma, 100);
+        let in_b = fork(&b, mb, CAP);
+        // As root the cap is the pids.max of the user's parent cgroup,
+        // which every start writes: a test running beside this one may
+        // have written its default meanwhile; then again.
+        let clobbered = how(&a.record(), "user_pids").as_deref() == Some("cgroup_v1")
+            && std::fs::read_to_string("/sys/fs/cgroup/pids/sifbox/0/pids.max")
+                .is_ok_and(|t| t.trim() != CAP.to_string());
+        drop((a, b));
+        if clobbered && attempt < 2 {
+            continue;
+        }
+        assert_eq!(in_a, 100, "the first sandbox is within the cap");
+        assert!(
+            in_a + in_b < CAP,
+            "{in_a} + {in_b} processes under a user-wide cap of {CAP}"
+        );
+        assert!(in_b < CAP - 100, "{in_b}");
+        break;
+    }
+    sb.assert_clean();
 }

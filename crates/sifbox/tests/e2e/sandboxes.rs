@@ -1376,6 +1376,126 @@ fn cp_round_trip_keeps_modes_mtimes_and_links() {
     sb.assert_clean();
 }
 
+/// A 1 GiB file holding 4 KiB of data goes out of a sandbox and back in
+/// with its holes (the audit: 976 MB on the host), in `cp` and in a tar
+/// stream on stdout.
+#[test]
+fn cp_keeps_the_holes_of_sparse_files() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-sparse");
+    let work = tempdir("sifbox-cp-sparse.");
+    sandbox
+        .sh("dd if=/dev/urandom of=/tmp/s bs=4096 count=1 2>/dev/null && truncate -s 1G /tmp/s")
+        .success();
+    let want = sandbox
+        .sh("head -c 4096 /tmp/s | md5sum")
+        .success()
+        .stdout
+        .clone();
+    let out = work.path().join("s");
+    sandbox
+        .sifbox(&[
+            "cp",
+            &format!("{}:/tmp/s", sandbox.name),
+            out.to_str().expect("utf-8"),
+        ])
+        .success();
+    let md = std::fs::metadata(&out).expect("stat");
+    assert_eq!(md.len(), 1 << 30);
+    assert!(
+        md.blocks() * 512 <= 1 << 20,
+        "the download takes {} bytes on disk",
+        md.blocks() * 512
+    );
+    // The stream on stdout: small, and GNU tar's sparse format.
+    let stream = sandbox
+        .sifbox(&["cp", &format!("{}:/tmp/s", sandbox.name), "-"])
+        .success()
+        .stdout
+        .len();
+    assert!(stream < 1 << 20, "the stream is {stream} bytes");
+    // Back in: holes again.
+    sandbox
+        .sifbox(&[
+            "cp",
+            out.to_str().expect("utf-8"),
+            &format!("{}:/tmp/back", sandbox.name),
+        ])
+        .success();
+    let got = sandbox.sh("stat -c '%s %b %B' /tmp/back");
+    let f: Vec<u64> = got
+        .success()
+        .stdout
+        .split_whitespace()
+        .map(|n| n.parse().expect("number"))
+        .collect();
+    assert_eq!(f[0], 1 << 30);
+    assert!(
+        f[1] * f[2] <= 1 << 20,
+        "the upload takes {} bytes",
+        f[1] * f[2]
+    );
+    assert_eq!(
+        sandbox
+            .sh("head -c 4096 /tmp/back | md5sum")
+            .success()
+            .stdout,
+        want
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
+
+/// `--max-size` and `--max-files` bound a download as documented: past
+/// one, one error naming it, exit 125, and nothing of the copy left.
+#[test]
+fn cp_past_its_limits_fails_naming_the_flag_and_leaves_nothing() {
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "cp-limits");
+    let work = tempdir("sifbox-cp-limits.");
+    sandbox
+        .sh("mkdir -p /tmp/d/sub && for f in a b sub/c; do head -c 65536 /dev/urandom > /tmp/d/$f; done")
+        .success();
+    let src = format!("{}:/tmp/d", sandbox.name);
+    for (flag, value) in [("--max-size", "100k"), ("--max-files", "3")] {
+        let dst = work.path().join(flag.trim_start_matches('-'));
+        std::fs::create_dir(&dst).expect("mkdir");
+        sandbox
+            .cmd(&["cp", flag, value, &src, dst.to_str().expect("utf-8")])
+            .output()
+            .sifbox_error()
+            .stderr_has(flag)
+            .stderr_has("limit");
+        let left: Vec<_> = std::fs::read_dir(&dst).expect("ls").collect();
+        assert!(left.is_empty(), "{flag}: left behind {left:?}");
+        sandbox
+            .cmd(&["cp", flag, value, &src, "-"])
+            .output()
+            .sifbox_error()
+            .stderr_has(flag);
+    }
+    // Within the limits (4 entries, 192 KiB): copied.
+    let dst = work.path().join("ok");
+    std::fs::create_dir(&dst).expect("mkdir");
+    sandbox
+        .sifbox(&[
+            "cp",
+            "--max-size",
+            "192k",
+            "--max-files",
+            "5",
+            &src,
+            dst.to_str().expect("utf-8"),
+        ])
+        .success();
+    assert_eq!(
+        std::fs::metadata(dst.join("d/sub/c")).expect("stat").len(),
+        65536
+    );
+    sandbox.stop();
+    sb.assert_clean();
+}
+
 /// `--owner user` makes the upload belong to uid 1000 inside.
 #[test]
 fn cp_owner() {
@@ -2401,12 +2521,17 @@ fn evidence_in_logs_dir() {
     // ps points at it.
     assert_eq!(ps(&sb)[0]["evidence"], path.to_str().expect("utf-8"));
 
-    // /logs inside: agent/, verifier/, artifacts/, 0755 and the sandbox
+    // /logs inside: agent/, verifier/, artifacts/, 0700 and the sandbox
     // root's (no --user, --logs-owner or USER in the image): root writes
-    // there, no other user does.
+    // there, no other user does, and no other host user gets in.
+    assert_eq!(
+        std::fs::metadata(&logs).expect("stat").mode() & 0o777,
+        0o700,
+        "the logs dir on the host"
+    );
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::metadata(logs.join(sub)).expect("stat");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub} on the host");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub} on the host");
         sandbox
             .exec(&[], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2464,7 +2589,7 @@ fn logs_owner_gets_the_logs_subdirs() {
     );
     for sub in ["agent", "verifier", "artifacts"] {
         let out = sandbox.exec(&[], &["stat", "-c", "%u:%g %a", &format!("/logs/{sub}")]);
-        assert_eq!(out.success().stdout, "1000:1000 755\n", "{sub}");
+        assert_eq!(out.success().stdout, "1000:1000 700\n", "{sub}");
         sandbox
             .exec(&["-u", "user"], &["touch", &format!("/logs/{sub}/x")])
             .success();
@@ -2580,7 +2705,7 @@ fn a_reused_logs_dir_follows_no_symlink_the_sandbox_left() {
     for sub in ["agent", "verifier", "artifacts"] {
         let md = std::fs::symlink_metadata(logs.join(sub)).expect("stat");
         assert!(md.is_dir(), "{sub}");
-        assert_eq!(md.mode() & 0o777, 0o755, "{sub}");
+        assert_eq!(md.mode() & 0o777, 0o700, "{sub}");
     }
     sb.assert_clean();
 }
@@ -2676,6 +2801,167 @@ fn rm_keeps_the_logs_dir() {
         "{ev}"
     );
     sb.assert_clean();
+}
+
+/// The stderr lines `run`/`exec` print for the default seccomp policy's
+/// denials.
+fn denial_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("sifbox: the sandbox's seccomp policy denied"))
+        .collect()
+}
+
+/// The line for `syscall` denied `times` times.
+fn denial_line(syscall: &str, times: &str) -> String {
+    format!(
+        "sifbox: the sandbox's seccomp policy denied {syscall} {times} (EPERM; why: SECURITY.md, \"The default seccomp policy\"; --seccomp unconfined lifts it)"
+    )
+}
+
+/// Denials are visible (Docker's are silent): `run` ends with a stderr
+/// line per denied call, counted over every process of the command, with
+/// where the policy is explained; the command's exit code stays. Calls
+/// answered ENOSYS (io_uring) are no denial; an allowed program, and
+/// `--seccomp unconfined`, print none.
+#[test]
+fn run_reports_the_calls_the_seccomp_policy_denied() {
+    let sb = Sifbox::new();
+    let out = sb
+        .run([
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3; do sifbox-probe attack keyring >/dev/null; done; sifbox-probe attack syscalls >/dev/null; echo done; exit 3",
+        ])
+        .output();
+    out.code_is(3);
+    assert_eq!(out.stdout.trim(), "done", "{out:?}");
+    let lines = denial_lines(&out.stderr);
+    for want in [
+        denial_line("keyctl", "4 times"),
+        denial_line("add_key", "1 time"),
+    ] {
+        assert!(lines.contains(&want.as_str()), "no {want:?} in {lines:#?}");
+    }
+    assert!(
+        !lines.iter().any(|l| l.contains("io_uring")),
+        "ENOSYS is no denial: {lines:#?}"
+    );
+    // One line per call.
+    let mut names: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l.split(" denied ").nth(1)?.split(' ').next())
+        .collect();
+    let all = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), all, "{lines:#?}");
+
+    let out = sb
+        .run([
+            "--",
+            "sh",
+            "-c",
+            "echo hi; ls / >/dev/null; sifbox-probe >/dev/null",
+        ])
+        .output();
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+    let out = sb
+        .run([
+            "--seccomp",
+            "unconfined",
+            "--",
+            "sifbox-probe",
+            "attack",
+            "keyring",
+        ])
+        .output();
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+}
+
+/// A program inside that asks for a seccomp listener of its own gets EBUSY
+/// under the default policy (the kernel allows one listener per filter
+/// chain, and sifbox's is there), as SECURITY.md says; that is no denial.
+/// Unconfined it gets one.
+#[test]
+fn a_program_inside_gets_ebusy_for_its_own_seccomp_listener() {
+    let sb = Sifbox::new();
+    for (opts, busy) in [
+        (vec![], true),
+        (vec!["--allow-userns"], true),
+        (vec!["--seccomp", "unconfined"], false),
+    ] {
+        let mut args = opts.clone();
+        args.extend(["--", "sifbox-probe", "attack", "seccomp-listener"]);
+        let out = sb.run(args).output();
+        out.success();
+        let report = out.json();
+        let got = &report["attacks"]["seccomp-listener"];
+        assert_eq!(got["contained"], busy, "{opts:?}: {report}");
+        if busy {
+            assert!(
+                got["detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("os error 16"),
+                "{opts:?}: not EBUSY: {report}"
+            );
+        }
+        assert!(denial_lines(&out.stderr).is_empty(), "{opts:?}: {out:?}");
+    }
+}
+
+/// `exec` reports each exec's own denials (also in `--json`), and the
+/// sandbox's sandbox.json counts every denial of the sandbox at stop.
+#[test]
+fn exec_reports_denials_and_sandbox_json_counts_them_at_stop() {
+    let sb = Sifbox::new();
+    let logs = tempdir("sifbox-denied-logs.");
+    let logs_dir = logs.path().join("logs").display().to_string();
+    let s = Started::new(&sb, &unique("denied"), &["--logs", &logs_dir], &[]);
+    let out = s.exec(&[], &["sifbox-probe", "attack", "keyring"]);
+    out.success();
+    assert_eq!(
+        denial_lines(&out.stderr),
+        [denial_line("keyctl", "1 time")],
+        "{out:?}"
+    );
+    let out = s.exec(
+        &["--json"],
+        &[
+            "sh",
+            "-c",
+            "sifbox-probe attack keyring; sifbox-probe attack keyring",
+        ],
+    );
+    out.success();
+    let report = out.json();
+    assert_eq!(
+        report["denied"],
+        serde_json::json!([{"syscall": "keyctl", "count": 2}]),
+        "{report}"
+    );
+    assert_eq!(
+        denial_lines(&out.stderr),
+        [denial_line("keyctl", "2 times")]
+    );
+    // An exec with nothing denied says nothing, and carries none of the
+    // earlier execs' denials.
+    let out = s.exec(&[], &["true"]);
+    out.success();
+    assert!(denial_lines(&out.stderr).is_empty(), "{out:?}");
+    let record = read_json(&logs.path().join("logs/sandbox.json"));
+    assert_eq!(record["seccomp_denied"], serde_json::json!([]), "{record}");
+    s.stop();
+    let record = read_json(&logs.path().join("logs/sandbox.json"));
+    assert_eq!(
+        record["seccomp_denied"],
+        serde_json::json!([{"syscall": "keyctl", "count": 3}]),
+        "{record}"
+    );
 }
 
 // ===========================================================================

@@ -1,9 +1,10 @@
 //! cgroup v1: the memory, pids, cpu and cpuacct controllers, each in its
 //! own mount (or several in one, as `cpu,cpuacct`), writable by root only.
 //!
-//! A sandbox's cgroup is `sifbox/NAME-RAND/` at the top of every mount
+//! A sandbox's cgroup is `sifbox/UID/NAME-RAND/` at the top of every mount
 //! that holds one of these controllers (as Docker's cgroupfs driver does),
-//! its processes in `payload/` below; the limits:
+//! its processes in `payload/` below; `sifbox/UID/`'s `pids.max` caps all
+//! of that user's sandboxes together (`user_pids`); the limits:
 //! `memory.limit_in_bytes`, `memory.memsw.limit_in_bytes` (only where swap
 //! accounting exists: the file is there), `pids.max`, `cpu.cfs_period_us`
 //! and `cpu.cfs_quota_us`. Counters: `memory.oom_control`'s `oom_kill`
@@ -21,6 +22,14 @@ use super::{
 
 /// The v1 controllers sifbox uses.
 const USED: [&str; 4] = ["memory", "pids", "cpu", "cpuacct"];
+
+/// Where the caller's sandboxes' cgroups are made in the mount `mount`:
+/// `sifbox/EUID/`, whose pids.max caps them all.
+pub fn user_base(mount: &Path) -> PathBuf {
+    mount
+        .join(BASE)
+        .join(rustix::process::geteuid().as_raw().to_string())
+}
 
 /// The v1 hierarchy of the caller, or why there is none.
 pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarchy, String> {
@@ -117,14 +126,21 @@ pub fn create(dirs: &[V1Dir], name: &str, limits: &CgroupLimits) -> io::Result<S
     Err(last.unwrap_or_else(|| io::Error::other("no free cgroup name")))
 }
 
-/// Makes `sifbox/LEAF/` and its `payload/` in every mount and writes the
-/// limits; on failure removes what it made.
+/// Makes `sifbox/UID/LEAF/` and its `payload/` in every mount and writes
+/// the limits (`user_pids` on `sifbox/UID/`); on failure removes what it
+/// made.
 fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<PathBuf>> {
     let mut made: Vec<PathBuf> = Vec::new();
     let result = (|| {
         for d in dirs {
-            let base = d.mount.join(BASE);
+            make_cgroup(&d.mount.join(BASE), false)?;
+            let base = user_base(&d.mount);
             make_cgroup(&base, false)?;
+            if has_pids(d) {
+                if let Some(u) = limits.user_pids {
+                    set(&base, "pids.max", &u.to_string())?;
+                }
+            }
             let dir = base.join(leaf);
             make_cgroup(&dir, true)?;
             made.push(dir.clone());
@@ -156,6 +172,10 @@ fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<Pat
             Err(e)
         }
     }
+}
+
+fn has_pids(d: &V1Dir) -> bool {
+    d.controllers.iter().any(|c| c == "pids")
 }
 
 /// The memory limits of the cgroup at `dir`: hierarchical accounting (the
@@ -337,6 +357,7 @@ mod tests {
             memory_swap: Some(128 << 20),
             pids: Some(20),
             cpus_milli: Some(1500),
+            user_pids: Some(300),
         };
         let cg = h.create("box", &limits).expect("create");
         assert_eq!(cg.version, 1);
@@ -347,13 +368,29 @@ mod tests {
             .to_str()
             .expect("utf8");
         assert_eq!(sandbox_of(leaf), Some("box"));
-        let mem = r.join("memory/sifbox").join(leaf);
-        let pids = r.join("pids/sifbox").join(leaf);
-        let cpu = r.join("cpu,cpuacct/sifbox").join(leaf);
+        let uid = me().to_string();
+        let mem = r.join("memory/sifbox").join(&uid).join(leaf);
+        let pids = r.join("pids/sifbox").join(&uid).join(leaf);
+        let cpu = r.join("cpu,cpuacct/sifbox").join(&uid).join(leaf);
         assert_eq!(cg.dirs, vec![cpu.clone(), mem.clone(), pids.clone()]);
         assert_eq!(last(&mem.join("memory.limit_in_bytes")), "67108864");
         assert_eq!(last(&mem.join("memory.memsw.limit_in_bytes")), "134217728");
         assert_eq!(last(&pids.join("pids.max")), "20");
+        // The user's cap is on the parent of all their sandboxes.
+        assert_eq!(
+            last(&r.join("pids/sifbox").join(&uid).join("pids.max")),
+            "300"
+        );
+        assert_eq!(h.bases()[1], r.join("memory/sifbox").join(&uid));
+        // The sandbox's /sys/fs/cgroup shows each payload, named as the mount.
+        assert_eq!(
+            cg.views(),
+            vec![
+                ("cpu,cpuacct".to_string(), cpu.join(PAYLOAD)),
+                ("memory".to_string(), mem.join(PAYLOAD)),
+                ("pids".to_string(), pids.join(PAYLOAD)),
+            ]
+        );
         assert_eq!(last(&cpu.join("cpu.cfs_period_us")), "100000");
         assert_eq!(last(&cpu.join("cpu.cfs_quota_us")), "150000");
         // Each mount's dir has its own controllers' files only.
@@ -440,7 +477,7 @@ mod tests {
         let err = h.create("box", &limits).expect_err("fails");
         assert!(err.to_string().contains("pids/sifbox"), "{err}");
         for m in ["memory", "cpu,cpuacct"] {
-            let left: Vec<_> = std::fs::read_dir(r.join(m).join("sifbox"))
+            let left: Vec<_> = std::fs::read_dir(r.join(m).join("sifbox").join(me().to_string()))
                 .expect("ls")
                 .flatten()
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))

@@ -254,7 +254,7 @@ pub fn create(
     if limits.memory.is_some() || limits.memory_swap.is_some() {
         needed.push("memory");
     }
-    if limits.pids.is_some() {
+    if limits.pids.is_some() || limits.user_pids.is_some() {
         needed.push("pids");
     }
     if limits.cpus_milli.is_some() {
@@ -263,6 +263,18 @@ pub fn create(
     let mut last = None;
     for _ in 0..4 {
         let base = prepare(delegated, controllers, &needed, *is_root)?;
+        if let Some(u) = limits.user_pids {
+            // The cap on all this user's sandboxes, on their parent.
+            match write(&base.join("pids.max"), &u.to_string()) {
+                Ok(()) => {}
+                // The base removed by a sandbox that ended meanwhile.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(context(e, "writing user_pids to", &base)),
+            }
+        }
         let dir = base.join(cgroup_name(name));
         match make_cgroup(&dir, true) {
             Ok(()) => {}
@@ -582,6 +594,7 @@ mod tests {
             memory_swap: Some(96 << 20),
             pids: Some(20),
             cpus_milli: Some(500),
+            user_pids: Some(300),
         };
         let main_path = format!("0::{SCOPE}/main\n");
         let cg = create(&h, "box", &limits, &|| Ok(main_path.clone())).expect("create");
@@ -606,6 +619,8 @@ mod tests {
             (32u64 << 20).to_string()
         );
         assert_eq!(last(&dir.join("pids.max")), "20");
+        assert_eq!(last(&base.join("pids.max")), "300", "the user's cap");
+        assert_eq!(cg.views(), vec![(String::new(), dir.join(PAYLOAD))]);
         assert_eq!(last(&dir.join("cpu.max")), "50000 100000");
         assert!(dir.join(PAYLOAD).join("cgroup.procs").exists());
         assert_eq!(cg.homes, vec![scope.join(MAIN)]);
