@@ -1261,6 +1261,10 @@ for squat in {squats:?}:
     else:
         os.mkdir(path)
         check(libc.mount(b"/usr/share", path.encode(), None, 4096, None), "binding /usr/share")
+if os.geteuid() != 0:
+    # The staging's capabilities end here (PR_CAP_AMBIENT_CLEAR_ALL): sifbox
+    # runs as the plain user it is.
+    check(libc.prctl(47, 4, 0, 0, 0), "clearing ambient capabilities")
 os.environ.pop("SIFBOX_RUNTIME", None)
 os.environ.pop("XDG_RUNTIME_DIR", None)
 os.environ["ME"] = "{uid}"
