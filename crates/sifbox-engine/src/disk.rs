@@ -78,21 +78,42 @@ pub fn scratch_dir(default: &Path) -> PathBuf {
         .map_or_else(|| default.to_path_buf(), PathBuf::from)
 }
 
-/// Makes `dir` (0700) if it does not exist; it must be a directory.
+/// Makes `dir` (0700) if it does not exist, and checks it is private:
+/// the caller's, mode 0700 (see [`open_scratch`]).
 pub fn prepare_scratch(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
-        Ok(()) => Ok(()),
-        Err(e) => Err(Error::BadInput {
-            what: format!("the scratch directory {}", dir.display()),
-            why: format!("cannot make it: {e}"),
-            fix: "set SIFBOX_SCRATCH to a directory on a local disk".into(),
-        }),
+    let bad = |why: String| Error::BadInput {
+        what: format!("the scratch directory {}", dir.display()),
+        why,
+        fix: "set SIFBOX_SCRATCH to a directory of your own on a local disk".into(),
+    };
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| bad(format!("cannot make it: {e}")))?;
     }
+    open_scratch(dir, true).map(drop)
+}
+
+/// Opens the scratch directory once, by its descriptor: it must be the
+/// caller's alone (mode 0700, no symlink), and no other user may be able
+/// to swap a directory above it; what a sandbox's disk layer is made of
+/// lives there. `create`: make it when missing.
+pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
+    let bad = |why: String| Error::BadInput {
+        what: format!("the scratch directory {}", dir.display()),
+        why,
+        fix: "set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk".into(),
+    };
+    sifbox_sys::check_ancestors(dir).map_err(|e| bad(e.to_string()))?;
+    sifbox_sys::private_dir(rustix::fs::CWD, dir, create).map_err(|e| {
+        match sifbox_sys::NotPrivate::of(&e) {
+            Some(n) => bad(n.why.clone()),
+            None => bad(format!("cannot make or open it: {e}")),
+        }
+    })
 }
 
 fn setup_err(what: impl std::fmt::Display) -> impl FnOnce(rustix::io::Errno) -> Error {
@@ -115,12 +136,7 @@ fn setup_err(what: impl std::fmt::Display) -> impl FnOnce(rustix::io::Errno) -> 
 /// median: 25 ms buffered, 33 ms direct, 11 ms on a tmpfs).
 pub fn make(size_mib: u64, scratch: &Path, owner: (u32, u32), mkfs: &Path) -> Result<OwnedFd> {
     let where_ = || format!("the disk-backed layer in {}", scratch.display());
-    let dir = rustix::fs::open(
-        scratch,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(setup_err(format!("{}: opening the directory", where_())))?;
+    let dir = open_scratch(scratch, false)?;
     let bytes = size_mib.saturating_mul(1 << 20);
     let template = Template::new(&dir, size_mib, mkfs);
     // A template that does not mount is removed, and the layer made anew

@@ -22,8 +22,10 @@
 //! on a disk file system (with online discard, say) that costs more than the
 //! rest of starting a sandbox.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -41,45 +43,235 @@ pub const LOCK: &str = "lock";
 /// character of a sandbox name.
 const RESERVING: &str = "+new-";
 
-/// The runtime root for the current user.
-pub fn root() -> Result<PathBuf> {
-    let (path, from) = if let Some(p) = std::env::var_os("SIFBOX_RUNTIME").filter(|p| !p.is_empty())
-    {
-        (PathBuf::from(p), "SIFBOX_RUNTIME")
-    } else if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
-        (PathBuf::from(p).join("sifbox"), "XDG_RUNTIME_DIR")
-    } else {
-        let uid = rustix::process::geteuid().as_raw();
-        let base = if is_tmpfs(Path::new("/dev/shm")) {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
+/// How many other names the default runtime dir falls back to, in order
+/// (`sifbox-UID.1` ... `.8`), when another user holds `sifbox-UID`.
+const FALLBACKS: usize = 8;
+
+/// The runtime dir, opened once per process and checked by its
+/// descriptor; everything below it is reached through that descriptor
+/// (`/proc/self/fd/N/...`), never through its path again.
+#[derive(Debug, Clone)]
+pub struct Root {
+    fd: Arc<OwnedFd>,
+    /// Where it is, for messages and records.
+    path: PathBuf,
+    /// `/proc/self/fd/N`: how this process reaches it.
+    at: PathBuf,
+}
+
+impl Root {
+    /// The dir (already checked) open as `fd`, found at `path`.
+    fn new(fd: OwnedFd, path: PathBuf) -> Result<Root> {
+        match rustix::fs::mkdirat(&fd, "sandboxes", rustix::fs::Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("creating {}/sandboxes", path.display()),
+                    e,
+                ))
+            }
+        }
+        let at = sifbox_sys::fd_path(fd.as_fd());
+        Ok(Root {
+            fd: Arc::new(fd),
+            path,
+            at,
+        })
+    }
+
+    /// A dir the caller names (`$SIFBOX_RUNTIME`, a test's): made when
+    /// missing, then opened and checked by its descriptor: it must be the
+    /// caller's and not writable by others.
+    pub fn open(path: &Path, from: &str) -> Result<Root> {
+        let bad = |why: String| Error::BadInput {
+            what: format!("runtime dir {} (from {from})", path.display()),
+            why,
+            fix: "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
+                .into(),
         };
-        (base.join(format!("sifbox-{uid}")), "the default")
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(|e| bad(format!("cannot create it: {e}")))?;
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| bad(format!("cannot open it: {}", std::io::Error::from(e))))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| bad(e.to_string()))?;
+        if st.st_uid != rustix::process::geteuid().as_raw() {
+            return Err(bad(format!("it belongs to uid {}, not to you", st.st_uid)));
+        }
+        if st.st_mode & 0o022 != 0 {
+            return Err(bad("it is writable by others".into()));
+        }
+        rustix::fs::access(
+            path,
+            rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+        )
+        .map_err(|e| bad(format!("not writable: {}", std::io::Error::from(e))))?;
+        Root::new(fd, path.to_path_buf()).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Where the dir is, for messages and records (not for reaching it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How this process reaches the dir: `/proc/self/fd/N`.
+    pub fn at(&self) -> &Path {
+        &self.at
+    }
+
+    /// The dir's descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// `shown` (a path under [`Root::path`], as records keep them) as this
+    /// process reaches it: through the descriptor. Another path is kept.
+    pub fn reach(&self, shown: &Path) -> PathBuf {
+        match shown.strip_prefix(&self.path) {
+            Ok(rest) => self.at.join(rest),
+            Err(_) => shown.to_path_buf(),
+        }
+    }
+
+    /// `reached` (a path under [`Root::at`]) as records show it.
+    pub fn shown(&self, reached: &Path) -> PathBuf {
+        match reached.strip_prefix(&self.at) {
+            Ok(rest) => self.path.join(rest),
+            Err(_) => reached.to_path_buf(),
+        }
+    }
+}
+
+/// The runtime root for the current user, opened once per process (later
+/// calls get the same descriptor).
+pub fn root() -> Result<Root> {
+    static ROOT: OnceLock<Root> = OnceLock::new();
+    if let Some(r) = ROOT.get() {
+        return Ok(r.clone());
+    }
+    let r = open_root()?;
+    Ok(ROOT.get_or_init(|| r).clone())
+}
+
+fn open_root() -> Result<Root> {
+    if let Some(p) = std::env::var_os("SIFBOX_RUNTIME").filter(|p| !p.is_empty()) {
+        return Root::open(Path::new(&p), "SIFBOX_RUNTIME");
+    }
+    if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(p).join("sifbox");
+        let fd =
+            sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|e| Error::BadInput {
+                what: format!("runtime dir {} (from XDG_RUNTIME_DIR)", path.display()),
+                why: e.to_string(),
+                fix:
+                    "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
+                        .into(),
+            })?;
+        return Root::new(fd, path);
+    }
+    let base = if is_tmpfs(Path::new("/dev/shm")) {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
     };
-    let bad = |why: String| Error::BadInput {
-        what: format!("runtime dir {} (from {from})", path.display()),
+    default_root(&base)
+}
+
+/// The default runtime dir in `base` (shared by all users: /dev/shm,
+/// /tmp): `sifbox-UID`, or when that is not the caller's alone (another
+/// user made it first, or put a symlink there), the first of
+/// `sifbox-UID.1` ... `.8` that is, so that every command finds the same
+/// one. An existing dir of the caller's is preferred to making one.
+fn default_root(base: &Path) -> Result<Root> {
+    let uid = rustix::process::geteuid().as_raw();
+    let first = base.join(format!("sifbox-{uid}"));
+    let fail = |why: String| Error::BadInput {
+        what: format!("runtime dir {} (XDG_RUNTIME_DIR is unset)", first.display()),
         why,
-        fix: "set SIFBOX_RUNTIME to a writable directory on a local file system".into(),
+        fix: "set XDG_RUNTIME_DIR (or SIFBOX_RUNTIME) to a directory of your own, or have \
+              the owner of the directories named remove them"
+            .into(),
     };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path.join("sandboxes"))
-        .map_err(|e| bad(format!("cannot create it: {e}")))?;
-    let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
-    if meta.uid() != rustix::process::geteuid().as_raw() {
-        return Err(bad(format!("it belongs to uid {}, not to you", meta.uid())));
-    }
-    if meta.permissions().mode() & 0o022 != 0 {
-        return Err(bad("it is writable by others".into()));
-    }
-    rustix::fs::access(
-        &path,
-        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    let parent = rustix::fs::open(
+        base,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
     )
-    .map_err(|e| bad(format!("not writable: {}", std::io::Error::from(e))))?;
-    Ok(path)
+    .map_err(|e| {
+        fail(format!(
+            "cannot open {}: {}",
+            base.display(),
+            std::io::Error::from(e)
+        ))
+    })?;
+    let names: Vec<String> = std::iter::once(format!("sifbox-{uid}"))
+        .chain((1..=FALLBACKS).map(|i| format!("sifbox-{uid}.{i}")))
+        .collect();
+    let mut refused: Vec<String> = Vec::new();
+    for create in [false, true] {
+        for name in &names {
+            match sifbox_sys::private_dir(parent.as_fd(), Path::new(name), create) {
+                Ok(fd) => {
+                    let path = base.join(name);
+                    if let Some(why) = refused.first() {
+                        tracing::warn!(
+                            "the runtime dir {why}: using {} instead (set XDG_RUNTIME_DIR to a directory of your own)",
+                            path.display()
+                        );
+                    }
+                    return Root::new(fd, path);
+                }
+                Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let why = match sifbox_sys::NotPrivate::of(&e) {
+                        Some(n) => format!("{}/{n}", base.display()),
+                        None => format!("{}/{name}: {e}", base.display()),
+                    };
+                    if !refused.contains(&why) {
+                        refused.push(why);
+                    }
+                }
+            }
+        }
+    }
+    Err(fail(format!(
+        "none of it and its {FALLBACKS} fallbacks is yours alone: {}",
+        refused.join("; ")
+    )))
+}
+
+/// The runtime dir `held` (a path through its descriptor, opened in the
+/// mount namespace this process has just left) as a path of this one,
+/// where mounts can be made on it: `shown` (where it was, resolved before
+/// leaving) looked up again, which must lead to the very same directory
+/// (device and inode), or the start fails.
+pub fn same_dir_here(held: &Path, shown: &Path) -> Result<PathBuf> {
+    let want = rustix::fs::stat(held).map_err(|e| Error::io(format!("{}", held.display()), e))?;
+    let here = rustix::fs::open(
+        shown,
+        rustix::fs::OFlags::PATH
+            | rustix::fs::OFlags::DIRECTORY
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening {}", shown.display()), e))?;
+    let got = rustix::fs::fstat(&here).map_err(|e| Error::io(format!("{}", shown.display()), e))?;
+    if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino) {
+        return Err(Error::Setup(format!(
+            "the runtime dir {} is not the one the sandbox was started in (something swapped it)",
+            shown.display()
+        )));
+    }
+    Ok(shown.to_path_buf())
 }
 
 /// Whether `path` is on a tmpfs.
@@ -138,9 +330,9 @@ pub fn is_alive(state: &State) -> bool {
     process_start_time(state.supervisor_pid) == Some(state.supervisor_start)
 }
 
-/// Path of a sandbox's dir.
-pub fn sandbox_dir(root: &Path, name: &str) -> PathBuf {
-    root.join("sandboxes").join(name)
+/// Path of a sandbox's dir, through the root's descriptor.
+pub fn sandbox_dir(root: &Root, name: &str) -> PathBuf {
+    root.at().join("sandboxes").join(name)
 }
 
 /// The name of a sandbox, held: its dir exists and its lock is held
@@ -157,8 +349,8 @@ pub struct Reservation {
 /// Reserves `name` (see the module docs): a fresh dir under its name
 /// whose lock this process holds. A dead sandbox of that name (lock free)
 /// is removed first; a live one is an error.
-pub fn reserve(root: &Path, name: &str) -> Result<Reservation> {
-    let sandboxes = root.join("sandboxes");
+pub fn reserve(root: &Root, name: &str) -> Result<Reservation> {
+    let sandboxes = root.at().join("sandboxes");
     let dir = sandbox_dir(root, name);
     // Named after its maker (pid and start time): one whose maker is gone
     // is known dead at once.
@@ -298,8 +490,8 @@ pub struct Entry {
 }
 
 /// Lists the sandboxes under `root`.
-pub fn scan(root: &Path) -> Result<Vec<Entry>> {
-    let dir = root.join("sandboxes");
+pub fn scan(root: &Root) -> Result<Vec<Entry>> {
+    let dir = root.at().join("sandboxes");
     let mut out = Vec::new();
     for ent in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
         let ent = ent.ctx(|| format!("listing {}", dir.display()))?;
@@ -325,7 +517,7 @@ pub fn scan(root: &Path) -> Result<Vec<Entry>> {
 /// their names. Their processes died with their supervisor (parent-death
 /// signals and the pid namespace) and their mounts with their namespace, so
 /// only the dir is left to remove.
-pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
+pub fn reap_dead(root: &Root) -> Result<Vec<String>> {
     let mut removed = Vec::new();
     for e in scan(root)? {
         if !e.alive && remove_if_dead(&e.dir)? {
@@ -333,7 +525,7 @@ pub fn reap_dead(root: &Path) -> Result<Vec<String>> {
         }
     }
     // Reservations their maker did not finish (killed before the rename).
-    let dir = root.join("sandboxes");
+    let dir = root.at().join("sandboxes");
     for ent in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
         let Ok(ent) = ent else { continue };
         if !ent.file_name().to_string_lossy().starts_with(RESERVING) {
@@ -390,8 +582,38 @@ pub fn hold(dir: &Path, lock_id: (u64, u64)) -> Result<std::fs::File> {
     Ok(f)
 }
 
-/// Removes a sandbox's runtime dir; a dir already gone is fine.
+/// Removes a sandbox's runtime dir; a dir already gone is fine. A dir
+/// named by a descriptor (`/proc/self/fd/N`, as the supervisor has its
+/// own) is removed as the entry of its parent, reached from it.
 pub fn remove_dir(dir: &Path) -> Result<()> {
+    if dir.parent() == Some(Path::new("/proc/self/fd")) {
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let name = match std::fs::read_link(dir) {
+            Ok(target) => target,
+            Err(e) if gone(&e) => return Ok(()),
+            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
+        };
+        let Some(name) = name.file_name().map(PathBuf::from) else {
+            return Ok(());
+        };
+        if name.to_string_lossy().ends_with(" (deleted)") {
+            return Ok(());
+        }
+        let parent = rustix::fs::open(
+            dir.join(".."),
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io(format!("opening the parent of {}", dir.display()), e))?;
+        let parent = cap_std::fs::Dir::from_std_file(std::fs::File::from(parent));
+        return match parent.remove_dir_all(&name) {
+            Ok(()) => Ok(()),
+            Err(e) if gone(&e) => Ok(()),
+            Err(e) => Err(Error::io(format!("removing {}", name.display()), e)),
+        };
+    }
     match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -412,26 +634,26 @@ mod tests {
 
     #[test]
     fn a_reservation_is_alive_while_held_and_dead_at_once_after() {
-        let root = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(root.path().join("sandboxes")).expect("mkdir");
-        let r = reserve(root.path(), "x").expect("reserve");
-        assert!(reserve(root.path(), "x").is_err(), "a held name is taken");
-        let e = scan(root.path()).expect("scan");
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(t.path(), "a test").expect("root");
+        let r = reserve(&root, "x").expect("reserve");
+        assert!(reserve(&root, "x").is_err(), "a held name is taken");
+        let e = scan(&root).expect("scan");
         assert_eq!((e.len(), e[0].alive), (1, true), "{e:?}");
         // A second holder (the supervisor) keeps it alive without the first.
         let held = hold(&r.dir, r.lock_id).expect("hold");
         drop(r.lock);
-        assert!(scan(root.path()).expect("scan")[0].alive);
+        assert!(scan(&root).expect("scan")[0].alive);
         drop(held);
         // No state.json, no holder: dead now, not after a grace period.
-        assert!(!scan(root.path()).expect("scan")[0].alive);
-        let again = reserve(root.path(), "x").expect("the dead one is replaced");
+        assert!(!scan(&root).expect("scan")[0].alive);
+        let again = reserve(&root, "x").expect("the dead one is replaced");
         assert!(
             hold(&again.dir, r.lock_id).is_err(),
             "another reservation's lock"
         );
         drop(again);
-        assert_eq!(reap_dead(root.path()).expect("reap"), vec!["x".to_string()]);
+        assert_eq!(reap_dead(&root).expect("reap"), vec!["x".to_string()]);
         assert!(std::fs::read_dir(root.path().join("sandboxes"))
             .expect("ls")
             .next()
@@ -440,8 +662,8 @@ mod tests {
 
     #[test]
     fn scan_and_reap() {
-        let root = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(root.path().join("sandboxes")).expect("mkdir");
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(t.path(), "a test").expect("root");
         let me = i32::try_from(std::process::id()).expect("pid");
         let live = State {
             name: "live".into(),
@@ -462,19 +684,87 @@ mod tests {
             ..live.clone()
         };
         for s in [&live, &dead] {
-            let d = sandbox_dir(root.path(), &s.name);
+            let d = sandbox_dir(&root, &s.name);
             std::fs::create_dir(&d).expect("mkdir");
             write_state(&d, s).expect("state");
         }
         // A fresh dir without state is assumed to be in creation.
-        std::fs::create_dir(sandbox_dir(root.path(), "creating")).expect("mkdir");
-        let removed = reap_dead(root.path()).expect("reap");
+        std::fs::create_dir(sandbox_dir(&root, "creating")).expect("mkdir");
+        let removed = reap_dead(&root).expect("reap");
         assert_eq!(removed, vec!["dead".to_string()]);
-        let names: Vec<_> = scan(root.path())
+        let names: Vec<_> = scan(&root)
             .expect("scan")
             .into_iter()
             .map(|e| e.name)
             .collect();
         assert_eq!(names, vec!["creating".to_string(), "live".to_string()]);
+    }
+
+    #[test]
+    fn a_default_dir_not_ours_alone_is_passed_over_and_found_again() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().expect("tempdir");
+        let uid = rustix::process::geteuid().as_raw();
+        let first = t.path().join(format!("sifbox-{uid}"));
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("mkdir");
+        std::os::unix::fs::symlink(&elsewhere, &first).expect("symlink");
+        let r = default_root(t.path()).expect("a fallback");
+        assert_eq!(r.path(), t.path().join(format!("sifbox-{uid}.1")));
+        assert!(
+            !elsewhere.join("sandboxes").exists(),
+            "nothing is made through the link"
+        );
+        // Writable by others: passed over too; the same fallback is found.
+        std::fs::remove_file(&first).expect("rm");
+        std::fs::create_dir(&first).expect("mkdir");
+        std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(default_root(t.path()).expect("again").path(), r.path());
+        // Gone: the existing fallback, which may hold live sandboxes, stays
+        // the one found.
+        std::fs::remove_dir(&first).expect("rmdir");
+        assert_eq!(default_root(t.path()).expect("again").path(), r.path());
+        // All taken: one error naming the first.
+        let t = tempfile::tempdir().expect("tempdir");
+        for i in 0..=FALLBACKS {
+            let name = match i {
+                0 => format!("sifbox-{uid}"),
+                i => format!("sifbox-{uid}.{i}"),
+            };
+            std::os::unix::fs::symlink("/", t.path().join(name)).expect("symlink");
+        }
+        let e = default_root(t.path())
+            .expect_err("none is ours")
+            .to_string();
+        assert!(e.contains(&format!("sifbox-{uid} is a symlink")), "{e}");
+        assert!(e.contains("XDG_RUNTIME_DIR"), "{e}");
+    }
+
+    #[test]
+    fn a_dir_named_by_its_descriptor_is_removed() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(t.path(), "a test").expect("root");
+        let r = reserve(&root, "x").expect("reserve");
+        std::fs::write(r.dir.join("state.json"), "{}").expect("write");
+        let fd = rustix::fs::open(
+            &r.dir,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("open");
+        let named = sifbox_sys::fd_path(fd.as_fd());
+        remove_dir(&named).expect("removed");
+        assert!(!t.path().join("sandboxes/x").exists());
+        remove_dir(&named).expect("gone is fine");
+    }
+
+    #[test]
+    fn paths_under_the_root_are_reached_through_its_descriptor() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(t.path(), "a test").expect("root");
+        let d = sandbox_dir(&root, "x");
+        assert!(d.starts_with("/proc/self/fd/"), "{}", d.display());
+        assert_eq!(root.shown(&d), t.path().join("sandboxes/x"));
+        assert_eq!(root.reach(&root.shown(&d)), d);
     }
 }

@@ -78,6 +78,8 @@ pub enum StoreError {
     BadName(String),
     #[error("image store {path} belongs to uid {owner}, not to the caller (uid {me}); a private store is its owner's alone")]
     NotYours { path: PathBuf, owner: u32, me: u32 },
+    #[error("image store {path}: {why}")]
+    Swappable { path: PathBuf, why: String },
     #[error("the shared image store {path} is only read by its group; its owner (uid {owner}) writes it")]
     ReadOnly { path: PathBuf, owner: u32 },
     #[error("image {digest} is not unpacked in the shared store {path}, which only its owner (uid {owner}) writes: ask them to run it once (`sifbox run {digest} true`)")]
@@ -106,6 +108,7 @@ impl StoreError {
                 _ => "check the image store's disk and permissions (SIFBOX_CACHE)".into(),
             }),
             StoreError::NotYours { .. } => Some("use a store of your own (unset SIFBOX_CACHE), or, for a lab group's shared store, set `store.shared = true` in ~/.config/sifbox/config.toml (or SIFBOX_STORE_SHARED=1)".into()),
+            StoreError::Swappable { .. } => Some("keep the store under directories only you (or root) can write: set SIFBOX_CACHE to one, e.g. ~/.cache/sifbox".into()),
             StoreError::BlobMismatch { .. } => Some("pull again; if it persists, the registry or a proxy serves other bytes than the manifest names".into()),
             StoreError::NotFound(_)
             | StoreError::Ambiguous { .. }
@@ -483,6 +486,13 @@ impl Store {
     pub fn open_with(root: &Path, access: Access) -> Result<Store> {
         use std::os::unix::fs::MetadataExt;
         let me = rustix::process::geteuid().as_raw();
+        // Everything in the store is reached by paths below `root`: a
+        // directory above it that another user could change would let
+        // them swap the store (its trees, which sandboxes run) for theirs.
+        sifbox_sys::check_ancestors(root).map_err(|e| StoreError::Swappable {
+            path: root.to_path_buf(),
+            why: e.to_string(),
+        })?;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(PRIVATE_DIR)

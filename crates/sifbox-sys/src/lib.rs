@@ -15,8 +15,11 @@
 #![allow(unsafe_code)]
 
 pub mod lockfile;
+pub mod private_dir;
 pub mod seccomp_notify;
 pub mod walk;
+
+pub use private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

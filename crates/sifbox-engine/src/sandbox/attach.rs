@@ -54,7 +54,7 @@ impl Sandbox {
             ready_time_ns: Cell::new(0),
             is_child: false,
             evidence: RefCell::new(match state.evidence {
-                Some(p) => Evidencing::Written(p),
+                Some(p) => Evidencing::Written(root.reach(&p)),
                 None => Evidencing::None,
             }),
             stop_inside_ns: Cell::new(0),

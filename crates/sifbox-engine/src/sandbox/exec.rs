@@ -158,7 +158,7 @@ fn read_until_exit(
 
 /// The exec's end: its status, the sandbox's clock then, and the calls the
 /// default seccomp policy denied during it.
-fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64, Vec<Denied>)> {
+pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64, Vec<Denied>)> {
     loop {
         match protocol::recv::<Event>(conn) {
             Ok((mut ev, _)) => {
@@ -202,7 +202,16 @@ impl Sandbox {
         let (out_r, out_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let (err_r, err_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let null = File::open("/dev/null").ctx(|| "opening /dev/null".into())?;
-        let input = stdin.unwrap_or(null.as_fd());
+        // The caller's file or terminal reaches the command as a pipe.
+        let relayed = stdin
+            .map(super::relay::relayed_input)
+            .transpose()?
+            .flatten();
+        let input = relayed
+            .as_ref()
+            .map(AsFd::as_fd)
+            .or(stdin)
+            .unwrap_or(null.as_fd());
         let conn = self.connect()?;
         let last = req.stop_after;
         protocol::send(
@@ -266,7 +275,7 @@ impl Sandbox {
 
     /// With a memory limit, the kills for it so far (to tell whether an
     /// exec's end was one).
-    fn oom_kills_now(&self) -> Option<u64> {
+    pub(super) fn oom_kills_now(&self) -> Option<u64> {
         self.limits
             .applied
             .iter()
@@ -278,7 +287,7 @@ impl Sandbox {
     /// (or a sandbox that went) while the limit's killer acted is said to
     /// have gone over it, with Docker's exit code 137. `before`: the kills
     /// when the exec started.
-    fn over_memory(
+    pub(super) fn over_memory(
         &self,
         ended: Result<(ExecStatus, u64)>,
         before: Option<u64>,

@@ -56,7 +56,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
 /// A single-threaded client forks it directly (no exec: about a millisecond
 /// less per sandbox); a multi-threaded one (an async runtime) must re-execute
 /// the sifbox binary so that the supervisor starts single-threaded.
-fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
+fn launch_supervisor(launch: &Launch, dir: OwnedFd, opts: &StartOptions) -> Result<Launched> {
     // The caller's disk-backed layer, a descriptor of the supervisor's own.
     let disk = opts
         .disk_layer
@@ -71,12 +71,12 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
             pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         // Made here, so that requests can be queued while the sandbox sets
         // itself up; the supervisor inherits it.
-        let listener = bind_control_socket(&launch.dir)?;
+        let listener = bind_control_socket(dir.as_fd(), &launch.dir)?;
         match sifbox_sys::fork()? {
             sifbox_sys::Forked::Child => {
                 drop((control_w, status_r));
                 exit_now(supervisor::main_forked(
-                    launch, control_r, status_w, listener, disk,
+                    launch, dir, control_r, status_w, listener, disk,
                 ))
             }
             sifbox_sys::Forked::Parent(pid) => {
@@ -112,7 +112,11 @@ fn launch_supervisor(launch: &Launch, opts: &StartOptions) -> Result<Launched> {
     let Some(stdout) = child.stdout.take() else {
         return Err(Error::Setup("supervisor pipes missing".into()));
     };
-    let passed: Vec<_> = disk.iter().map(AsFd::as_fd).collect();
+    // The runtime dir goes as a descriptor, first: the supervisor reaches
+    // it through that, never by a path resolved again.
+    let passed: Vec<_> = std::iter::once(dir.as_fd())
+        .chain(disk.iter().map(AsFd::as_fd))
+        .collect();
     protocol::send(&control, launch, &passed).map_err(|e| Error::Protocol {
         name: launch.spec.name.clone(),
         why: format!("sending the launch to the supervisor: {e}"),
@@ -139,20 +143,11 @@ struct Launched {
     listening: bool,
 }
 
-/// Creates the control socket of the sandbox whose runtime dir is `dir`.
-fn bind_control_socket(dir: &Path) -> Result<UnixListener> {
-    use std::os::fd::AsRawFd;
-    let fd = rustix::fs::open(
-        dir,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
-    UnixListener::bind(format!(
-        "/proc/self/fd/{}/{CONTROL_SOCKET}",
-        fd.as_fd().as_raw_fd()
-    ))
-    .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))
+/// Creates the control socket of the sandbox whose runtime dir is open
+/// as `dir` (found at `path`, for messages).
+fn bind_control_socket(dir: BorrowedFd<'_>, path: &Path) -> Result<UnixListener> {
+    UnixListener::bind(sifbox_sys::fd_path(dir).join(CONTROL_SOCKET))
+        .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", path.display()), e))
 }
 
 #[allow(
@@ -283,9 +278,16 @@ impl Sandbox {
                 .join(evidence::FILE)
         });
         let limits = enforce_limits(&spec)?;
+        // The supervisor gets the dir as a descriptor (and names it by it).
+        let dir_fd = rustix::fs::open(
+            &dir,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| Error::io(format!("opening {}", root.shown(&dir).display()), e))?;
         let launch = Launch {
             spec,
-            dir: dir.clone(),
+            dir: sifbox_sys::fd_path(dir_fd.as_fd()),
             oneshot: opts.oneshot,
             client_pid: i32::try_from(std::process::id()).unwrap_or_default(),
             limits,
@@ -298,7 +300,7 @@ impl Sandbox {
             control,
             status,
             listening,
-        } = launch_supervisor(&launch, opts)?;
+        } = launch_supervisor(&launch, dir_fd, opts)?;
         let mut control = File::from(control);
         let mut status = BufReader::new(File::from(status));
         let sandbox = Sandbox {
@@ -338,7 +340,7 @@ impl Sandbox {
                 .unwrap_or_default(),
             rootfs: spec.rootfs.clone(),
             oneshot: opts.oneshot,
-            evidence: evidence_path.clone(),
+            evidence: evidence_path.as_deref().map(|p| root.shown(p)),
             image: image.reference.clone(),
             digest: image.digest.clone(),
             limits: launch.limits.clone(),

@@ -29,6 +29,7 @@ mod detached;
 mod exec;
 mod files;
 mod launch;
+mod relay;
 mod stop;
 
 pub(crate) use exec::Tail;
@@ -320,8 +321,18 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Where this sandbox's sandbox.json is, once written.
+    /// Where this sandbox's sandbox.json is, once written (as records
+    /// show it: a path in the runtime dir names that dir, not the
+    /// descriptor this process reaches it through).
     pub fn evidence_path(&self) -> Option<PathBuf> {
+        self.evidence_reached().map(|p| match runtime::root() {
+            Ok(root) => root.shown(&p),
+            Err(_) => p,
+        })
+    }
+
+    /// [`Sandbox::evidence_path`] as this process reaches it.
+    fn evidence_reached(&self) -> Option<PathBuf> {
         match &*self.evidence.borrow() {
             Evidencing::Written(p) => Some(p.clone()),
             _ => None,

@@ -171,7 +171,7 @@ impl Sandbox {
                 });
             }
         }
-        if let Some(path) = self.evidence_path() {
+        if let Some(path) = self.evidence_reached() {
             // A record inside the runtime dir goes with it.
             if !path.starts_with(&self.dir) {
                 Evidence::record_stop(&path, inside_ns, &self.denied.borrow())?;

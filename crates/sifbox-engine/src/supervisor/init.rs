@@ -11,6 +11,7 @@ pub(super) fn init_main(
     listener: Option<UnixListener>,
     disk: Option<OwnedFd>,
     activity: Option<OwnedFd>,
+    held_dir: OwnedFd,
 ) -> Result<()> {
     rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
@@ -44,6 +45,10 @@ pub(super) fn init_main(
     // A session keyring of the sandbox's own: the caller's (an ssh login's
     // keys) is out of reach even of commands that may call keyctl.
     join_keyring(spec)?;
+    // Where the runtime dir (held as a descriptor) is, looked up again in
+    // the new mount namespace below: mounts go on its own mounts only.
+    let shown = std::fs::canonicalize(&launch.dir)
+        .map_err(|e| Error::io(format!("resolving {}", launch.dir.display()), e))?;
     // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
     // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
     // system mounted inside (with nested namespaces) shows nothing above.
@@ -60,13 +65,14 @@ pub(super) fn init_main(
     // Host supplementary groups do not follow into the sandbox where the
     // kernel lets us drop them (not in single-id namespaces).
     let _ = rustix::thread::set_thread_groups(&[]);
+    let dir = crate::runtime::same_dir_here(&launch.dir, &shown)?;
     let views = launch
         .limits
         .cgroup
         .as_ref()
         .map(crate::limits::cgroup::SandboxCgroup::views)
         .unwrap_or_default();
-    let mut root = rootfs::assemble(spec, &launch.dir, disk, views)?;
+    let mut root = rootfs::assemble(spec, &dir, disk, views)?;
     let keep = match (root.upper.take(), keep_dst) {
         (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
         _ => None,
@@ -83,15 +89,14 @@ pub(super) fn init_main(
         None => {
             // A relative name: runtime dir paths can be longer than a socket
             // address allows.
-            rustix::process::chdir(&launch.dir).map_err(errno("chdir to the runtime dir"))?;
-            UnixListener::bind(CONTROL_SOCKET).map_err(|e| {
-                Error::io(
-                    format!("creating {}/{CONTROL_SOCKET}", launch.dir.display()),
-                    e,
-                )
-            })?
+            rustix::process::chdir(&dir).map_err(errno("chdir to the runtime dir"))?;
+            UnixListener::bind(CONTROL_SOCKET)
+                .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))?
         }
     };
+    // The host's runtime dir, which `launch.dir` named, goes before the
+    // sandbox's root is entered: no descriptor of a host dir stays in init.
+    drop(held_dir);
     rootfs::pivot(&root)?;
     // Its fds (the overlay's, /proc's, /dev's) are of no further use.
     drop(root);

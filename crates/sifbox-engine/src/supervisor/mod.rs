@@ -201,17 +201,26 @@ pub fn main() -> i32 {
     let launch = protocol::recv::<Launch>(&control)
         .map_err(|e| Error::Setup(format!("reading the launch description: {e}")));
     let mut input = BufReader::new(File::from(OwnedFd::from(control)));
-    let launch = launch.and_then(|(l, mut fds)| {
+    let launch = launch.and_then(|(mut l, mut fds)| {
+        // The runtime dir comes first, as a descriptor: reached through it
+        // (kept open for the supervisor's life), never by a path again.
+        if fds.is_empty() {
+            return Err(Error::Setup(
+                "the launch came without its runtime dir's descriptor".into(),
+            ));
+        }
+        let dir = fds.remove(0);
+        l.dir = sifbox_sys::fd_path(std::os::fd::AsFd::as_fd(&dir));
         let disk = given_disk(&l, &mut fds)?;
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
-    let launch = launch.and_then(|(l, disk)| {
+    let launch = launch.and_then(|(l, disk, dir)| {
         sifbox_sys::scrub_proc_identity(&["sifbox", TITLE, &l.spec.name])?;
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
     // As a forked one does: a sandbox that outlives its client logs to its
     // runtime dir, not to the client's stderr (which would stay open).
-    let launch = launch.and_then(|(l, disk)| {
+    let launch = launch.and_then(|(l, disk, dir)| {
         if !l.oneshot {
             let log = std::fs::OpenOptions::new()
                 .create(true)
@@ -220,10 +229,10 @@ pub fn main() -> i32 {
                 .map_err(|e| Error::io("opening the supervisor log", e))?;
             rustix::stdio::dup2_stderr(&log).map_err(errno("dup2"))?;
         }
-        Ok((l, disk))
+        Ok((l, disk, dir))
     });
     finish(
-        launch.and_then(|(l, disk)| outer(&l, &mut input, &mut status, None, disk)),
+        launch.and_then(|(l, disk, dir)| outer(&l, &mut input, &mut status, None, disk, dir)),
         &mut status,
     )
 }
@@ -244,6 +253,7 @@ fn given_disk(launch: &Launch, fds: &mut Vec<OwnedFd>) -> Result<Option<OwnedFd>
 /// client: same protocol, over the given pipes.
 pub fn main_forked(
     launch: &Launch,
+    dir: OwnedFd,
     control: OwnedFd,
     status: OwnedFd,
     listener: UnixListener,
@@ -252,10 +262,12 @@ pub fn main_forked(
     use std::os::fd::AsFd;
     let mut status = Status(Some(File::from(status)));
     // Carry neither the client's argv nor its environment, none of the
-    // descriptors it had open but the three it handed over, and none of
+    // descriptors it had open but those it handed over (`dir`, which
+    // `launch.dir` names, kept by outer for its life), and none of
     // its stdio but stderr (init drops that too); a sandbox that outlives
     // its client logs to its runtime dir instead.
     let keep = [
+        dir.as_fd(),
         control.as_fd(),
         listener.as_fd(),
         status.0.as_ref().map_or(control.as_fd(), AsFd::as_fd),
@@ -285,7 +297,7 @@ pub fn main_forked(
         });
     let mut input = BufReader::new(File::from(control));
     finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk)),
+        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk, dir)),
         &mut status,
     )
 }

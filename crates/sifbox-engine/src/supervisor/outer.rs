@@ -13,6 +13,7 @@ pub(super) fn outer(
     status: &mut Status,
     listener: Option<UnixListener>,
     given: Option<OwnedFd>,
+    dir: OwnedFd,
 ) -> Result<i32> {
     // Our own hold on the sandbox's name, and on what the sandbox uses
     // (its image), for as long as we live: first, before anything could
@@ -103,7 +104,7 @@ pub(super) fn outer(
             drop((own.take(), std::mem::take(&mut holds)));
             drop((nest_outer, activity_outer));
             let nest = Nest(nest_init);
-            let code = match init_main(launch, status, nest, listener, disk, activity_init) {
+            let code = match init_main(launch, status, nest, listener, disk, activity_init, dir) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);

@@ -120,7 +120,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
         } else {
             null.as_fd()
         };
-        let status = sandbox.exec(req, [input, o.as_fd(), e.as_fd()])?;
+        let status = sandbox.exec_relayed(req, [input, o.as_fd(), e.as_fd()])?;
         crate::cmd::report_denials(&sandbox.denied());
         Ok(status_exit(&status))
     }

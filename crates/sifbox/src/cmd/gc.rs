@@ -117,7 +117,7 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
 /// Removes the empty cgroups of sandboxes this runtime dir no longer has
 /// (live and starting ones keep theirs; a minute's grace covers a sandbox
 /// between making its cgroup and starting in it).
-fn stale_cgroups(root: &std::path::Path) -> sifbox_engine::Result<Vec<std::path::PathBuf>> {
+fn stale_cgroups(root: &runtime::Root) -> sifbox_engine::Result<Vec<std::path::PathBuf>> {
     use sifbox_engine::limits::cgroup;
     let Some(h) = cgroup::Hierarchy::detect(std::path::Path::new(cgroup::MOUNT_ROOT)) else {
         return Ok(Vec::new());

@@ -133,7 +133,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         crate::cmd::tty::exec(&sandbox, req)
     } else {
         let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-        let status = sandbox.exec(req, [i.as_fd(), o.as_fd(), e.as_fd()]);
+        let status = sandbox.exec_relayed(req, [i.as_fd(), o.as_fd(), e.as_fd()]);
         crate::cmd::report_denials(&sandbox.denied());
         status
     };

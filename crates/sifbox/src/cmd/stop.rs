@@ -39,12 +39,11 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
                 let digest = state.as_ref().and_then(|s| s.digest.clone());
                 // Its `--logs` dir: where its record, sandbox.json, is,
                 // unless that is the runtime dir (no `--logs`), which goes.
-                let runtime_dir = runtime::sandbox_dir(&root, name);
                 let logs = state
                     .and_then(|s| s.evidence)
                     .filter(|p| p.file_name().is_some_and(|n| n == "sandbox.json"))
                     .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
-                    .filter(|p| *p != runtime_dir);
+                    .filter(|p| !p.starts_with(root.path()));
                 sandbox.stop(grace)?;
                 outln!("{verb} {name}");
                 if let Some(logs) = logs {

@@ -1292,3 +1292,290 @@ fn a_300_level_tree_in_a_logs_dir_is_given_back_and_stripped() {
         assert_eq!((st.st_uid, st.st_gid), mine, "the file is not the caller's");
     }
 }
+
+// ===========================================================================
+// 7. The caller's runtime dir, store and stdio (another local user)
+// ===========================================================================
+
+/// Runs `script` (sh) with sifbox's default runtime dir, in a mount
+/// namespace of its own whose /dev/shm is a fresh tmpfs (mode 1777, as the
+/// host's), after `squat` ("" or "squat NAME"; "link NAME TARGET") staged
+/// what another user would have left there: as root a dir of uid 1001
+/// (sbtest), mode 0777; unprivileged (in a user namespace of its own, the
+/// test's uid mapped to itself) a dir of another user (host root's
+/// /usr/share, bound there, seen as `nobody`). The script sees `$ME` (its
+/// uid), `$SIFBOX`, `$ROOTFS` and `$OPTS` (`--userns single` unprivileged:
+/// newuidmap does not map from a nested user namespace). Nothing of the
+/// host's /dev/shm is touched.
+fn in_private_shm(sb: &Sifbox, squats: &[&str], script: &str) -> Output {
+    harness::require("unshare", "util-linux");
+    harness::require("python3", "python3");
+    let (uid, _) = harness::my_ids();
+    let stage = format!(
+        r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def check(r, what):
+    if r != 0:
+        sys.exit(f"{{what}}: {{os.strerror(ctypes.get_errno())}}")
+check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"mode=1777"), "mounting /dev/shm")
+for squat in {squats:?}:
+    words = squat.split()
+    path = "/dev/shm/" + words[1]
+    if words[0] == "link":
+        os.symlink(words[2], path)
+    elif os.geteuid() == 0:
+        os.mkdir(path)
+        os.chown(path, 1001, 1001)
+        os.chmod(path, 0o777)
+    else:
+        os.mkdir(path)
+        check(libc.mount(b"/usr/share", path.encode(), None, 4096, None), "binding /usr/share")
+if os.geteuid() != 0:
+    # The staging's capabilities end here (PR_CAP_AMBIENT_CLEAR_ALL): sifbox
+    # runs as the plain user it is.
+    check(libc.prctl(47, 4, 0, 0, 0), "clearing ambient capabilities")
+os.environ.pop("SIFBOX_RUNTIME", None)
+os.environ.pop("XDG_RUNTIME_DIR", None)
+os.environ["ME"] = "{uid}"
+os.environ["SIFBOX"] = {sifbox:?}
+os.environ["ROOTFS"] = {rootfs:?}
+os.environ["OPTS"] = "" if os.geteuid() == 0 else "--userns single"
+os.execv("/bin/sh", ["sh", "-c", {script:?}])
+"#,
+        sifbox = sifbox_bin().display().to_string(),
+        rootfs = rootfs().display().to_string(),
+    );
+    let mut args = vec!["-m", "--propagation", "private"];
+    if !harness::is_root() {
+        args.extend(["-c", "--keep-caps"]);
+    }
+    args.extend(["python3", "-c", &stage]);
+    sb.program("unshare", args).output()
+}
+
+/// Another user made `/dev/shm/sifbox-UID` first (the audit's: every
+/// command of the victim then failed, exit 125): it is passed over, with a
+/// warning naming its owner, for `sifbox-UID.1`, private (0700) and the
+/// caller's, which later commands find again (a sandbox started by one is
+/// stopped by another); nothing lands in the squatter's dir.
+#[test]
+fn a_runtime_dir_squatted_in_dev_shm_is_passed_over_for_a_private_one() {
+    let sb = Sifbox::new();
+    let (uid, _) = harness::my_ids();
+    let name = unique("squat");
+    let out = in_private_shm(
+        &sb,
+        &[&format!("squat sifbox-{uid}")],
+        &format!(
+            r#"$SIFBOX run $OPTS --rootfs $ROOTFS -- true || exit 10
+$SIFBOX start $OPTS --rootfs $ROOTFS --name {name} >/dev/null || exit 11
+$SIFBOX ps | grep -q {name} || exit 12
+$SIFBOX exec {name} echo in-{name} || exit 13
+$SIFBOX stop {name} >/dev/null || exit 14
+echo "fallback: $(stat -c '%u %a' /dev/shm/sifbox-$ME.1)"
+echo "squatted: $(ls -A /dev/shm/sifbox-$ME | grep -c sandboxes)"
+"#
+        ),
+    );
+    out.success();
+    assert!(out.stdout.contains(&format!("in-{name}")), "{out:?}");
+    assert!(
+        out.stdout.contains(&format!("fallback: {uid} 700")),
+        "the fallback is not private: {out:?}"
+    );
+    if harness::is_root() {
+        assert!(
+            out.stdout.contains("squatted: 0"),
+            "something landed in the squatter's dir: {out:?}"
+        );
+    }
+    assert!(
+        out.stderr
+            .contains(&format!("/dev/shm/sifbox-{uid} belongs to uid")),
+        "no warning naming the squatter: {}",
+        out.stderr
+    );
+}
+
+/// The audit's race: another user flips `/dev/shm/sifbox-UID` between a
+/// symlink to a private dir of the victim's (which passes a check by path)
+/// and one to their own dir; 3 to 5 of 30 control sockets landed in
+/// theirs. The default dir is opened once without following a symlink and
+/// reached through its descriptor: every sandbox is in the caller's own
+/// fallback dir and none in the attacker's.
+#[test]
+fn a_symlink_raced_into_dev_shm_never_receives_a_control_socket() {
+    let sb = Sifbox::new();
+    let prefix = unique("race");
+    let out = in_private_shm(
+        &sb,
+        &[],
+        &format!(
+            r#"mkdir -m 0700 /dev/shm/victim-private
+mkdir -m 0777 /dev/shm/attacker /dev/shm/attacker/sandboxes
+( while :; do ln -sfn /dev/shm/victim-private /dev/shm/sifbox-$ME; ln -sfn /dev/shm/attacker /dev/shm/sifbox-$ME; done ) &
+flipper=$!
+started=0
+for i in $(seq 1 30); do
+  $SIFBOX start $OPTS --rootfs $ROOTFS --name {prefix}-$i >/dev/null 2>&1 && started=$((started+1))
+done
+landed=$(ls /dev/shm/attacker/sandboxes /dev/shm/victim-private/sandboxes 2>/dev/null | grep -c {prefix})
+kill $flipper; wait $flipper 2>/dev/null
+echo "started=$started landed=$landed"
+for i in $(seq 1 30); do $SIFBOX stop --timeout 0 {prefix}-$i >/dev/null 2>&1; done
+ls /dev/shm/sifbox-$ME.1/sandboxes | grep -c {prefix} || true
+"#
+        ),
+    );
+    out.success();
+    assert!(
+        out.stdout.contains("started=30 landed=0"),
+        "sandboxes were refused or reached through the attacker's link: {out:?}"
+    );
+    assert!(
+        out.stdout.trim_end().ends_with("\n0"),
+        "sandboxes left in the fallback dir after stop: {out:?}"
+    );
+}
+
+/// `SIFBOX_CACHE` under a directory any user can write (not sticky):
+/// another user could rename the store away and put theirs in its place
+/// (its trees are what sandboxes run). Refused (exit 125) naming that
+/// directory and the fix; nothing is made.
+#[test]
+fn a_store_whose_path_another_user_could_swap_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = Sifbox::new();
+    let parent = tempdir("sifbox-open-store.");
+    let open = parent.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let store = open.join("store");
+    let out = sb.cmd(["image", "ls"]).env("SIFBOX_CACHE", &store).output();
+    out.code_is(125);
+    assert!(
+        out.stderr.contains(&open.display().to_string()) && out.stderr.contains("could swap"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("SIFBOX_CACHE"), "no fix given: {out:?}");
+    assert!(!store.exists(), "the store was made");
+    // Sticky, as /tmp: only an entry's owner may rename it.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    sb.cmd(["image", "ls"])
+        .env("SIFBOX_CACHE", &store)
+        .output()
+        .success();
+}
+
+/// The caller's log file given as stdout (`>> LOG`), of `run` and of
+/// `exec`: the command's /proc/self/fd/1 is a pipe sifbox relays from,
+/// not the file, which it could otherwise reopen and read (the audit's:
+/// what the caller logged before) or rewrite.
+#[test]
+fn a_callers_log_file_given_as_stdout_is_out_of_reach() {
+    let sb = Sifbox::new();
+    let decoy = Decoy::new();
+    let log = decoy.path().join("caller.log");
+    std::fs::write(&log, format!("{}\n", decoy.secret)).expect("log");
+    let peek = "readlink /proc/self/fd/1; readlink /proc/self/fd/2; \
+                case $(readlink /proc/self/fd/1) in pipe:*) ;; *) cat /proc/self/fd/1 ;; esac; \
+                echo written-$$";
+    host_sh(
+        &sb,
+        &format!(
+            "{} run --rootfs {} -- sh -c {} >>{log} 2>&1",
+            bin(),
+            root_arg(),
+            shell_quote(peek),
+            log = shell_quote(&log.display().to_string())
+        ),
+    )
+    .success();
+    let sandbox = Started::plain(&sb, "log");
+    host_sh_starting(
+        &sb,
+        &format!(
+            "{} exec {} sh -c {} >>{log} 2>>{log}",
+            bin(),
+            sandbox.name,
+            shell_quote(peek),
+            log = shell_quote(&log.display().to_string())
+        ),
+    )
+    .success();
+    sandbox.stop();
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        text.matches(&decoy.secret).count(),
+        1,
+        "the command read the caller's log: {text}"
+    );
+    assert_eq!(text.matches("pipe:").count(), 4, "not pipes: {text}");
+    assert_eq!(text.matches("written-").count(), 2, "output lost: {text}");
+}
+
+/// The audit's: a process an `exec` left running kept the caller's
+/// terminal and read what was typed there afterwards. Here the terminal is
+/// a pty this test holds: the command reads its first line (relayed), a
+/// process it leaves waits, and what is typed once the exec returned never
+/// reaches it (it gets end-of-file: sifbox, the writer of its pipe, is gone).
+#[test]
+fn a_process_an_exec_leaves_gets_nothing_typed_on_the_callers_terminal() {
+    use std::io::Write;
+    use std::os::fd::OwnedFd;
+    use std::process::Stdio;
+    let sb = Sifbox::new();
+    let sandbox = Started::plain(&sb, "tty");
+    let master =
+        rustix::pty::openpt(rustix::pty::OpenptFlags::RDWR | rustix::pty::OpenptFlags::NOCTTY)
+            .expect("openpt");
+    rustix::pty::grantpt(&master).expect("grantpt");
+    rustix::pty::unlockpt(&master).expect("unlockpt");
+    let slave_name = rustix::pty::ptsname(&master, Vec::new()).expect("ptsname");
+    let slave: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(slave_name.to_str().expect("utf-8"))
+        .expect("opening the pty")
+        .into();
+    let mut typing = std::fs::File::from(master);
+    let secret = unique("typed-later");
+    typing.write_all(b"first-line\n").expect("typing");
+    let out = Command::new(sifbox_bin())
+        .env("SIFBOX_RUNTIME", sb.runtime())
+        .args(["exec", "-i", &sandbox.name, "sh", "-c"])
+        .arg(
+            // fd 3: an asynchronous list's stdin is /dev/null in sh.
+            "read l; echo got:$l; exec 3<&0; \
+             ( sleep 1; read left <&3; echo \"left:$left\" > /tmp/left-read ) >/dev/null 2>&1 &",
+        )
+        .stdin(Stdio::from(slave))
+        .output()
+        .expect("running exec");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("got:first-line"),
+        "{out:?}"
+    );
+    typing
+        .write_all(format!("{secret}\n").as_bytes())
+        .expect("typing");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let read = loop {
+        let o = sandbox.exec(&[], &["sh", "-c", "cat /tmp/left-read 2>/dev/null"]);
+        if o.stdout.contains("left:") || Instant::now() > deadline {
+            break o.stdout;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    sandbox.stop();
+    assert!(
+        read.contains("left:"),
+        "the left process never read: {read:?}"
+    );
+    assert!(
+        !read.contains(&secret),
+        "a process the exec left read the caller's terminal: {read}"
+    );
+}
