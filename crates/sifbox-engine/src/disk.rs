@@ -98,8 +98,8 @@ pub fn prepare_scratch(dir: &Path) -> Result<()> {
 }
 
 /// Opens the scratch directory once, by its descriptor: it must be the
-/// caller's alone (mode 0700, no symlink), and no other user may be able
-/// to swap a directory above it; what a sandbox's disk layer is made of
+/// caller's alone (mode 0700, no symlink), or the caller's and sticky, and
+/// no other user may be able to swap a directory above it; what a sandbox's disk layer is made of
 /// lives there. `create`: make it when missing.
 pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
     let bad = |why: String| Error::BadInput {
@@ -108,6 +108,20 @@ pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
         fix: "set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk".into(),
     };
     sifbox_sys::check_ancestors(dir).map_err(|e| bad(e.to_string()))?;
+    // A dir of the caller's that others may write in but not rename in
+    // (sticky, as /tmp) is used as it is: a layer is a nameless file there
+    // (O_TMPFILE), and no template, a named file, is made in it.
+    if let Ok(fd) = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        if let Ok(st) = rustix::fs::fstat(&fd) {
+            if st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o1000 != 0 {
+                return Ok(fd);
+            }
+        }
+    }
     sifbox_sys::private_dir(rustix::fs::CWD, dir, create).map_err(|e| {
         match sifbox_sys::NotPrivate::of(&e) {
             Some(n) => bad(n.why.clone()),
