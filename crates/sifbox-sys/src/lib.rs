@@ -854,10 +854,23 @@ fn seccomp_hint(e: &std::io::Error) -> &'static str {
 /// no_new_privs itself (`rustix::thread::set_no_new_privs`), or the kernel
 /// answers EACCES, which the error spells out.
 pub fn install_seccomp_filter(program: &[SockFilter]) -> Result<(), Error> {
+    // Flags 0: only the calling thread's seccomp state changes.
+    set_mode_filter(program, 0)
+        .map(drop)
+        .map_err(Error::Seccomp)
+}
+
+/// seccomp(SECCOMP_SET_MODE_FILTER, `flags`, `program`) on the calling
+/// thread; returns what the kernel returned (0, or a new listener's
+/// descriptor with SECCOMP_FILTER_FLAG_NEW_LISTENER).
+pub(crate) fn set_mode_filter(
+    program: &[SockFilter],
+    flags: libc::c_ulong,
+) -> std::io::Result<i64> {
     let len = u16::try_from(program.len())
         .ok()
         .filter(|n| *n > 0 && usize::from(*n) <= BPF_MAXINSNS)
-        .ok_or_else(|| Error::Seccomp(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     let fprog = libc::sock_fprog {
         len,
         filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
@@ -866,19 +879,18 @@ pub fn install_seccomp_filter(program: &[SockFilter]) -> Result<(), Error> {
     // borrowed for the whole call, and `SockFilter` has the layout of
     // `struct sock_filter` (asserted above). The kernel copies the program
     // and never writes through the pointer (the `mut` is only the C type's).
-    // Flags 0: only the calling thread's seccomp state changes.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
-            0 as libc::c_uint,
+            flags,
             &fprog as *const libc::sock_fprog,
         )
     };
-    if rc != 0 {
-        return Err(Error::Seccomp(std::io::Error::last_os_error()));
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    Ok(rc)
 }
 
 #[cfg(feature = "probe")]

@@ -17,7 +17,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
 
-use crate::{SockFilter, BPF_MAXINSNS};
+use crate::SockFilter;
 
 /// Installs `program` on the calling thread (as
 /// [`crate::install_seccomp_filter`], same preconditions) with a new
@@ -25,37 +25,14 @@ use crate::{SockFilter, BPF_MAXINSNS};
 /// `Ok(None)`: a filter of this thread's chain already has a listener
 /// (EBUSY); nothing was installed.
 pub fn install_filter_with_listener(program: &[SockFilter]) -> std::io::Result<Option<OwnedFd>> {
-    let len = u16::try_from(program.len())
-        .ok()
-        .filter(|n| *n > 0 && usize::from(*n) <= BPF_MAXINSNS)
-        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    let fprog = libc::sock_fprog {
-        len,
-        filter: program.as_ptr().cast::<libc::sock_filter>().cast_mut(),
+    let rc = match crate::set_mode_filter(program, libc::SECCOMP_FILTER_FLAG_NEW_LISTENER) {
+        Ok(rc) => rc,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(None),
+        Err(e) => return Err(e),
     };
-    // SAFETY: `fprog` points at the `len` instructions of `program`, which is
-    // borrowed for the whole call, and `SockFilter` has the layout of
-    // `struct sock_filter` (asserted in lib.rs). The kernel copies the
-    // program and never writes through the pointer. With NEW_LISTENER the
-    // return value is a new descriptor, which only we own.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-            &fprog as *const libc::sock_fprog,
-        )
-    };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EBUSY) {
-            return Ok(None);
-        }
-        return Err(e);
-    }
     let fd = i32::try_from(rc).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
-    // SAFETY: the kernel just returned this descriptor to us; nothing else
-    // owns it.
+    // SAFETY: with NEW_LISTENER the kernel returned a new descriptor, which
+    // only we own.
     Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
