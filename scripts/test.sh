@@ -201,7 +201,7 @@ host_info() {
 }
 
 step "host" host_info || true
-if ! step "install-deps" bash "$REPO/scripts/install-deps.sh"; then
+if ! step "install-deps" bash "$REPO/scripts/install-deps.sh" test; then
     echo "test.sh: FAILED: could not install the dependencies (see above)"
     exit 1
 fi
