@@ -165,3 +165,4 @@ echo "exit code: $rc"
 
 echo
 echo "demo ok"
+echo "the sifbox binary it used: $SIFBOX (\`cargo install --path crates/sifbox\` puts one in ~/.cargo/bin)"
