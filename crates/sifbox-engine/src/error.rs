@@ -1,9 +1,46 @@
 //! Errors of the engine. Each renders as one line: what, where, what to do.
+//!
+//! Each module has an error enum whose variants carry the data (path,
+//! field, limit, errno), rolled up here by `#[from]`. The engine says what
+//! went wrong; advice naming a command's flags is the CLI's to give (it
+//! matches on these variants).
+
+pub use crate::aio::AioError;
+pub use crate::disk::DiskError;
+pub use crate::evidence::EvidenceError;
+pub use crate::runtime::RuntimeError;
+pub use crate::sandbox::SandboxError;
+pub use crate::spec::SpecError;
+pub use crate::supervisor::SupervisorError;
 
 /// An engine error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The caller gave something unusable (a flag, a file, a name).
+    /// A sandbox description (spec, bind, env, limit, name) is unusable.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The runtime dir or a sandbox's name in it.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The logs dir or a sandbox.json.
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    /// The scratch dir or a disk-backed writable layer.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// Starting, reaching or stopping a sandbox.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// A misuse of the async API.
+    #[error(transparent)]
+    Aio(#[from] AioError),
+    /// The supervisor's side of a launch, or the failure it reported.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    /// The caller gave something unusable. Left for the id maps (whose
+    /// errors are typed with the syscall seam) and the CLI's own checks of
+    /// its flags and config, which move to the CLI's error type: no other
+    /// module of the engine builds one.
     #[error("{what}: {why}; {fix}")]
     BadInput {
         what: String,
@@ -59,6 +96,20 @@ impl Error {
         }
     }
 
+    /// Whether the caller's input is at fault (a flag, a file, a name, a
+    /// directory it chose) rather than the host or sifbox.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Error::Spec(_) | Error::BadInput { .. } => true,
+            Error::Aio(e) => e.is_bad_input(),
+            Error::Runtime(e) => e.is_bad_input(),
+            Error::Evidence(e) => e.is_bad_input(),
+            Error::Disk(e) => e.is_bad_input(),
+            Error::Sandbox(e) => e.is_bad_input(),
+            _ => false,
+        }
+    }
+
     /// The one line the supervisor sends its client for this error
     /// (`errno=N STEP` for a failed system call), read back by
     /// [`Error::from_status`].
@@ -83,7 +134,10 @@ impl Error {
                 };
             }
         }
-        Error::Setup(msg.to_string())
+        SupervisorError::Reported {
+            message: msg.to_string(),
+        }
+        .into()
     }
     /// Wraps an I/O error with what was being done.
     pub fn io(what: impl Into<String>, source: impl Into<std::io::Error>) -> Error {
@@ -120,7 +174,10 @@ mod tests {
         assert!(e.to_string().starts_with("mounting proc at /proc: "), "{e}");
         // Anything else stays text.
         let other = Error::from_status("the client went away during setup");
-        assert!(matches!(other, Error::Setup(_)));
+        assert!(matches!(
+            other,
+            Error::Supervisor(SupervisorError::Reported { .. })
+        ));
         assert_eq!(Error::from_status("errno=x y").to_string(), "errno=x y");
     }
 
