@@ -181,6 +181,70 @@ mod tests {
         assert_eq!(Error::from_status("errno=x y").to_string(), "errno=x y");
     }
 
+    #[test]
+    fn the_typed_errors_name_what_they_carry() {
+        use std::path::PathBuf;
+        let e = Error::from(SpecError::ZeroLimit(crate::spec::Limit::Pids));
+        assert_eq!(
+            e.to_string(),
+            "pids limit 0: a sandbox needs at least one process; give a number such as 4096"
+        );
+        assert!(e.is_bad_input());
+        let e = Error::from(SpecError::SwapBelowMemory {
+            memory: 512,
+            total: 256,
+        });
+        assert!(e.to_string().contains("(256 bytes) is less than the memory limit (512 bytes)"), "{e}");
+        let e = Error::from(SpecError::EnvFileLine {
+            path: PathBuf::from("/x/env"),
+            line: 3,
+            why: "no '='".into(),
+        });
+        assert!(e.to_string().starts_with("/x/env:3: no '='; "), "{e}");
+        let e = Error::from(RuntimeError::Named {
+            path: PathBuf::from("/r"),
+            from: "SIFBOX_RUNTIME".into(),
+            problem: crate::runtime::DirProblem::Owner(7),
+        });
+        assert_eq!(
+            e.to_string(),
+            "runtime dir /r (from SIFBOX_RUNTIME): it belongs to uid 7, not to you; set \
+             SIFBOX_RUNTIME to a writable directory of your own on a local file system"
+        );
+        assert!(e.is_bad_input());
+        let e = Error::from(RuntimeError::NotOurLock(PathBuf::from("/r/s/lock")));
+        assert!(!e.is_bad_input(), "{e}");
+        let e = Error::from(EvidenceError::SubdirNotDir {
+            path: PathBuf::from("/logs"),
+            sub: "agent",
+            source: std::io::Error::from_raw_os_error(20),
+        });
+        let text = e.to_string();
+        assert!(text.starts_with("logs dir /logs: agent in it is not a directory ("), "{text}");
+        assert!(text.ends_with("; remove /logs/agent, or pass another logs dir"), "{text}");
+        let e = Error::from(DiskError::ScratchOpen {
+            dir: PathBuf::from("/s"),
+            source: std::io::Error::from_raw_os_error(13),
+        });
+        assert!(e.is_bad_input() && e.to_string().contains("/s: cannot make or open it"), "{e}");
+        assert!(!Error::from(DiskError::LayerNotRemoved("s1".into())).is_bad_input());
+        let e = Error::from(SandboxError::DiskUnavailable {
+            size_mib: 64,
+            why: "no loop".into(),
+        });
+        assert!(e.to_string().starts_with("a disk-backed writable layer of 64 MiB: no loop; "), "{e}");
+        // No engine message names a command's flag: that advice is the CLI's.
+        for e in [
+            Error::from(SandboxError::BadExecId("x".into())),
+            Error::from(SandboxError::OneShot("b".into())),
+            Error::from(SandboxError::NoSuchSandbox("b".into())),
+        ] {
+            assert!(!e.to_string().contains("--"), "{e}");
+        }
+        assert!(!Error::from(AioError::NotReadyInTime { name: "b".into() }).is_bad_input());
+        assert!(Error::from(AioError::Tty).is_bad_input());
+    }
+
     fn libc_eperm() -> i32 {
         rustix::io::Errno::PERM.raw_os_error()
     }
