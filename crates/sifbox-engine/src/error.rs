@@ -194,7 +194,11 @@ mod tests {
             memory: 512,
             total: 256,
         });
-        assert!(e.to_string().contains("(256 bytes) is less than the memory limit (512 bytes)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("(256 bytes) is less than the memory limit (512 bytes)"),
+            "{e}"
+        );
         let e = Error::from(SpecError::EnvFileLine {
             path: PathBuf::from("/x/env"),
             line: 3,
@@ -220,19 +224,32 @@ mod tests {
             source: std::io::Error::from_raw_os_error(20),
         });
         let text = e.to_string();
-        assert!(text.starts_with("logs dir /logs: agent in it is not a directory ("), "{text}");
-        assert!(text.ends_with("; remove /logs/agent, or pass another logs dir"), "{text}");
+        assert!(
+            text.starts_with("logs dir /logs: agent in it is not a directory ("),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("; remove /logs/agent, or pass another logs dir"),
+            "{text}"
+        );
         let e = Error::from(DiskError::ScratchOpen {
             dir: PathBuf::from("/s"),
             source: std::io::Error::from_raw_os_error(13),
         });
-        assert!(e.is_bad_input() && e.to_string().contains("/s: cannot make or open it"), "{e}");
+        assert!(
+            e.is_bad_input() && e.to_string().contains("/s: cannot make or open it"),
+            "{e}"
+        );
         assert!(!Error::from(DiskError::LayerNotRemoved("s1".into())).is_bad_input());
         let e = Error::from(SandboxError::DiskUnavailable {
             size_mib: 64,
             why: "no loop".into(),
         });
-        assert!(e.to_string().starts_with("a disk-backed writable layer of 64 MiB: no loop; "), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("a disk-backed writable layer of 64 MiB: no loop; "),
+            "{e}"
+        );
         // No engine message names a command's flag: that advice is the CLI's.
         for e in [
             Error::from(SandboxError::BadExecId("x".into())),

@@ -451,7 +451,10 @@ mod tests {
         .expect("chmod");
         let e = prepare_logs_dir(&dir, false).expect_err("a symlinked agent/ is refused");
         assert!(
-            matches!(&e, crate::Error::Evidence(EvidenceError::SubdirNotDir { sub: "agent", .. })),
+            matches!(
+                &e,
+                crate::Error::Evidence(EvidenceError::SubdirNotDir { sub: "agent", .. })
+            ),
             "{e}"
         );
         assert_eq!(mode(&decoy), 0o700, "the decoy's mode changed");

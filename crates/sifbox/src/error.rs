@@ -6,10 +6,10 @@
 //! is that function's.
 
 use sifbox_build::error::BuildError;
+use sifbox_engine::SandboxError;
 use sifbox_eval::EvalError;
 use sifbox_image::import::ImportError;
 use sifbox_image::store::StoreError;
-use sifbox_engine::SandboxError;
 use sifbox_registry::{PullError, ResolveError};
 
 /// An error of a sifbox command.
@@ -37,10 +37,7 @@ pub enum CliError {
     /// as SIGINT) stopped the command after it cleaned up: exit 128+N.
     /// `report` is what to print, if anything.
     #[error("{}", .report.as_deref().unwrap_or("interrupted"))]
-    Interrupted {
-        signal: i32,
-        report: Option<String>,
-    },
+    Interrupted { signal: i32, report: Option<String> },
     /// Rollouts of a job failed for reasons of sifbox or the host: exit 1.
     #[error("{count} rollouts failed for reasons of sifbox or the host (see their result.json)")]
     RolloutsFailed { count: u32, job: String },
@@ -263,7 +260,11 @@ mod tests {
         };
         assert_eq!(int(15, None).exit_code(), 143);
         assert_eq!(int(2, None).exit_code(), 130);
-        assert_eq!(int(0, None).exit_code(), 130, "an unknown signal is SIGINT's");
+        assert_eq!(
+            int(0, None).exit_code(),
+            130,
+            "an unknown signal is SIGINT's"
+        );
         assert!(int(1, None).is_quiet());
         let said = int(1, Some("the build was interrupted by SIGHUP"));
         assert_eq!(said.exit_code(), 129);
@@ -289,7 +290,11 @@ mod tests {
             code: 1,
             tail: String::new(),
         });
-        assert_eq!(step.exit_code(), 1, "a failed step is the build's own failure");
+        assert_eq!(
+            step.exit_code(),
+            1,
+            "a failed step is the build's own failure"
+        );
         let bad = CliError::Engine(sifbox_engine::SpecError::Name("a/b".into()).into());
         assert_eq!(bad.exit_code(), 125, "bad input");
     }
@@ -304,10 +309,16 @@ mod tests {
              NAME IMAGE`; `sifbox ps` lists running sandboxes"
         );
         let one = e(SandboxError::OneShot("box".into())).line();
-        assert!(one.ends_with("; use `sifbox start --name NAME IMAGE` for a sandbox to exec into"), "{one}");
+        assert!(
+            one.ends_with("; use `sifbox start --name NAME IMAGE` for a sandbox to exec into"),
+            "{one}"
+        );
         let id = e(SandboxError::BadExecId("x/y".into())).line();
         assert!(id.starts_with("exec id \"x/y\": "), "{id}");
-        assert!(id.ends_with("; pass the id printed by `sifbox exec --detach`"), "{id}");
+        assert!(
+            id.ends_with("; pass the id printed by `sifbox exec --detach`"),
+            "{id}"
+        );
         // The engine's own text names no command.
         let text = SandboxError::NoSuchExec {
             id: "a1".into(),

@@ -55,7 +55,10 @@ pub enum SandboxError {
     #[error("exec {id} of sandbox {name}: no such detached exec")]
     NoSuchExec { id: String, name: String },
     #[error("the overlay directory {}: {problem}; pass a directory of your own on a local file system", .dir.display())]
-    OverlayDir { dir: PathBuf, problem: OverlayProblem },
+    OverlayDir {
+        dir: PathBuf,
+        problem: OverlayProblem,
+    },
     /// This host (or caller) cannot make a disk-backed layer: `why`.
     #[error("a disk-backed writable layer of {size_mib} MiB: {why}; ask for a tmpfs writable layer instead (its size counts in the memory limit)")]
     DiskUnavailable { size_mib: u64, why: String },
@@ -459,13 +462,11 @@ impl Sandbox {
         protocol::send(&conn, &Request::EndProcesses, &[]).map_err(|e| self.proto(e))?;
         match protocol::recv::<Event>(&conn) {
             Ok((Event::Ended { processes }, _)) => Ok(processes),
-            Ok((Event::Error { message, .. }, _)) => {
-                Err(SandboxError::Refused {
-                    name: self.name.clone(),
-                    message,
-                }
-                .into())
+            Ok((Event::Error { message, .. }, _)) => Err(SandboxError::Refused {
+                name: self.name.clone(),
+                message,
             }
+            .into()),
             Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
                 "unexpected {other:?}"
             ))))),
@@ -476,13 +477,11 @@ impl Sandbox {
     fn reply(&self, conn: &UnixStream) -> Result<u64> {
         match protocol::recv::<Event>(conn) {
             Ok((Event::Ok { time_ns, .. }, _)) => Ok(time_ns),
-            Ok((Event::Error { message, .. }, _)) => {
-                Err(SandboxError::Refused {
-                    name: self.name.clone(),
-                    message,
-                }
-                .into())
+            Ok((Event::Error { message, .. }, _)) => Err(SandboxError::Refused {
+                name: self.name.clone(),
+                message,
             }
+            .into()),
             Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
                 "unexpected {other:?}"
             ))))),

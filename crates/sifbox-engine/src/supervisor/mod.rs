@@ -215,8 +215,8 @@ pub fn main() -> i32 {
     }
     // The launch, and the disk-backed layer when the client made it.
     let control = UnixStream::from(OwnedFd::from(control));
-    let launch = protocol::recv::<Launch>(&control)
-        .map_err(|e| Error::from(SupervisorError::Launch(e)));
+    let launch =
+        protocol::recv::<Launch>(&control).map_err(|e| Error::from(SupervisorError::Launch(e)));
     let mut input = BufReader::new(File::from(OwnedFd::from(control)));
     let launch = launch.and_then(|(mut l, mut fds)| {
         // The runtime dir comes first, as a descriptor: reached through it
