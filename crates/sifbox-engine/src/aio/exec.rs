@@ -152,21 +152,13 @@ impl AsyncSandbox {
             return Err(no_tty());
         }
         if req.stop_after {
-            return Err(Error::BadInput {
-                what: "ExecRequest::stop_after".into(),
-                why: "a spawned process cannot be the sandbox's last command".into(),
-                fix: "wait for the process, then call AsyncSandbox::stop".into(),
-            });
+            return Err(AioError::StopAfter.into());
         }
         let id = match req.detach_id.take() {
             Some(id) => {
                 if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric())
                 {
-                    return Err(Error::BadInput {
-                        what: format!("exec id {id:?}"),
-                        why: "ids are 1 to 64 letters and digits".into(),
-                        fix: "leave detach_id empty to get a random id".into(),
-                    });
+                    return Err(AioError::ExecId(id).into());
                 }
                 id
             }

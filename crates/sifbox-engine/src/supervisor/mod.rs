@@ -39,6 +39,23 @@ use rustix::thread::UnshareFlags;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+/// The supervisor's side of a launch, or the failure a supervisor reported
+/// (text: it crossed the status pipe).
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("reading the launch description: {0}")]
+    Launch(protocol::ProtocolError),
+    #[error("the launch came without its runtime dir's descriptor")]
+    NoRuntimeDir,
+    #[error("the launch came with {count} descriptors (a disk-backed layer given: {disk_given})")]
+    Descriptors { count: usize, disk_given: bool },
+    #[error("the client went away during setup")]
+    ClientGone,
+    /// What a supervisor reported on its status pipe or control socket.
+    #[error("{message}")]
+    Reported { message: String },
+}
 use crate::idmap;
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::rootfs;
@@ -198,16 +215,14 @@ pub fn main() -> i32 {
     }
     // The launch, and the disk-backed layer when the client made it.
     let control = UnixStream::from(OwnedFd::from(control));
-    let launch = protocol::recv::<Launch>(&control)
-        .map_err(|e| Error::Setup(format!("reading the launch description: {e}")));
+    let launch =
+        protocol::recv::<Launch>(&control).map_err(|e| Error::from(SupervisorError::Launch(e)));
     let mut input = BufReader::new(File::from(OwnedFd::from(control)));
     let launch = launch.and_then(|(mut l, mut fds)| {
         // The runtime dir comes first, as a descriptor: reached through it
         // (kept open for the supervisor's life), never by a path again.
         if fds.is_empty() {
-            return Err(Error::Setup(
-                "the launch came without its runtime dir's descriptor".into(),
-            ));
+            return Err(SupervisorError::NoRuntimeDir.into());
         }
         let dir = fds.remove(0);
         l.dir = sifbox_sys::fd_path(std::os::fd::AsFd::as_fd(&dir));
@@ -243,9 +258,7 @@ fn given_disk(launch: &Launch, fds: &mut Vec<OwnedFd>) -> Result<Option<OwnedFd>
     match (launch.disk_given, fds.len()) {
         (false, 0) => Ok(None),
         (true, 1) => Ok(fds.pop()),
-        (given, n) => Err(Error::Setup(format!(
-            "the launch came with {n} descriptors (a disk-backed layer given: {given})"
-        ))),
+        (disk_given, count) => Err(SupervisorError::Descriptors { count, disk_given }.into()),
     }
 }
 
@@ -337,7 +350,7 @@ fn read_line(input: &mut impl BufRead) -> Result<String> {
         .read_line(&mut line)
         .map_err(|e| Error::io("reading from the client", e))?;
     if line.is_empty() {
-        return Err(Error::Setup("the client went away during setup".into()));
+        return Err(SupervisorError::ClientGone.into());
     }
     Ok(line.trim_end().to_string())
 }

@@ -316,7 +316,7 @@ pub(super) fn serve(
             req if pooled(&req) => {
                 // Twice at most: a worker may have died (something in the
                 // sandbox killed it) since init last looked.
-                let mut outcome = Err(String::new());
+                let mut outcome = Err(pool::PoolError::NoneFree);
                 for _ in 0..2 {
                     if !workers.has_idle() {
                         match new_worker() {
@@ -337,8 +337,8 @@ pub(super) fn serve(
                                 exit_now(worker_main(&chan, confinement))
                             }
                             Ok(NewWorker::Parent(w)) => workers.add(w),
-                            Err(message) => {
-                                outcome = Err(message);
+                            Err(e) => {
+                                outcome = Err(e);
                                 break;
                             }
                         }
@@ -358,7 +358,8 @@ pub(super) fn serve(
                             detached.insert(id, pid);
                         }
                     }
-                    Err(message) => {
+                    Err(e) => {
+                        let message = e.to_string();
                         let _ = protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
                     }
                 }
