@@ -36,6 +36,9 @@ pub enum Error {
     Protocol { name: String, why: String },
     #[error(transparent)]
     Sys(#[from] sifbox_sys::Error),
+    /// Assembling the sandbox's root failed.
+    #[error(transparent)]
+    Rootfs(#[from] crate::rootfs::RootfsError),
 }
 
 /// Engine result.
@@ -54,6 +57,7 @@ impl Error {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Syscall { errno, .. } => Some(*errno),
+            Error::Rootfs(e) => e.errno(),
             Error::Host { source, .. } | Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
@@ -65,6 +69,10 @@ impl Error {
     pub(crate) fn status_line(&self) -> String {
         let text = match self {
             Error::Syscall { step, errno } => format!("errno={errno} {step}"),
+            Error::Rootfs(e) => match e.step_errno() {
+                Some((step, errno)) => format!("errno={errno} {step}"),
+                None => e.to_string(),
+            },
             other => other.to_string(),
         };
         text.replace('\n', " ")

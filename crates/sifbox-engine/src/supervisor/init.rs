@@ -72,7 +72,7 @@ pub(super) fn init_main(
         .as_ref()
         .map(crate::limits::cgroup::SandboxCgroup::views)
         .unwrap_or_default();
-    let mut root = rootfs::assemble(spec, &dir, disk, views)?;
+    let mut root = rootfs::assemble(&sifbox_sys::syscall::Kernel, spec, &dir, disk, views)?;
     let keep = match (root.upper.take(), keep_dst) {
         (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
         _ => None,
@@ -97,7 +97,7 @@ pub(super) fn init_main(
     // The host's runtime dir, which `launch.dir` named, goes before the
     // sandbox's root is entered: no descriptor of a host dir stays in init.
     drop(held_dir);
-    rootfs::pivot(&root)?;
+    rootfs::pivot(&sifbox_sys::syscall::Kernel, &root)?;
     // Its fds (the overlay's, /proc's, /dev's) are of no further use.
     drop(root);
 
@@ -235,7 +235,7 @@ fn start_guarded_namespace(trees: &[(PathBuf, OwnedFd)]) -> Result<(Pid, UnixStr
             drop(mine);
             let made = sifbox_sys::unshare_namespaces(UnshareFlags::NEWNS)
                 .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))
-                .and_then(|()| rootfs::attach_guarded(trees).map_err(|e| e.to_string()))
+                .and_then(|()| rootfs::attach_guarded(&sifbox_sys::syscall::Kernel, trees).map_err(|e| e.to_string()))
                 .and_then(|()| {
                     rustix::fs::open(
                         "/proc/self/ns/mnt",
