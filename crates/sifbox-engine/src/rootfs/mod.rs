@@ -499,7 +499,7 @@ mod tests {
     use rustix::fs::{Mode, OFlags};
     use std::collections::HashMap;
 
-    fn spec() -> SandboxSpec {
+    pub(super) fn spec() -> SandboxSpec {
         SandboxSpec {
             name: "t".into(),
             rootfs: "/images/x".into(),
