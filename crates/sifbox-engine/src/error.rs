@@ -39,6 +39,15 @@ pub enum Error {
     /// Assembling the sandbox's root failed.
     #[error(transparent)]
     Rootfs(#[from] crate::rootfs::RootfsError),
+    /// Writing an id map failed.
+    #[error(transparent)]
+    IdMap(#[from] crate::idmap::IdMapError),
+    /// init (the sandbox's PID 1) failed to set the sandbox up.
+    #[error(transparent)]
+    Init(#[from] crate::supervisor::InitError),
+    /// The outer supervisor failed to set the sandbox up.
+    #[error(transparent)]
+    Outer(#[from] crate::supervisor::OuterError),
 }
 
 /// Engine result.
@@ -58,6 +67,9 @@ impl Error {
         match self {
             Error::Syscall { errno, .. } => Some(*errno),
             Error::Rootfs(e) => e.errno(),
+            Error::IdMap(crate::idmap::IdMapError::Write { errno, .. }) => {
+                Some(errno.raw_os_error())
+            }
             Error::Host { source, .. } | Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }

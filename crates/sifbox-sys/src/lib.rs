@@ -676,8 +676,10 @@ pub fn mount_setattr(
         )
     };
     if rc == -1 {
-        return Err(rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
-            .unwrap_or(rustix::io::Errno::INVAL));
+        return Err(
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::INVAL),
+        );
     }
     Ok(())
 }

@@ -152,8 +152,7 @@ pub trait Syscall {
         data: Option<&CStr>,
     ) -> Result<(), Errno>;
     /// `mount(2)` changing the propagation of the mount at `target`.
-    fn mount_propagation(&self, target: &Path, flags: MountPropagationFlags)
-        -> Result<(), Errno>;
+    fn mount_propagation(&self, target: &Path, flags: MountPropagationFlags) -> Result<(), Errno>;
     /// `umount2(target, flags)`.
     fn umount(&self, target: &Path, flags: UnmountFlags) -> Result<(), Errno>;
     /// `pivot_root(new_root, put_old)`.
@@ -280,11 +279,7 @@ impl Syscall for Kernel {
         rustix::mount::mount(source, target, fstype, flags, data)
     }
 
-    fn mount_propagation(
-        &self,
-        target: &Path,
-        flags: MountPropagationFlags,
-    ) -> Result<(), Errno> {
+    fn mount_propagation(&self, target: &Path, flags: MountPropagationFlags) -> Result<(), Errno> {
         rustix::mount::mount_change(target, flags)
     }
 

@@ -74,7 +74,10 @@ impl RootfsError {
                 let without_errno = shown
                     .strip_suffix(&format!(": {}", std::io::Error::from(source.errno)))
                     .unwrap_or(&shown);
-                Some((format!("{step}: {without_errno}"), source.errno.raw_os_error()))
+                Some((
+                    format!("{step}: {without_errno}"),
+                    source.errno.raw_os_error(),
+                ))
             }
             _ => None,
         }

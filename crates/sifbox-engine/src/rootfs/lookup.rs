@@ -104,7 +104,11 @@ impl NewRoot {
 /// exactly that path, following nothing (a symlink anywhere, the last
 /// component included, is ELOOP: no O_NOFOLLOW, which would open the link
 /// itself).
-pub(super) fn open_beneath<Fd: AsFd>(base: Fd, path: &Path, extra: OFlags) -> rustix::io::Result<OwnedFd> {
+pub(super) fn open_beneath<Fd: AsFd>(
+    base: Fd,
+    path: &Path,
+    extra: OFlags,
+) -> rustix::io::Result<OwnedFd> {
     let path = if path.as_os_str().is_empty() {
         Path::new(".")
     } else {
@@ -214,7 +218,12 @@ fn refuse(base: BorrowedFd<'_>, at: &At) -> RootfsError {
 /// symlink as if `root` were `/` (so an image's symlinks never lead out);
 /// a dangling symlink is followed by creating its target. Returns an
 /// `O_PATH` fd.
-pub(super) fn ensure_in_root(root: BorrowedFd<'_>, rel: &Path, kind: Create, links: u32) -> Result<OwnedFd> {
+pub(super) fn ensure_in_root(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    kind: Create,
+    links: u32,
+) -> Result<OwnedFd> {
     const MAX_LINKS: u32 = 40;
     let shown = || Path::new("/").join(rel).display().to_string();
     if links > MAX_LINKS {
@@ -277,4 +286,3 @@ pub(super) fn ensure_in_root(root: BorrowedFd<'_>, rel: &Path, kind: Create, lin
     }
     open(rel).map_err(sys_err(format!("opening {} in the sandbox", shown())))
 }
-

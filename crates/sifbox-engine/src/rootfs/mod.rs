@@ -493,8 +493,8 @@ pub fn plan_with_cgroup(spec: &SandboxSpec, views: Vec<(String, PathBuf)>) -> Ve
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::prepare::overlay_escape;
+    use super::*;
     use crate::spec::{Bind, Confinement, IdMapping, UsernsMode, Writable};
     use rustix::fs::{Mode, OFlags};
     use std::collections::HashMap;
@@ -844,4 +844,3 @@ mod tests {
             .is_none());
     }
 }
-

@@ -64,9 +64,7 @@ pub fn prepare_root(
     let m_target = open_dir(&dir.join("m"), true)?;
     let m = match (&spec.writable, disk) {
         (Writable::Disk { .. }, Some(disk)) => disk,
-        (Writable::Disk { .. }, None) => {
-            return Err(RootfsError::NoDisk)
-        }
+        (Writable::Disk { .. }, None) => return Err(RootfsError::NoDisk),
         _ => make_fs(
             sys,
             &Fs::Tmpfs {

@@ -38,7 +38,11 @@ impl Image {
     }
 
     fn root_path(&self) -> PathBuf {
-        self.dir.path().join("root").canonicalize().expect("canonical")
+        self.dir
+            .path()
+            .join("root")
+            .canonicalize()
+            .expect("canonical")
     }
 
     fn new_root(&self) -> NewRoot {
@@ -215,7 +219,10 @@ fn the_applied_root_has_its_masks_covers_and_read_only_binds() {
                     assert!(made_readonly(&calls, *n).is_some_and(|r| r < *i), "{p}");
                 } else {
                     // A clone of the first empty tmpfs, which is read-only.
-                    assert!(matches!(source, Obj::Tree(t, _) if matches!(&trees[t], Call::FsMount { attrs, .. } if attrs.contains(MountAttrFlags::MOUNT_ATTR_RDONLY))), "{p}: {source:?}");
+                    assert!(
+                        matches!(source, Obj::Tree(t, _) if matches!(&trees[t], Call::FsMount { attrs, .. } if attrs.contains(MountAttrFlags::MOUNT_ATTR_RDONLY))),
+                        "{p}: {source:?}"
+                    );
                 }
             }
             other => panic!("{other:?}"),
@@ -247,7 +254,9 @@ fn the_applied_root_has_its_masks_covers_and_read_only_binds() {
     assert!(made_readonly(&calls, ro).is_some_and(|r| r < *i));
     let rw = bind_of("rw");
     assert!(made_readonly(&calls, rw).is_none());
-    assert!(att.iter().any(|(_, n, to)| *n == rw && *to == Obj::Host(img.root_path().join("work"))));
+    assert!(att
+        .iter()
+        .any(|(_, n, to)| *n == rw && *to == Obj::Host(img.root_path().join("work"))));
     // The guarded bind: a read-only clone attached, a writable one kept
     // detached for the guarded namespace.
     let guarded: Vec<usize> = trees
@@ -262,21 +271,34 @@ fn the_applied_root_has_its_masks_covers_and_read_only_binds() {
         .filter(|n| att.iter().any(|(_, t, _)| t == n))
         .collect();
     assert_eq!(shown.len(), 1);
-    let (i, _, _) = att.iter().find(|(_, t, _)| *t == shown[0]).expect("attached");
+    let (i, _, _) = att
+        .iter()
+        .find(|(_, t, _)| *t == shown[0])
+        .expect("attached");
     assert!(made_readonly(&calls, shown[0]).is_some_and(|r| r < *i));
     assert_eq!(root.take_guarded().len(), 1);
     // /etc/hosts is the sandbox's own, in a tmpfs of its own.
-    assert!(att.iter().any(|(_, _, to)| *to == Obj::Host(img.root_path().join("etc/hosts"))));
+    assert!(att
+        .iter()
+        .any(|(_, _, to)| *to == Obj::Host(img.root_path().join("etc/hosts"))));
     // Nothing lands outside the new root, and nothing is mounted by path.
     assert_all_inside(&calls, &img.root_path());
-    assert!(!calls.iter().any(|e| matches!(e.call,
-        Call::Mount { .. } | Call::Umount { .. } | Call::PivotRoot { .. } | Call::MountPropagation { .. })));
+    assert!(!calls.iter().any(|e| matches!(
+        e.call,
+        Call::Mount { .. }
+            | Call::Umount { .. }
+            | Call::PivotRoot { .. }
+            | Call::MountPropagation { .. }
+    )));
     // The trees still open are the ones the root holds (its /proc, /dev,
     // /sys and the empty mask): every other was closed once attached.
     let held: Vec<usize> = sys.open_trees();
     assert!(held.len() <= 4, "{held:?}");
     for n in &held {
-        assert!(att.iter().any(|(_, t, _)| t == n), "tree {n} open, never attached");
+        assert!(
+            att.iter().any(|(_, t, _)| t == n),
+            "tree {n} open, never attached"
+        );
     }
     drop(root);
     assert!(sys.open_trees().is_empty());
@@ -286,7 +308,12 @@ fn the_applied_root_has_its_masks_covers_and_read_only_binds() {
 fn counts() -> HashMap<&'static str, usize> {
     let img = Image::new();
     let sys = recorder();
-    apply(&sys, &mut img.new_root(), &plan_with_cgroup(&img.spec(), Vec::new())).expect("apply");
+    apply(
+        &sys,
+        &mut img.new_root(),
+        &plan_with_cgroup(&img.spec(), Vec::new()),
+    )
+    .expect("apply");
     let mut n = HashMap::new();
     for e in sys.calls() {
         *n.entry(e.call.name()).or_insert(0) += 1;
@@ -316,7 +343,10 @@ fn every_failed_mount_call_names_its_step_and_errno_and_leaves_no_tree_behind() 
                     assert_eq!(failed + 1, calls.len(), "{name} #{nth}: went on");
                     let (step, errno) = e.step_errno().expect("a step and errno");
                     assert_eq!(errno, Errno::PERM.raw_os_error(), "{name} #{nth}");
-                    assert!(!step.is_empty() && step.contains(' '), "{name} #{nth}: {step}");
+                    assert!(
+                        !step.is_empty() && step.contains(' '),
+                        "{name} #{nth}: {step}"
+                    );
                     let line = crate::Error::from(e).status_line();
                     assert!(line.starts_with("errno=1 "), "{line}");
                 }
@@ -333,7 +363,9 @@ fn every_failed_mount_call_names_its_step_and_errno_and_leaves_no_tree_behind() 
                     let ok = match &calls[failed].call {
                         c @ (Call::FsMount { .. } | Call::OpenTree { .. }) => about_sys(c),
                         Call::MountSetattr { tree, .. } | Call::MoveMount { from: tree, .. } => {
-                            tree.tree().and_then(|n| trees.get(&n)).is_some_and(about_sys)
+                            tree.tree()
+                                .and_then(|n| trees.get(&n))
+                                .is_some_and(about_sys)
                         }
                         _ => false,
                     };
@@ -347,7 +379,10 @@ fn every_failed_mount_call_names_its_step_and_errno_and_leaves_no_tree_behind() 
             // holds, all attached; none once the root is dropped.
             let att = attached(&calls);
             for n in sys.open_trees() {
-                assert!(att.iter().any(|(_, t, _)| *t == n), "{name} #{nth}: tree {n} left open");
+                assert!(
+                    att.iter().any(|(_, t, _)| *t == n),
+                    "{name} #{nth}: tree {n} left open"
+                );
             }
             assert_all_inside(&calls, &img.root_path());
             drop(root);
@@ -365,7 +400,10 @@ fn a_symlinked_proc_fails_before_anything_is_mounted() {
     std::os::unix::fs::symlink("/", root_dir.join("proc")).expect("symlink");
     let sys = recorder();
     let e = apply(&sys, &mut img.new_root(), &plan(&img.spec())).expect_err("refused");
-    assert!(matches!(&e, RootfsError::NotARealDir { path, .. } if path == "/proc"), "{e}");
+    assert!(
+        matches!(&e, RootfsError::NotARealDir { path, .. } if path == "/proc"),
+        "{e}"
+    );
     assert!(sys.calls().is_empty(), "{:?}", sys.calls());
 }
 
@@ -393,15 +431,32 @@ fn prepare_root_makes_the_namespace_private_then_the_layer_and_the_overlay_by_fd
             flags: MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
         }
     );
-    let Call::FsMount { fstype, params, attrs, tree: Some(layer) } = &calls[1].call else {
+    let Call::FsMount {
+        fstype,
+        params,
+        attrs,
+        tree: Some(layer),
+    } = &calls[1].call
+    else {
         panic!("{:?}", calls[1]);
     };
     assert_eq!(fstype, "tmpfs");
     assert!(params.contains(&("size".into(), Some((16u64 << 20).to_string()))));
-    assert_eq!(*attrs, MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV);
+    assert_eq!(
+        *attrs,
+        MountAttrFlags::MOUNT_ATTR_NOSUID | MountAttrFlags::MOUNT_ATTR_NODEV
+    );
     let m = dir.path().canonicalize().expect("canonical").join("m");
-    assert!(matches!(&calls[2].call, Call::MoveMount { from: Obj::Tree(t, _), to: Obj::Host(p), .. } if t == layer && *p == m));
-    let Call::FsMount { fstype, params, tree: Some(ovl), .. } = &calls[3].call else {
+    assert!(
+        matches!(&calls[2].call, Call::MoveMount { from: Obj::Tree(t, _), to: Obj::Host(p), .. } if t == layer && *p == m)
+    );
+    let Call::FsMount {
+        fstype,
+        params,
+        tree: Some(ovl),
+        ..
+    } = &calls[3].call
+    else {
         panic!("{:?}", calls[3]);
     };
     assert_eq!(fstype, "overlay");
@@ -412,8 +467,10 @@ fn prepare_root_makes_the_namespace_private_then_the_layer_and_the_overlay_by_fd
         }
     }
     assert!(params.contains(&("userxattr".into(), None)));
-    assert!(matches!(&calls[4].call, Call::MoveMount { from: Obj::Tree(t, _), to: Obj::Tree(l, p), .. }
-        if t == ovl && l == layer && p == Path::new("root")));
+    assert!(
+        matches!(&calls[4].call, Call::MoveMount { from: Obj::Tree(t, _), to: Obj::Tree(l, p), .. }
+        if t == ovl && l == layer && p == Path::new("root"))
+    );
     assert_eq!(calls.len(), 5);
 }
 
@@ -424,23 +481,40 @@ fn the_overlay_falls_back_to_mount2_then_names_the_image_and_the_errno() {
     sys.fail("fs_mount", 2, Errno::INVAL);
     prepare_root(&sys, &spec, dir.path(), None).expect("mount(2) did it");
     let calls = sys.calls();
-    let Some(Call::Mount { fstype, data: Some(data), target, .. }) = calls.last().map(|e| &e.call) else {
+    let Some(Call::Mount {
+        fstype,
+        data: Some(data),
+        target,
+        ..
+    }) = calls.last().map(|e| &e.call)
+    else {
         panic!("{:?}", calls.last());
     };
     assert_eq!(fstype, "overlay");
-    assert!(data.starts_with("lowerdir=/proc/self/fd/") && data.ends_with(",userxattr"), "{data}");
-    assert!(matches!(target, Obj::Tree(_, p) if p == Path::new("root")), "{target:?}");
+    assert!(
+        data.starts_with("lowerdir=/proc/self/fd/") && data.ends_with(",userxattr"),
+        "{data}"
+    );
+    assert!(
+        matches!(target, Obj::Tree(_, p) if p == Path::new("root")),
+        "{target:?}"
+    );
 
     let sys = Recorder::new();
     sys.fail("fs_mount", 2, Errno::INVAL);
     sys.fail("mount", 1, Errno::INVAL);
     sys.fail("mount", 2, Errno::PERM);
     let e = prepare_root(&sys, &spec, dir.path(), None).expect_err("no overlay");
-    assert!(matches!(&e, RootfsError::Overlay { image, .. } if *image == spec.rootfs), "{e}");
+    assert!(
+        matches!(&e, RootfsError::Overlay { image, .. } if *image == spec.rootfs),
+        "{e}"
+    );
     assert_eq!(e.errno(), Some(Errno::PERM.raw_os_error()));
     assert!(e.to_string().contains("mount(overlay)"), "{e}");
     // Without userxattr the last time.
-    assert!(matches!(&sys.calls().last().map(|e| &e.call), Some(Call::Mount { data: Some(d), .. }) if !d.contains("userxattr")));
+    assert!(
+        matches!(&sys.calls().last().map(|e| &e.call), Some(Call::Mount { data: Some(d), .. }) if !d.contains("userxattr"))
+    );
 }
 
 #[test]
@@ -464,15 +538,26 @@ fn pivot_enters_the_root_then_detaches_the_old_one() {
     assert_eq!(
         calls,
         vec![
-            Call::Fchdir { dir: Obj::Host(img.root_path()) },
-            Call::PivotRoot { new_root: ".".into(), put_old: ".".into() },
-            Call::Umount { target: ".".into(), flags: UnmountFlags::DETACH },
+            Call::Fchdir {
+                dir: Obj::Host(img.root_path())
+            },
+            Call::PivotRoot {
+                new_root: ".".into(),
+                put_old: ".".into()
+            },
+            Call::Umount {
+                target: ".".into(),
+                flags: UnmountFlags::DETACH
+            },
             Call::Chdir { path: "/".into() },
         ]
     );
     let sys = Recorder::new();
     sys.fail("pivot_root", 1, Errno::BUSY);
     let e = pivot(&sys, &img.new_root()).expect_err("busy");
-    assert_eq!(e.step_errno(), Some(("pivot_root".into(), Errno::BUSY.raw_os_error())));
+    assert_eq!(
+        e.step_errno(),
+        Some(("pivot_root".into(), Errno::BUSY.raw_os_error()))
+    );
     assert_eq!(sys.calls().len(), 2, "nothing after the failure");
 }

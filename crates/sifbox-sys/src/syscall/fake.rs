@@ -23,8 +23,7 @@ use std::sync::Mutex;
 use rustix::fs::{Dev, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 use rustix::mount::{
-    MountAttrFlags, MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags,
-    UnmountFlags,
+    MountAttrFlags, MountFlags, MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
 };
 use rustix::thread::{LinkNameSpaceType, UnshareFlags};
 
@@ -198,7 +197,9 @@ impl Recorder {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Makes the `nth` (from 1) call named `name` ([`Call::name`]) fail
@@ -433,11 +434,7 @@ impl Syscall for Recorder {
         })
     }
 
-    fn mount_propagation(
-        &self,
-        target: &Path,
-        flags: MountPropagationFlags,
-    ) -> Result<(), Errno> {
+    fn mount_propagation(&self, target: &Path, flags: MountPropagationFlags) -> Result<(), Errno> {
         self.record(Call::MountPropagation {
             target: target.to_path_buf(),
             flags,
@@ -535,15 +532,30 @@ mod tests {
         let target = rustix::fs::open(dir.path(), OFlags::PATH, Mode::empty()).unwrap();
         let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH;
         assert!(r
-            .move_mount(t.as_fd(), Path::new(""), target.as_fd(), Path::new(""), flags)
+            .move_mount(
+                t.as_fd(),
+                Path::new(""),
+                target.as_fd(),
+                Path::new(""),
+                flags
+            )
             .is_ok());
         assert_eq!(
-            r.move_mount(t.as_fd(), Path::new(""), target.as_fd(), Path::new(""), flags),
+            r.move_mount(
+                t.as_fd(),
+                Path::new(""),
+                target.as_fd(),
+                Path::new(""),
+                flags
+            ),
             Err(Errno::PERM)
         );
         let calls = r.calls();
         assert_eq!(calls.len(), 3);
-        assert!(matches!(&calls[0].call, Call::FsMount { tree: Some(0), .. }));
+        assert!(matches!(
+            &calls[0].call,
+            Call::FsMount { tree: Some(0), .. }
+        ));
         assert_eq!(
             calls[1].call,
             Call::MoveMount {
