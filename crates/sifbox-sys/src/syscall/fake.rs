@@ -527,9 +527,9 @@ mod tests {
                 &[FsParam::set("size", "4096")],
                 MountAttrFlags::MOUNT_ATTR_RDONLY,
             )
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let target = rustix::fs::open(dir.path(), OFlags::PATH, Mode::empty()).unwrap();
+            .expect("test setup");
+        let dir = tempfile::tempdir().expect("test setup");
+        let target = rustix::fs::open(dir.path(), OFlags::PATH, Mode::empty()).expect("test setup");
         let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH;
         assert!(r
             .move_mount(
@@ -560,7 +560,7 @@ mod tests {
             calls[1].call,
             Call::MoveMount {
                 from: Obj::Tree(0, PathBuf::new()),
-                to: Obj::Host(dir.path().canonicalize().unwrap()),
+                to: Obj::Host(dir.path().canonicalize().expect("test setup")),
                 flags,
             }
         );
@@ -575,16 +575,16 @@ mod tests {
         let r = Recorder::new();
         let d = r
             .open_tree(CWD, Path::new("/"), OpenTreeFlags::OPEN_TREE_CLONE)
-            .unwrap();
+            .expect("test setup");
         assert_eq!(
-            FileType::from_raw_mode(rustix::fs::fstat(&d).unwrap().st_mode),
+            FileType::from_raw_mode(rustix::fs::fstat(&d).expect("test setup").st_mode),
             FileType::Directory
         );
         let f = r
             .open_tree(CWD, Path::new("/dev/null"), OpenTreeFlags::OPEN_TREE_CLONE)
-            .unwrap();
+            .expect("test setup");
         assert_eq!(
-            FileType::from_raw_mode(rustix::fs::fstat(&f).unwrap().st_mode),
+            FileType::from_raw_mode(rustix::fs::fstat(&f).expect("test setup").st_mode),
             FileType::RegularFile
         );
         let missing = r.open_tree(
