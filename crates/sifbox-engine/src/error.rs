@@ -73,6 +73,18 @@ pub enum Error {
     Protocol { name: String, why: String },
     #[error(transparent)]
     Sys(#[from] sifbox_sys::Error),
+    /// Assembling the sandbox's root failed.
+    #[error(transparent)]
+    Rootfs(#[from] crate::rootfs::RootfsError),
+    /// Writing an id map failed.
+    #[error(transparent)]
+    IdMap(#[from] crate::idmap::IdMapError),
+    /// init (the sandbox's PID 1) failed to set the sandbox up.
+    #[error(transparent)]
+    Init(#[from] crate::supervisor::InitError),
+    /// The outer supervisor failed to set the sandbox up.
+    #[error(transparent)]
+    Outer(#[from] crate::supervisor::OuterError),
 }
 
 /// Engine result.
@@ -91,6 +103,10 @@ impl Error {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Syscall { errno, .. } => Some(*errno),
+            Error::Rootfs(e) => e.errno(),
+            Error::IdMap(crate::idmap::IdMapError::Write { errno, .. }) => {
+                Some(errno.raw_os_error())
+            }
             Error::Host { source, .. } | Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
@@ -116,6 +132,10 @@ impl Error {
     pub(crate) fn status_line(&self) -> String {
         let text = match self {
             Error::Syscall { step, errno } => format!("errno={errno} {step}"),
+            Error::Rootfs(e) => match e.step_errno() {
+                Some((step, errno)) => format!("errno={errno} {step}"),
+                None => e.to_string(),
+            },
             other => other.to_string(),
         };
         text.replace('\n', " ")

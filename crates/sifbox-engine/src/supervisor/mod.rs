@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
 use serde::{Deserialize, Serialize};
+use sifbox_sys::syscall::Kernel;
 
 use crate::error::{Error, Result};
 
@@ -69,7 +70,9 @@ mod pool;
 mod serve;
 mod watchdog;
 
+pub use init::InitError;
 use init::{init_main, Activity};
+pub use outer::OuterError;
 use outer::{outer, Nest};
 use pool::{new_worker, NewWorker, Pool};
 use serve::serve;
@@ -247,7 +250,9 @@ pub fn main() -> i32 {
         Ok((l, disk, dir))
     });
     finish(
-        launch.and_then(|(l, disk, dir)| outer(&l, &mut input, &mut status, None, disk, dir)),
+        launch.and_then(|(l, disk, dir)| {
+            outer(&Kernel, &l, &mut input, &mut status, None, disk, dir)
+        }),
         &mut status,
     )
 }
@@ -310,7 +315,17 @@ pub fn main_forked(
         });
     let mut input = BufReader::new(File::from(control));
     finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk, dir)),
+        prepared.and_then(|()| {
+            outer(
+                &Kernel,
+                launch,
+                &mut input,
+                &mut status,
+                Some(listener),
+                disk,
+                dir,
+            )
+        }),
         &mut status,
     )
 }

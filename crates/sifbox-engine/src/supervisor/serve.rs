@@ -309,7 +309,7 @@ pub(super) fn serve(
                     exec
                 };
                 drop(guarded);
-                worker::run(&conn, exec, fds, confinement);
+                worker::run(&Kernel, &conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
             }
@@ -432,7 +432,7 @@ fn serve_in_child(
         let _ = protocol::send(conn, &ev, &[]);
     };
     match req {
-        Request::Exec(exec) => worker::run(conn, exec, fds, confinement),
+        Request::Exec(exec) => worker::run(&Kernel, conn, exec, fds, confinement),
         Request::Download { path, follow } => {
             let Some(fd) = fds.pop() else { return 125 };
             let name = Path::new(&path)
