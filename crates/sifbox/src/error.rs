@@ -26,6 +26,8 @@ pub enum CliError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    #[error(transparent)]
+    Launch(#[from] sifbox_launch::LaunchError),
     /// Whoever read stdout went away (`sifbox ... | head`): the command
     /// stops, quietly, with status 0.
     #[error("stdout was closed")]
@@ -44,6 +46,7 @@ impl CliError {
             CliError::Store(e) => e.fix(),
             CliError::Import(e) => e.fix(),
             CliError::Resolve(e) => Some(e.fix()),
+            CliError::Launch(e) => e.fix(),
             CliError::Pull(e) => Some(e.fix()),
             CliError::Build(e) => match e {
                 BuildError::Store(s) => s.fix(),
