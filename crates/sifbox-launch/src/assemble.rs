@@ -264,7 +264,7 @@ pub fn current_exe() -> Result<PathBuf, LaunchError> {
 pub fn assemble(image: &Resolved, opts: &SandboxOptions) -> Result<Planned, LaunchError> {
     let limits = match &opts.limits {
         LimitsFrom::Options(o) => o.resolve(&UserConfig::load().limits()?)?,
-        LimitsFrom::Exact(l) => l.clone(),
+        LimitsFrom::Exact(l) => *l,
     };
     let ids = match &opts.ids {
         Some(ids) => ids.clone(),

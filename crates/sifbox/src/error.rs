@@ -26,12 +26,19 @@ pub enum CliError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// Boxed: the assembly's errors carry paths and keys.
     #[error(transparent)]
-    Launch(#[from] sifbox_launch::LaunchError),
+    Launch(Box<sifbox_launch::LaunchError>),
     /// Whoever read stdout went away (`sifbox ... | head`): the command
     /// stops, quietly, with status 0.
     #[error("stdout was closed")]
     StdoutClosed,
+}
+
+impl From<sifbox_launch::LaunchError> for CliError {
+    fn from(e: sifbox_launch::LaunchError) -> Self {
+        CliError::Launch(Box::new(e))
+    }
 }
 
 /// A command's result.

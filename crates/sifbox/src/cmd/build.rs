@@ -11,7 +11,7 @@ use sifbox_build::error::BuildError;
 use sifbox_build::progress::{Mode, Progress};
 use sifbox_engine::Error;
 
-use crate::cmd::options::{ProgressArg, UsernsArg};
+use crate::cmd::options::{value_of, ProgressArg, UsernsArg};
 use crate::cmd::signals::Interrupts;
 use sifbox_image::store::{Digest, Store};
 
@@ -42,14 +42,8 @@ pub struct BuildArgs {
     #[arg(long, value_name = "SIZE", default_value = "10g")]
     pub layer_size: String,
     /// Output: auto (condensed on a terminal), plain (every line), quiet.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        value_name = "auto|plain|quiet",
-        hide_possible_values = true
-    )]
-    pub progress: ProgressArg,
+    #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
+    pub progress: String,
     /// Also write the image as a SIF file that Apptainer runs.
     #[arg(short = 'o', long = "output", value_name = "FILE.sif")]
     pub output: Option<PathBuf>,
@@ -63,14 +57,8 @@ pub struct BuildArgs {
     /// Id mapping of build steps: auto (full when the caller has a
     /// subordinate range), full, or single (one id; chown and set*id
     /// succeed without effect under a seccomp filter).
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        value_name = "auto|full|single",
-        hide_possible_values = true
-    )]
-    pub userns: UsernsArg,
+    #[arg(long, default_value = "auto", value_name = "auto|full|single")]
+    pub userns: String,
     #[command(flatten)]
     pub confine: crate::cmd::options::ConfineArgs,
     /// Print only the image digest (same as --progress quiet).
@@ -99,7 +87,9 @@ pub(crate) fn resolve_image(store: &Store, reference: &str) -> Result<Digest, Bu
 }
 
 pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
-    let mode = match (a.quiet, a.progress) {
+    let progress: ProgressArg = value_of("--progress", &a.progress)?;
+    let userns: UsernsArg = value_of("--userns", &a.userns)?;
+    let mode = match (a.quiet, progress) {
         (true, _) | (_, ProgressArg::Quiet) => Mode::Quiet,
         (false, ProgressArg::Auto) => Mode::Auto,
         (false, ProgressArg::Plain) => Mode::Plain,
@@ -125,7 +115,7 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
         })?;
     }
     let opts = BuildOptions {
-        userns: a.userns.into(),
+        userns: userns.into(),
         context: a.context.clone(),
         dockerfile: a.file.clone(),
         build_args: sifbox_build::inputs::build_args(&a.build_args),

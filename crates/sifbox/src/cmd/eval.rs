@@ -16,7 +16,7 @@ use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
 use sifbox_eval::{cancel::Cancel, task};
 
-use crate::cmd::options::{bad, NetArg, ProgressArg, UsernsArg};
+use crate::cmd::options::{bad, value_of, NetArg, ProgressArg, UsernsArg};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -119,14 +119,8 @@ pub struct EvalArgs {
     pub end_agent_processes: bool,
     /// Output on stderr: auto (a live line on a terminal, else plain),
     /// plain (a line per event), quiet.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "auto",
-        value_name = "auto|plain|quiet",
-        hide_possible_values = true
-    )]
-    pub progress: ProgressArg,
+    #[arg(long, default_value = "auto", value_name = "auto|plain|quiet")]
+    pub progress: String,
     /// Task directories, or directories of them.
     #[arg(value_name = "TASK_OR_DIR", required = true)]
     pub tasks: Vec<PathBuf>,
@@ -336,7 +330,7 @@ fn usage(what: String, why: &str, fix: &str) -> Error {
 
 /// `docker_image`: the store, else a registry; a `.sif` file, imported.
 pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
-    let progress = match a.progress {
+    let progress = match value_of::<ProgressArg>("--progress", &a.progress)? {
         ProgressArg::Auto if rustix::termios::isatty(std::io::stderr()) => Mode::Live,
         ProgressArg::Auto | ProgressArg::Plain => Mode::Plain,
         ProgressArg::Quiet => Mode::Quiet,

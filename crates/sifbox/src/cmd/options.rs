@@ -57,6 +57,29 @@ pub enum ProgressArg {
     Quiet,
 }
 
+/// A flag's value as one of `E`'s (by its clap names and aliases), for
+/// the commands whose every bad input is one line of sifbox's (`build`,
+/// `eval`): `--progress loud: unknown mode; use auto, plain or quiet`.
+pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> Result<E, Error> {
+    E::from_str(s, false).map_err(|_| {
+        let names: Vec<String> = E::value_variants()
+            .iter()
+            .filter_map(E::to_possible_value)
+            .map(|p| p.get_name().to_string())
+            .collect();
+        let list = match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        bad(
+            &format!("{flag} {s}"),
+            "unknown mode",
+            &format!("use {list}"),
+        )
+    })
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum SeccompArg {
     /// sifbox's policy: an allow-list modelled on Docker's (SECURITY.md lists it).
@@ -353,6 +376,28 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
         eprintln!(
             "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
             logs.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flags_value_is_one_of_its_enums_or_one_line_that_lists_them() {
+        assert_eq!(
+            value_of::<ProgressArg>("--progress", "tty").ok(),
+            Some(ProgressArg::Auto)
+        );
+        assert!(matches!(
+            value_of::<UsernsArg>("--userns", "full"),
+            Ok(UsernsArg::Full)
+        ));
+        let e = value_of::<ProgressArg>("--progress", "loud").expect_err("unknown");
+        assert_eq!(
+            e.to_string(),
+            "--progress loud: unknown mode; use auto, plain or quiet"
         );
     }
 }
