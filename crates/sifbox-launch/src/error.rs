@@ -28,7 +28,7 @@ pub enum LaunchError {
         fix: &'static str,
     },
     /// The host's CA bundle to show is not a file.
-    #[error("--host-ca {}: no such file; pass the host's CA bundle file (--host-ca=FILE), or --host-ca alone for {}", path.display(), crate::host_ca::DEFAULT_CA)]
+    #[error("--host-ca {}: no such file; pass the host's CA bundle file (--host-ca=FILE), or --host-ca alone for /etc/ssl/certs/ca-certificates.crt", path.display())]
     HostCaMissing { path: PathBuf },
     /// `--rootfs DIR` is not a directory.
     #[error("--rootfs {}: no such directory; pass an unpacked root file system directory, or an IMAGE without --rootfs", dir.display())]

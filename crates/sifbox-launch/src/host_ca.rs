@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 
 use sifbox_engine::spec::Bind;
 
-use crate::config::UserConfig;
 use crate::error::LaunchError;
 
 /// The host's CA bundle on Debian and its relatives.
@@ -44,12 +43,12 @@ pub fn for_sandboxes(flag: Option<&Path>) -> Result<Option<PathBuf>, LaunchError
 }
 
 /// The bundle build steps see: `flag`, else `SIFBOX_HOST_CA`, else
-/// `[build] host_ca` of `config` (not yet [`checked`]).
-pub fn for_builds(flag: Option<&Path>, config: &UserConfig) -> Option<PathBuf> {
+/// `configured` (`UserConfig::build_host_ca`); not yet [`checked`].
+pub fn for_builds(flag: Option<&Path>, configured: Option<PathBuf>) -> Option<PathBuf> {
     match (flag, std::env::var("SIFBOX_HOST_CA")) {
         (Some(f), _) => Some(f.to_path_buf()),
         (None, Ok(v)) => parse_env(&v),
-        (None, Err(_)) => config.build_host_ca(),
+        (None, Err(_)) => configured,
     }
 }
 

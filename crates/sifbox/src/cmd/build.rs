@@ -103,7 +103,7 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     let scratch = store.work_dir("build-secrets")?;
     let host_ca = sifbox_launch::host_ca::checked(sifbox_launch::host_ca::for_builds(
         a.host_ca.as_deref(),
-        &sifbox_launch::UserConfig::load(),
+        sifbox_launch::UserConfig::load().build_host_ca(),
     ))?;
     for t in &a.tags {
         sifbox_image::store::normalize_name(t).map_err(|e| {

@@ -417,7 +417,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         force_build: a.force_build,
         exe,
         userns: a.userns.into(),
-        host_ca: sifbox_launch::host_ca::for_builds(a.host_ca.as_deref(), &config),
+        host_ca: sifbox_launch::host_ca::for_builds(a.host_ca.as_deref(), config.build_host_ca()),
         sandbox_host_ca: sandbox_ca,
         binds,
         seccomp: a.confine.confinement().seccomp,
