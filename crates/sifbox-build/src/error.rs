@@ -49,6 +49,10 @@ pub enum BuildError {
     Store(#[from] sifbox_image::store::StoreError),
     #[error(transparent)]
     Import(#[from] sifbox_image::import::ImportError),
+    /// A `FROM` (or a task's image) that does not resolve: the resolver's
+    /// error and what to do.
+    #[error("{0}; {fix}", fix = .0.fix())]
+    Resolve(#[from] sifbox_registry::ResolveError),
 }
 
 /// `FILE:LINE: INSTRUCTION: `, leaving out a line of 0 (an error of the
@@ -95,7 +99,9 @@ impl BuildError {
 
     pub fn is_bad_input(&self) -> bool {
         match self {
-            BuildError::BadInput { .. } | BuildError::Instruction { .. } => true,
+            BuildError::BadInput { .. }
+            | BuildError::Instruction { .. }
+            | BuildError::Resolve(_) => true,
             BuildError::Engine(e) => e.is_bad_input(),
             _ => false,
         }

@@ -158,9 +158,8 @@ impl<'s> Layers<'s> {
 
     /// An empty root file system (for `FROM scratch`).
     pub fn empty_base(&self) -> Result<PathBuf> {
-        let p = self.store.root().join("layers").join("empty");
-        std::fs::create_dir_all(&p).map_err(|e| BuildError::io(&p, e))?;
-        Ok(p)
+        sifbox_launch::give_back::empty_base(self.store)
+            .map_err(|e| BuildError::io(&self.store.root().join("layers/empty"), e))
     }
 
     fn layer_path(&self, key: &str) -> PathBuf {
@@ -346,51 +345,20 @@ impl Layers<'_> {
 
     /// Runs `f` in a helper sandbox of sifbox's own (the empty base, no
     /// network, `binds` of host dirs) with the mapping of build sandboxes,
-    /// then stops it: what the caller cannot do on the host to files of
-    /// its subordinate ids. Runs nothing but sifbox's requests.
+    /// then stops it (`sifbox_launch::give_back::Helper`).
     fn with_helper(
         &self,
         binds: Vec<Bind>,
         f: impl FnOnce(&Sandbox) -> sifbox_engine::Result<()>,
     ) -> Result<()> {
-        let state = FsState {
-            base: self.empty_base()?,
-            layers: Vec::new(),
-            key: String::new(),
-        };
-        let sb = self.sandbox(
-            &state,
-            &StepOptions {
-                net: NetMode::None,
-                binds,
-                tmpfs: Vec::new(),
-            },
-            Writable::Tmpfs { size_mib: 1 },
-        )?;
-        let done = f(&sb);
-        sb.stop(std::time::Duration::ZERO)?;
-        Ok(done?)
-    }
-
-    /// Gives the trees `paths` (dirs on the host) to the caller, from inside
-    /// a sandbox with the same id mapping as the ones that wrote files of
-    /// other ids there (an eval job's dir): the caller can then read and
-    /// remove all of it. Nothing is followed (`Request::GiveBack`).
-    pub fn give_back_trees(&self, paths: &[PathBuf]) -> Result<()> {
-        if paths.is_empty() {
-            return Ok(());
-        }
-        let binds: Vec<Bind> = paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Bind {
-                src: p.clone(),
-                dst: PathBuf::from(format!("/.sifbox-own/{i}")),
-                readonly: false,
-            })
-            .collect();
-        let targets: Vec<String> = binds.iter().map(|b| b.dst.display().to_string()).collect();
-        self.with_helper(binds, |sb| targets.iter().try_for_each(|t| sb.give_back(t)))
+        sifbox_launch::give_back::Helper::new(
+            self.store,
+            self.exe.clone(),
+            self.ids.clone(),
+            self.confinement,
+        )
+        .run(binds, f)?;
+        Ok(())
     }
 }
 
@@ -575,38 +543,4 @@ fn remove_stubs(upper: &Path, stubs: &[String]) {
             _ => {}
         }
     }
-}
-
-/// Whether `dir` holds files that sandboxes wrote as other ids of the
-/// caller's mapping, which the caller can neither read nor remove (a walk
-/// by fds, nothing followed, that stops at the first). Never for host
-/// root, who reads and removes anything; a file of one of the caller's
-/// groups (a setgid project dir's) is the caller's.
-pub fn has_foreign_files(dir: &Path) -> bool {
-    let uid = rustix::process::geteuid();
-    if uid.is_root() {
-        return false;
-    }
-    let mut gids: Vec<u32> = rustix::process::getgroups()
-        .unwrap_or_default()
-        .into_iter()
-        .map(rustix::process::Gid::as_raw)
-        .collect();
-    gids.push(rustix::process::getegid().as_raw());
-    sifbox_engine::transfer::anything_not_owned_by(dir, uid.as_raw(), &gids)
-}
-
-/// Gives such files under `dir` ([`has_foreign_files`]) back to the
-/// caller: one sandbox with the same mapping ([`Layers::give_back_trees`]),
-/// only when there are any.
-pub fn give_back_outputs(
-    store: &Store,
-    exe: PathBuf,
-    userns: UsernsMode,
-    dir: &Path,
-) -> Result<()> {
-    if !has_foreign_files(dir) {
-        return Ok(());
-    }
-    Layers::new(store, exe, userns)?.give_back_trees(&[dir.to_path_buf()])
 }

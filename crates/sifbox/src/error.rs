@@ -29,6 +29,9 @@ pub enum CliError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// Boxed: the assembly's errors carry paths and keys.
+    #[error(transparent)]
+    Launch(Box<sifbox_launch::LaunchError>),
     /// Whoever read stdout went away (`sifbox ... | head`): the command
     /// stops, quietly, with status 0.
     #[error("stdout was closed")]
@@ -45,6 +48,12 @@ pub enum CliError {
     /// report said which: exit 1, nothing more printed.
     #[error("a check that `sifbox run` needs failed")]
     ChecksFailed,
+}
+
+impl From<sifbox_launch::LaunchError> for CliError {
+    fn from(e: sifbox_launch::LaunchError) -> Self {
+        CliError::Launch(Box::new(e))
+    }
 }
 
 /// A command's result.
@@ -66,6 +75,7 @@ impl CliError {
             CliError::Store(e) => e.fix(),
             CliError::Import(e) => e.fix(),
             CliError::Resolve(e) => Some(e.fix()),
+            CliError::Launch(e) => e.fix(),
             CliError::Pull(e) => Some(e.fix()),
             CliError::Build(e) => match e {
                 BuildError::Store(s) => s.fix(),

@@ -24,7 +24,7 @@ use crate::error::{BuildError, Result};
 use crate::layers::{chain_key, FsState, Layers, StepOptions};
 use crate::plan::{self, Base, Plan, PlanOptions, PlannedStage, StageEnv};
 use crate::progress::Progress;
-pub use run::HOST_CA_PATH;
+pub use sifbox_launch::host_ca::HOST_CA_PATH;
 
 /// The default shell of shell-form commands.
 const DEFAULT_SHELL: [&str; 2] = ["/bin/sh", "-c"];

@@ -20,8 +20,6 @@ use crate::plan::StageEnv;
 use crate::progress::Progress;
 use crate::steps::{self, OutputSink};
 
-use crate::inputs::CA_ENV;
-pub use crate::inputs::HOST_CA_PATH;
 /// Where build steps with faked ids find apt's configuration.
 const APT_CONF_PATH: &str = "/run/sifbox/apt.conf";
 
@@ -113,16 +111,7 @@ impl Builder<'_> {
             }
         }
         if let Some(ca) = &self.opts.host_ca {
-            binds.push(Bind {
-                src: ca.clone(),
-                dst: PathBuf::from(HOST_CA_PATH),
-                readonly: true,
-            });
-            for k in CA_ENV {
-                if !run_env.iter().any(|(e, _)| e == k) {
-                    run_env.push(((*k).into(), HOST_CA_PATH.into()));
-                }
-            }
+            sifbox_launch::host_ca::show(ca, &mut binds, &mut run_env);
         }
         let key = chain_key(
             &cur.state.key,

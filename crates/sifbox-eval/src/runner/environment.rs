@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use sifbox_build::build::BuildOptions;
 use sifbox_build::progress::Progress;
-use sifbox_image::meta::ImageMeta;
 use sifbox_image::store::Digest;
+use sifbox_registry::Resolved;
 
 use crate::cancel;
 use crate::result::now_rfc3339;
@@ -18,19 +18,24 @@ use crate::task::{EnvSource, SeparateVerifier, Task};
 
 use super::Ctx;
 
-/// An environment's image, ready to run.
+/// An environment's image, ready to run: the stored image opened as
+/// every command opens one (`sifbox_registry::resolve::open`: its pin for
+/// the job's life, which its rollouts' supervisors hold too, its metadata
+/// and root file system, and the one rule for a foreign image), read
+/// through `Deref`.
 #[derive(Debug)]
 pub(super) struct Image {
     pub(super) digest: Digest,
-    pub(super) rootfs: PathBuf,
-    pub(super) meta: ImageMeta,
-    pub(super) reference: String,
-    /// Commands must source the image's Apptainer env scripts.
-    pub(super) env_scripts: bool,
+    pub(super) resolved: Resolved,
     pub(super) log: Option<PathBuf>,
-    /// The store's pin of the image for the job's life (its rollouts'
-    /// supervisors hold it too): `image rm` leaves it alone meanwhile.
-    pub(super) pin: Option<sifbox_image::store::ImagePin>,
+}
+
+impl std::ops::Deref for Image {
+    type Target = Resolved;
+
+    fn deref(&self) -> &Resolved {
+        &self.resolved
+    }
 }
 
 /// Why an environment has no image.
@@ -150,23 +155,12 @@ impl Ctx<'_> {
             EnvSource::Sif(p) => p.display().to_string(),
             EnvSource::Dockerfile { .. } => role.tag(task),
         };
-        let pin = self
-            .store
-            .pin(&digest)
-            .map_err(|e| fail(format!("image {digest}: {e}"), log.clone()))?;
-        let meta = sifbox_image::import::image_meta(self.store, &digest)
-            .map_err(|e| fail(format!("image {digest}: {e}"), log.clone()))?;
-        let rootfs = sifbox_image::import::rootfs(self.store, &digest)
-            .map_err(|e| fail(format!("unpacking image {digest}: {e}"), log.clone()))?;
-        let foreign = meta == ImageMeta::default();
+        let resolved = sifbox_registry::resolve::open(self.store, digest.clone(), &reference)
+            .map_err(|e| fail(format!("image {digest}: {}", e.kind), log.clone()))?;
         Ok(Image {
-            env_scripts: foreign && sifbox_image::meta::has_env_scripts(&rootfs),
             digest,
-            rootfs,
-            meta,
-            reference,
+            resolved,
             log,
-            pin,
         })
     }
 

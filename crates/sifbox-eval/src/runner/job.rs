@@ -382,7 +382,7 @@ pub fn run(
     // What a task's user wrote there as another id of the caller's
     // mapping is the caller's again (else unreadable, unremovable).
     if let Err(e) =
-        sifbox_build::layers::give_back_outputs(store, opts.exe.clone(), opts.userns, &dir)
+        sifbox_launch::give_back::give_back_outputs(store, opts.exe.clone(), opts.userns, &dir)
     {
         tracing::warn!(
             "files that sandboxes wrote in {} as other ids of your subordinate range could not all be given back to you ({e}): some of them may stay unreadable and unremovable for you",

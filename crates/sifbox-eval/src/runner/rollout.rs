@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sifbox_engine::evidence::{ImageRef, LogsDir};
-use sifbox_engine::spec::{self, NetMode, Writable};
-use sifbox_engine::{Sandbox, SandboxSpec, StartOptions};
+use sifbox_engine::evidence::LogsDir;
+#[cfg(test)]
+use sifbox_engine::spec::Writable;
+use sifbox_engine::spec::{self, NetMode};
+use sifbox_engine::{Sandbox, StartOptions};
+use sifbox_launch::{Layer, LimitsFrom, SandboxOptions};
 
 use crate::result::{
     now_rfc3339, now_unix_ms, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status,
@@ -22,7 +25,7 @@ use crate::task::{NetworkMode, Task};
 
 use super::environment::Image;
 use super::phases::{phases, remake_verifier, task_verifier, verify, Running, STEPS_ARCHIVE};
-use super::{ms, set_env, Agent, Ctx, TaskEnv};
+use super::{ms, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
 fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
@@ -280,6 +283,7 @@ fn run_rollout(
         ctx,
         task,
         &image,
+        env,
         name,
         sandbox_net,
         (binds, guarded),
@@ -290,7 +294,7 @@ fn run_rollout(
     let Some(Started {
         sandbox,
         kill_id,
-        ca_env,
+        base_env,
         layer,
     }) = started
     else {
@@ -302,7 +306,7 @@ fn run_rollout(
         .clone()
         .or_else(|| image.meta.workdir.clone().filter(|w| !w.is_empty()))
         .unwrap_or_else(|| "/".into());
-    let running = match running(&sandbox, &image, env, ca_env, cwd, sandbox_net) {
+    let running = match running(&sandbox, &image, base_env, cwd, sandbox_net) {
         Ok(run) => Running {
             guarded: true,
             ..run
@@ -377,16 +381,17 @@ struct Started {
     sandbox: Sandbox,
     /// Its registration with the job's cancellation.
     kill_id: Option<u64>,
-    /// The host CA bundle's variables.
-    ca_env: Vec<(String, String)>,
+    /// The environment its commands start with (`sifbox_launch::assemble`).
+    base_env: Vec<(String, String)>,
     /// Its disk-backed layer on the worker's file system, removed after it.
     layer: Option<sifbox_engine::disk::Removal>,
 }
 
 /// Starts a sandbox `name` of `image` for a rollout of `task`, with
-/// `binds` and guarded binds (and the host's CA bundle, whose variables come back), until it
-/// answers; registered with the job's cancellation. None when it did not
-/// start (`r` says why).
+/// `binds` and guarded binds, until it answers; registered with the job's
+/// cancellation. The spec and the environment (the image's, then the
+/// task's, then the host CA's) are `sifbox_launch::assemble`'s, as for
+/// `run` and `start`. None when it did not start (`r` says why).
 #[allow(
     clippy::too_many_arguments,
     reason = "what a sandbox of a rollout is made of"
@@ -395,45 +400,57 @@ fn start_sandbox(
     ctx: &Ctx<'_>,
     task: &Task,
     image: &Image,
+    env: &TaskEnv,
     name: String,
     net: NetMode,
-    (mut binds, guarded): (Vec<spec::Bind>, Vec<spec::GuardedBind>),
+    (binds, guarded): (Vec<spec::Bind>, Vec<spec::GuardedBind>),
     evidence_dir: Option<PathBuf>,
     r: &mut RolloutResult,
 ) -> Option<Started> {
-    // The host's CA bundle: a bind, and its variables in the base env
-    // (where the image and the task set none of their own).
-    let mut ca_env = Vec::new();
-    if let Some(ca) = &ctx.opts.sandbox_host_ca {
-        if let Err(e) = sifbox_build::inputs::show_host_ca(ca, &mut binds, &mut ca_env) {
+    let size_mib = r.limits.storage_mib();
+    let opts = SandboxOptions {
+        name: Some(name),
+        hostname: Some(spec::hostname_for(&task.name)),
+        net,
+        userns: ctx.opts.userns,
+        ids: Some(ctx.ids.clone()),
+        layer: match &ctx.scratch {
+            Some(scratch) => Layer::Disk {
+                size_mib,
+                scratch: Some(scratch.clone()),
+            },
+            None => Layer::Tmpfs { size_mib },
+        },
+        confinement: ctx.opts.confinement(task),
+        limits: LimitsFrom::Exact(r.limits.spec()),
+        env: env.env.clone(),
+        binds,
+        host_ca: ctx.opts.sandbox_host_ca.clone(),
+        ..SandboxOptions::new()
+    };
+    let planned = match sifbox_launch::assemble(&image.resolved, &opts) {
+        Ok(p) => p,
+        Err(e @ sifbox_launch::LaunchError::HostCaMissing { .. }) => {
             r.fail(ErrorClass::Infra, e.to_string());
             return None;
         }
-    }
-    let mut spec = SandboxSpec::new(name, image.rootfs.clone(), ctx.ids.clone());
-    spec.hostname = spec::hostname_for(&task.name);
-    spec.net = net;
-    spec.writable = match &ctx.scratch {
-        Some(scratch) => Writable::Disk {
-            size_mib: r.limits.storage_mib(),
-            scratch: scratch.clone(),
-        },
-        None => Writable::Tmpfs {
-            size_mib: r.limits.storage_mib(),
-        },
+        Err(e) => {
+            r.fail(ErrorClass::Infra, format!("starting the sandbox: {e}"));
+            return None;
+        }
     };
+    let mut spec = planned.spec;
     // A directory on the worker's file system of that size, when it can.
     let (disk_layer, layer) = match &ctx.scratch {
         Some(scratch) => {
             let owner = (spec.ids.uid[0].outside, spec.ids.gid[0].outside);
-            match super::disks::layer(scratch, r.limits.storage_mib(), owner) {
+            match super::disks::layer(scratch, size_mib, owner) {
                 Some((mount, removal)) => (Some(std::sync::Arc::new(mount)), Some(removal)),
                 None => (None, None),
             }
         }
         None => (None, None),
     };
-    spec.binds = binds;
     spec.guarded = guarded;
     // The agent's sandbox (the one with the rollout dir at /logs) keeps
     // /logs/agent and /logs/artifacts in its writable layer: bounded by
@@ -454,18 +471,12 @@ fn start_sandbox(
             }
         }
     }
-    spec.confinement = ctx.opts.confinement(task);
-    spec.limits = r.limits.spec();
     let opts = StartOptions {
         oneshot: true,
         fork_when_possible: false,
         evidence_dir,
-        image: Some(ImageRef {
-            reference: image.reference.clone(),
-            digest: Some(image.digest.to_string()),
-            rootfs: image.rootfs.clone(),
-        }),
-        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
+        image: Some(planned.image),
+        holds: planned.holds,
         disk_layer,
         ..StartOptions::new(ctx.opts.exe.clone())
     };
@@ -475,7 +486,7 @@ fn start_sandbox(
             Some(Started {
                 sandbox: sb,
                 kill_id,
-                ca_env,
+                base_env: planned.env,
                 layer,
             })
         }
@@ -488,26 +499,16 @@ fn start_sandbox(
     }
 }
 
-/// What the phases need of a started sandbox: its base env (the image's,
-/// the task's, the CA's), `cwd`, and /dev/null for stdin.
+/// What the phases need of a started sandbox: its base env, `cwd`, and
+/// /dev/null for stdin.
 fn running<'a>(
     sandbox: &'a Sandbox,
     image: &Image,
-    env: &TaskEnv,
-    ca_env: Vec<(String, String)>,
+    base_env: Vec<(String, String)>,
     cwd: String,
     sandbox_net: NetMode,
 ) -> Result<Running<'a>, String> {
     let null = File::open("/dev/null").map_err(|e| format!("opening /dev/null: {e}"))?;
-    let mut base_env = spec::clean_env(std::env::vars(), &image.meta.env_pairs());
-    for (k, v) in &env.env {
-        set_env(&mut base_env, k, v);
-    }
-    for (k, v) in ca_env {
-        if !base_env.iter().any(|(e, _)| *e == k) {
-            base_env.push((k, v));
-        }
-    }
     Ok(Running {
         sandbox,
         base_env,
@@ -583,6 +584,7 @@ fn separate_verifier(
         ctx,
         task,
         image,
+        env,
         name,
         verifier_net,
         (binds, Vec::new()),
@@ -597,7 +599,7 @@ fn separate_verifier(
     let Some(Started {
         sandbox,
         kill_id,
-        ca_env,
+        base_env,
         layer,
     }) = started
     else {
@@ -616,7 +618,7 @@ fn separate_verifier(
         task.config.workdir.clone().or(image_workdir)
     }
     .unwrap_or_else(|| "/".into());
-    match running(&sandbox, image, env, ca_env, cwd, verifier_net) {
+    match running(&sandbox, image, base_env, cwd, verifier_net) {
         Ok(run) => verify(
             ctx,
             task,

@@ -3,14 +3,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use sifbox_build::build::{BuildOptions, Built};
 use sifbox_build::error::BuildError;
 use sifbox_build::progress::{Mode, Progress};
-use sifbox_engine::spec::UsernsMode;
 use sifbox_engine::Error;
+
+use crate::cmd::options::{value_of, ProgressArg, UsernsArg};
+use crate::cmd::signals::Interrupts;
 use sifbox_image::store::{Digest, Store};
 
 #[derive(Debug, clap::Args)]
@@ -50,7 +52,7 @@ pub struct BuildArgs {
     /// intercepting proxy (also: `build.host_ca = true` in
     /// ~/.config/sifbox/config.toml, or SIFBOX_HOST_CA=1). Another file
     /// goes as `--host-ca=FILE`: `--host-ca CONTEXT` builds CONTEXT.
-    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_launch::host_ca::DEFAULT_CA)]
     pub host_ca: Option<PathBuf>,
     /// Id mapping of build steps: auto (full when the caller has a
     /// subordinate range), full, or single (one id; chown and set*id
@@ -75,44 +77,34 @@ fn bad(what: impl Into<String>, why: impl Into<String>, fix: impl Into<String>) 
 }
 
 /// Resolves a `FROM` reference: the store first (name, digest), then a
-/// registry.
+/// registry (pulls shown on stderr).
 pub(crate) fn resolve_image(store: &Store, reference: &str) -> Result<Digest, BuildError> {
-    crate::cmd::image::resolve_reference(store, reference)
-        .map_err(|e| BuildError::bad(format!("image {}", e.arg), e.kind.to_string(), e.fix()))
+    Ok(sifbox_launch::image::reference(
+        store,
+        reference,
+        crate::cmd::progress::for_stderr(false),
+    )?)
 }
 
 pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
-    let mode = if a.quiet {
-        Mode::Quiet
-    } else {
-        Mode::parse(&a.progress).ok_or_else(|| {
-            bad(
-                format!("--progress {}", a.progress),
-                "unknown mode",
-                "use auto, plain or quiet",
-            )
-        })?
+    let progress: ProgressArg = value_of("--progress", &a.progress)?;
+    let userns: UsernsArg = value_of("--userns", &a.userns)?;
+    let mode = match (a.quiet, progress) {
+        (true, _) | (_, ProgressArg::Quiet) => Mode::Quiet,
+        (false, ProgressArg::Auto) => Mode::Auto,
+        (false, ProgressArg::Plain) => Mode::Plain,
     };
     let store = crate::cmd::image::open_store()?;
-    let interrupted = Interruption::watch()?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
+    let interrupted_flag = Arc::new(AtomicBool::new(false));
+    let interrupts = watch_interrupts(&interrupted_flag)?;
+    let exe = sifbox_launch::current_exe()?;
     // The files of `--secret id=..,env=VAR`: in the store's tmp/, where
     // `sifbox gc` finds them if the build is killed (SIGKILL), not in /tmp.
     let scratch = store.work_dir("build-secrets")?;
-    let host_ca = a
-        .host_ca
-        .clone()
-        .or_else(sifbox_build::inputs::host_ca_from_config);
-    if let Some(ca) = &host_ca {
-        if !ca.is_file() {
-            return Err(bad(
-                format!("--host-ca {}", ca.display()),
-                "no such file",
-                "pass the host's CA bundle file",
-            )
-            .into());
-        }
-    }
+    let host_ca = sifbox_launch::host_ca::checked(sifbox_launch::host_ca::for_builds(
+        a.host_ca.as_deref(),
+        sifbox_launch::UserConfig::load().build_host_ca(),
+    ))?;
     for t in &a.tags {
         sifbox_image::store::normalize_name(t).map_err(|e| {
             bad(
@@ -122,37 +114,19 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
             )
         })?;
     }
-    let userns = match a.userns.as_str() {
-        "auto" => UsernsMode::Auto,
-        "full" => UsernsMode::Full,
-        "single" => UsernsMode::Single,
-        other => {
-            return Err(bad(
-                format!("--userns {other}"),
-                "unknown mode",
-                "use auto, full or single",
-            )
-            .into())
-        }
-    };
     let opts = BuildOptions {
-        userns,
+        userns: userns.into(),
         context: a.context.clone(),
         dockerfile: a.file.clone(),
         build_args: sifbox_build::inputs::build_args(&a.build_args),
-        secrets: sifbox_build::inputs::secrets(&a.secrets, scratch.path()).map_err(
-            |e| match e {
-                BuildError::BadInput { what, why, fix } => bad(what, why, fix),
-                other => Error::Setup(other.to_string()),
-            },
-        )?,
+        secrets: sifbox_build::inputs::secrets(&a.secrets, scratch.path())?,
         target: a.target.clone(),
         no_cache: a.no_cache,
         layer_size: layer_size(&a.layer_size)?,
         host_ca,
         exe,
         confinement: a.confine.confinement(),
-        interrupted: Some(Arc::clone(&interrupted.flag)),
+        interrupted: Some(Arc::clone(&interrupted_flag)),
         cache_scope: None,
     };
     let progress = Arc::new(Progress::new(mode));
@@ -160,21 +134,19 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     let result = sifbox_build::build::build(&store, &opts, &resolver, progress);
     // What the build made is gone by now (its error path, or the drops
     // above); the scratch dir goes with `scratch` below.
-    if let Some(sig) = interrupted.stop() {
+    if let Some(sig) = interrupts.stop() {
         drop(scratch);
         return Err(crate::error::CliError::Interrupted {
             signal: sig,
             report: Some(format!(
                 "the build was interrupted by {}; nothing was stored, and what it made is removed",
-                signal_name(sig)
+                crate::cmd::signals::name(sig)
             )),
         });
     }
     let built: Built = result?;
     for t in &a.tags {
-        let name = store
-            .tag(t, &built.digest)
-            .map_err(|e| bad(format!("--tag {t}"), e.to_string(), "use NAME[:TAG]"))?;
+        let name = store.tag(t, &built.digest)?;
         if mode != Mode::Quiet {
             eprintln!("naming to {name}");
         }
@@ -193,59 +165,19 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
 /// running step's sandbox is killed (from a thread of its own; the step's
 /// exec then fails and its error path removes what it made) and no step
 /// starts after it.
-struct Interruption {
-    flag: Arc<AtomicBool>,
-    signal: Arc<AtomicI32>,
-    handle: signal_hook::iterator::Handle,
-}
-
-impl Interruption {
-    fn watch() -> crate::error::Result<Interruption> {
-        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let flag = Arc::new(AtomicBool::new(false));
-        let signal = Arc::new(AtomicI32::new(0));
-        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-            .map_err(|e| Error::io("installing signal handlers", e))?;
-        let handle = signals.handle();
-        // The builder runs on this thread: its sandboxes are this thread's
-        // children.
-        let builder = sifbox_engine::supervisor::current_tid();
-        let (f, s) = (Arc::clone(&flag), Arc::clone(&signal));
-        std::thread::spawn(move || {
-            for sig in signals.forever() {
-                let _ = s.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
-                f.store(true, Ordering::SeqCst);
-                // Again a little later: a step may have been starting.
-                for _ in 0..3 {
-                    sifbox_engine::supervisor::kill_sandboxes_of_thread(builder);
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-            }
-        });
-        Ok(Interruption {
-            flag,
-            signal,
-            handle,
-        })
-    }
-
-    /// Stops watching; the signal that interrupted the build, if one did.
-    fn stop(&self) -> Option<i32> {
-        self.handle.close();
-        match self.signal.load(Ordering::SeqCst) {
-            0 => None,
-            sig => Some(sig),
+fn watch_interrupts(flag: &Arc<AtomicBool>) -> crate::error::Result<Interrupts> {
+    // The builder runs on this thread: its sandboxes are this thread's
+    // children.
+    let builder = sifbox_engine::supervisor::current_tid();
+    let flag = Arc::clone(flag);
+    Interrupts::watch(move |_| {
+        flag.store(true, Ordering::SeqCst);
+        // Again a little later: a step may have been starting.
+        for _ in 0..3 {
+            sifbox_engine::supervisor::kill_sandboxes_of_thread(builder);
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        signal_hook::consts::SIGINT => "SIGINT (Ctrl-C)",
-        signal_hook::consts::SIGTERM => "SIGTERM",
-        signal_hook::consts::SIGHUP => "SIGHUP",
-        _ => "a signal",
-    }
+    })
 }
 
 /// `--layer-size`: a size of at least 16 MiB.

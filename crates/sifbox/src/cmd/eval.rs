@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sifbox_engine::spec::{NetMode, UsernsMode};
+use sifbox_engine::spec::NetMode;
 use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
 use sifbox_eval::{cancel::Cancel, task};
 
-use crate::cmd::options::{bad, NetArg, UsernsArg};
+use crate::cmd::options::{bad, value_of, NetArg, ProgressArg, UsernsArg};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -61,7 +61,7 @@ pub struct EvalArgs {
     /// REQUESTS_CA_BUNDLE, PIP_CERT and the like pointing at it, for sites
     /// whose HTTPS goes through an intercepting proxy (also:
     /// SIFBOX_HOST_CA=1). Another file goes as `--host-ca=FILE`.
-    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_launch::host_ca::DEFAULT_CA)]
     pub host_ca: Option<PathBuf>,
     /// How ids are mapped in the sandboxes and build steps.
     #[arg(long, value_enum, default_value = "auto")]
@@ -124,41 +124,6 @@ pub struct EvalArgs {
     /// Task directories, or directories of them.
     #[arg(value_name = "TASK_OR_DIR", required = true)]
     pub tasks: Vec<PathBuf>,
-}
-
-/// `[eval] image_dirs = ["DIR", ...]` in `$XDG_CONFIG_HOME/sifbox/config.toml`
-/// (default ~/.config): dirs whose SIF files tasks may name, as
-/// `--allow-image-dir` gives them.
-fn image_dirs_from_config() -> sifbox_engine::Result<Vec<PathBuf>> {
-    let Some(dir) = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
-    else {
-        return Ok(Vec::new());
-    };
-    let file = dir.join("sifbox/config.toml");
-    let Some(table) = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())
-    else {
-        return Ok(Vec::new());
-    };
-    let Some(v) = table.get("eval").and_then(|e| e.get("image_dirs")) else {
-        return Ok(Vec::new());
-    };
-    let bad = || Error::BadInput {
-        what: format!("eval.image_dirs = {v} in {}", file.display()),
-        why: "not a list of directory paths".into(),
-        fix: "write image_dirs = [\"/path/to/sifs\"]".into(),
-    };
-    let toml::Value::Array(items) = v else {
-        return Err(bad());
-    };
-    items
-        .iter()
-        .map(|i| i.as_str().map(PathBuf::from).ok_or_else(bad))
-        .collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -365,38 +330,14 @@ fn usage(what: String, why: &str, fix: &str) -> Error {
 
 /// `docker_image`: the store, else a registry; a `.sif` file, imported.
 pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
-    let progress = match a.progress.as_str() {
-        "auto" => {
-            if rustix::termios::isatty(std::io::stderr()) {
-                Mode::Live
-            } else {
-                Mode::Plain
-            }
-        }
-        "plain" => Mode::Plain,
-        "quiet" => Mode::Quiet,
-        other => {
-            return Err(usage(
-                format!("--progress {other}"),
-                "unknown mode",
-                "use auto, plain or quiet",
-            )
-            .into())
-        }
+    let progress = match value_of::<ProgressArg>("--progress", &a.progress)? {
+        ProgressArg::Auto if rustix::termios::isatty(std::io::stderr()) => Mode::Live,
+        ProgressArg::Auto | ProgressArg::Plain => Mode::Plain,
+        ProgressArg::Quiet => Mode::Quiet,
     };
     task::check_filters(&a.filter)?;
-    let sandbox_ca = a
-        .host_ca
-        .clone()
-        .or_else(sifbox_build::inputs::host_ca_from_env);
-    if let Some(ca) = sandbox_ca.as_deref().filter(|ca| !ca.is_file()) {
-        return Err(usage(
-            format!("--host-ca {}", ca.display()),
-            "no such file",
-            "pass the host's CA bundle file (--host-ca=FILE), or --host-ca alone for /etc/ssl/certs/ca-certificates.crt",
-        )
-        .into());
-    }
+    let config = sifbox_launch::UserConfig::load();
+    let sandbox_ca = sifbox_launch::host_ca::for_sandboxes(a.host_ca.as_deref())?;
     let binds = a
         .bind
         .iter()
@@ -428,7 +369,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         }
     }
     let image_dirs = {
-        let mut allowed = image_dirs_from_config()?;
+        let mut allowed = config.eval_image_dirs()?;
         allowed.extend(a.allow_image_dir.iter().cloned());
         task::ImageDirs::new(&a.tasks, &allowed).map_err(|e| {
             usage(
@@ -459,7 +400,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         }
     }
     let store = crate::cmd::image::open_store()?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("finding the sifbox binary", e))?;
+    let exe = sifbox_launch::current_exe()?;
     let jobs = a.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(std::num::NonZeroUsize::get)
@@ -471,21 +412,12 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         jobs,
         out: a.out.clone(),
         job: a.job.clone(),
-        net: a.net.map(|n| match n {
-            NetArg::Host => NetMode::Host,
-            NetArg::None => NetMode::None,
-        }),
+        net: a.net.map(NetMode::from),
         resume: a.resume,
         force_build: a.force_build,
         exe,
-        userns: match a.userns {
-            UsernsArg::Auto => UsernsMode::Auto,
-            UsernsArg::Single => UsernsMode::Single,
-            UsernsArg::Full => UsernsMode::Full,
-        },
-        host_ca: sandbox_ca
-            .clone()
-            .or_else(sifbox_build::inputs::host_ca_from_config),
+        userns: a.userns.into(),
+        host_ca: sifbox_launch::host_ca::for_builds(a.host_ca.as_deref(), config.build_host_ca()),
         sandbox_host_ca: sandbox_ca,
         binds,
         seccomp: a.confine.confinement().seccomp,
@@ -512,38 +444,35 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     // have stopped and removed them.
     let cancel = Arc::new(Cancel::new());
     let finished = Arc::new(AtomicBool::new(false));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(|e| Error::io("installing signal handlers", e))?;
-    let signal_handle = signals.handle();
     let display = Arc::new(Display {
         mode: progress,
         state: Mutex::new(State::default()),
     });
-    {
+    let interrupts = {
+        let handled = AtomicBool::new(false);
         let cancel = Arc::clone(&cancel);
         let finished = Arc::clone(&finished);
         let display = Arc::clone(&display);
-        std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                {
-                    let mut st = display.lock();
-                    display.line(
-                        &mut st,
-                        "interrupted: stopping every sandbox of the job and writing what finished",
-                    );
-                }
-                cancel.cancel(sig);
-                while !finished.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(100));
-                    cancel.kill_all();
-                }
+        crate::cmd::signals::Interrupts::watch(move |sig| {
+            // The first signal ends the job; the handler keeps killing
+            // until the workers are done, so later ones change nothing.
+            if handled.swap(true, Ordering::SeqCst) {
+                return;
             }
-        });
-    }
+            {
+                let mut st = display.lock();
+                display.line(
+                    &mut st,
+                    "interrupted: stopping every sandbox of the job and writing what finished",
+                );
+            }
+            cancel.cancel(sig);
+            while !finished.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                cancel.kill_all();
+            }
+        })?
+    };
     if progress == Mode::Live {
         let display = Arc::clone(&display);
         let finished = Arc::clone(&finished);
@@ -570,9 +499,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             )
         };
         let file = image_dirs.open(p).map_err(bad)?;
-        sifbox_image::import::import_sif_file(&store, &file, p)
-            .map(|i| i.digest)
-            .map_err(|e| bad(e.to_string()))
+        Ok(sifbox_image::import::import_sif_file(&store, &file, p)?.digest)
     };
     let outcome = runner::run(
         &store,
@@ -587,7 +514,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         &cancel,
     );
     finished.store(true, Ordering::SeqCst);
-    signal_handle.close();
+    interrupts.stop();
     display.clear();
     let outcome = outcome?;
     out!("{}", outcome.summary.table());

@@ -8,7 +8,7 @@ use sifbox_eval::result::rfc3339_secs;
 use sifbox_image::import;
 
 use crate::cmd::options::bad;
-use sifbox_image::store::{Access, Digest, Removed, Store, StoreError};
+use sifbox_image::store::{Digest, Removed, Store, StoreError};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCommand {
@@ -71,53 +71,9 @@ pub enum ImageCommand {
 }
 
 /// Opens the store at its default place, private unless the caller's
-/// config makes it a lab group's shared store ([`store_access`]).
+/// config makes it a lab group's shared store (`sifbox_launch::store`).
 pub fn open_store() -> crate::error::Result<Store> {
-    Ok(Store::open_with(&Store::default_root(), store_access()?)?)
-}
-
-/// Whether the store is a lab group's shared one: `SIFBOX_STORE_SHARED`
-/// (1/true/yes or 0/false/no), else `[store] shared = BOOL` in
-/// `$XDG_CONFIG_HOME/sifbox/config.toml` (default ~/.config), else private.
-pub(crate) fn store_access() -> sifbox_engine::Result<Access> {
-    let bad = |what: String, why: &str| Error::BadInput {
-        what,
-        why: why.into(),
-        fix: "say true or false (1 or 0)".into(),
-    };
-    if let Ok(v) = std::env::var("SIFBOX_STORE_SHARED") {
-        return match v.as_str() {
-            "" | "0" | "false" | "no" => Ok(Access::Private),
-            "1" | "true" | "yes" => Ok(Access::Group),
-            _ => Err(bad(format!("SIFBOX_STORE_SHARED={v}"), "not a yes or no")),
-        };
-    }
-    let Some((file, table)) = config_table() else {
-        return Ok(Access::Private);
-    };
-    match table.get("store").and_then(|s| s.get("shared")) {
-        None | Some(toml::Value::Boolean(false)) => Ok(Access::Private),
-        Some(toml::Value::Boolean(true)) => Ok(Access::Group),
-        Some(v) => Err(bad(
-            format!("store.shared = {v} in {}", file.display()),
-            "not a boolean",
-        )),
-    }
-}
-
-/// The caller's config file, `$XDG_CONFIG_HOME/sifbox/config.toml`
-/// (default ~/.config), and its table; None when there is none or it is
-/// not TOML.
-pub(crate) fn config_table() -> Option<(PathBuf, toml::Table)> {
-    let dir = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    let file = dir.join("sifbox/config.toml");
-    let table = std::fs::read_to_string(&file)
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())?;
-    Some((file, table))
+    Ok(sifbox_launch::store::open()?)
 }
 
 pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
@@ -272,8 +228,6 @@ fn in_use(reference: &str, digest: &str) -> Error {
     }
 }
 
-pub use sifbox_registry::Resolved;
-
 /// Writes the stored image `d` as the SIF file `out`, for `what` (the
 /// command or flag, in messages): a directory, a missing parent or a path
 /// that cannot be written is bad input that says so.
@@ -310,38 +264,6 @@ pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::er
         };
         crate::error::CliError::from(bad(&what, &why, "give a path you can write"))
     })
-}
-
-/// Resolves an IMAGE argument of a command by the one rule
-/// (`sifbox_registry::resolve`): `docker://REF` pulled the first time, a
-/// rootfs directory in place, a file imported once, else a store name. The
-/// store is opened only when it is needed.
-pub fn resolve(arg: &str) -> crate::error::Result<Resolved> {
-    let parsed = sifbox_registry::ImageArg::from_cli(arg)?;
-    if let Some(tree) = parsed.tree()? {
-        return Ok(Resolved::in_place(tree, arg));
-    }
-    let store = open_store()?;
-    let opts = sifbox_registry::ResolveOptions {
-        progress: crate::cmd::progress::for_stderr(false),
-        ..sifbox_registry::ResolveOptions::default()
-    };
-    Ok(sifbox_registry::resolve::resolve(
-        &store, &parsed, arg, &opts,
-    )?)
-}
-
-/// Resolves a Dockerfile's `FROM` or a task's `docker_image` in `store`:
-/// a store name, else a registry reference pulled on first use.
-pub fn resolve_reference(
-    store: &Store,
-    reference: &str,
-) -> Result<Digest, sifbox_registry::ResolveError> {
-    let opts = sifbox_registry::ResolveOptions {
-        progress: crate::cmd::progress::for_stderr(false),
-        ..sifbox_registry::ResolveOptions::default()
-    };
-    sifbox_registry::resolve::reference(store, reference, &opts)
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub mod ps;
 pub mod pull;
 pub mod reference;
 pub mod run;
+pub mod signals;
 pub mod start;
 pub mod stop;
 pub mod tty;

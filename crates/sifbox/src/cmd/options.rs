@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 
-use sifbox_engine::evidence::ImageRef;
-use sifbox_engine::spec::{self, Bind, Confinement, NetMode, SeccompMode, UsernsMode, Writable};
-use sifbox_engine::{idmap, Error, ExecDefaults, SandboxSpec};
-
-use crate::cmd::image::Resolved;
+use sifbox_engine::spec::{self, Confinement, NetMode, SeccompMode, UsernsMode};
+use sifbox_engine::Error;
+use sifbox_launch::{Layer, LimitOptions, LimitsFrom, Logs, Memory, Planned, SandboxOptions};
+use sifbox_registry::Resolved;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum NetArg {
@@ -25,6 +24,60 @@ pub enum UsernsArg {
     Single,
     /// Map your own id to root and your subordinate range from 1 (chown works).
     Full,
+}
+
+impl From<NetArg> for NetMode {
+    fn from(n: NetArg) -> NetMode {
+        match n {
+            NetArg::Host => NetMode::Host,
+            NetArg::None => NetMode::None,
+        }
+    }
+}
+
+impl From<UsernsArg> for UsernsMode {
+    fn from(u: UsernsArg) -> UsernsMode {
+        match u {
+            UsernsArg::Auto => UsernsMode::Auto,
+            UsernsArg::Single => UsernsMode::Single,
+            UsernsArg::Full => UsernsMode::Full,
+        }
+    }
+}
+
+/// `--progress` of `build` and `eval`: what they report on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProgressArg {
+    /// Condensed, or a live line, on a terminal; else plain.
+    #[value(alias = "tty")]
+    Auto,
+    /// A line per event.
+    Plain,
+    /// Nothing but the result.
+    Quiet,
+}
+
+/// A flag's value as one of `E`'s (by its clap names and aliases), for
+/// the commands whose every bad input is one line of sifbox's (`build`,
+/// `eval`): `--progress loud: unknown mode; use auto, plain or quiet`.
+pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> Result<E, Error> {
+    E::from_str(s, false).map_err(|_| {
+        let names: Vec<String> = E::value_variants()
+            .iter()
+            .filter_map(E::to_possible_value)
+            .map(|p| p.get_name().to_string())
+            .collect();
+        let list = match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        bad(
+            &format!("{flag} {s}"),
+            "unknown mode",
+            &format!("use {list}"),
+        )
+    })
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -71,7 +124,7 @@ pub struct LimitArgs {
     /// none. Default: `[limits] memory` of ~/.config/sifbox/config.toml,
     /// else 4 GiB or half the host's RAM, whichever is less.
     #[arg(long, value_name = "SIZE", value_parser = memory_arg)]
-    pub memory: Option<MemoryArg>,
+    pub memory: Option<Memory>,
     /// Memory plus swap (Docker's meaning): equal to --memory for no swap,
     /// -1 for unlimited swap; default twice --memory.
     #[arg(long, value_name = "SIZE", value_parser = swap_arg, allow_hyphen_values = true)]
@@ -88,134 +141,22 @@ pub struct LimitArgs {
     pub ulimit: Option<spec::Nofile>,
 }
 
-/// `--memory`: a size, or no limit at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemoryArg {
-    Size(u64),
-    Unlimited,
-}
-
-fn memory_arg(s: &str) -> Result<MemoryArg, String> {
-    if s.trim().eq_ignore_ascii_case("unlimited") {
-        return Ok(MemoryArg::Unlimited);
-    }
-    spec::parse_size(s).map(MemoryArg::Size)
-}
-
-/// `[limits]` of the caller's config file: `memory` (a size or
-/// "unlimited"), `user_pids` (a number), `nofile` ("SOFT[:HARD]").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct LimitsConfig {
-    memory: Option<MemoryArg>,
-    user_pids: Option<u64>,
-    nofile: Option<spec::Nofile>,
-}
-
-fn limits_config() -> sifbox_engine::Result<LimitsConfig> {
-    let Some((file, table)) = crate::cmd::image::config_table() else {
-        return Ok(LimitsConfig::default());
-    };
-    parse_limits_config(&file, &table)
-}
-
-fn parse_limits_config(
-    file: &std::path::Path,
-    table: &toml::Table,
-) -> sifbox_engine::Result<LimitsConfig> {
-    let mut c = LimitsConfig::default();
-    let Some(limits) = table.get("limits") else {
-        return Ok(c);
-    };
-    let bad = |key: &str, v: &dyn std::fmt::Display, why: String, fix: &str| Error::BadInput {
-        what: if key.is_empty() {
-            format!("limits = {v} in {}", file.display())
-        } else {
-            format!("limits.{key} = {v} in {}", file.display())
-        },
-        why,
-        fix: fix.into(),
-    };
-    let Some(limits) = limits.as_table() else {
-        return Err(bad(
-            "",
-            limits,
-            "[limits] is not a table".into(),
-            "write it as a [limits] section",
-        ));
-    };
-    for (key, v) in limits {
-        match (key.as_str(), v) {
-            ("memory", toml::Value::String(t)) => {
-                c.memory = Some(memory_arg(t).map_err(|why| {
-                    bad(key, v, why, "give a size such as \"8g\", or \"unlimited\"")
-                })?);
-            }
-            ("user_pids", toml::Value::Integer(n)) if *n > 0 => {
-                c.user_pids = u64::try_from(*n).ok();
-            }
-            ("nofile", toml::Value::String(t)) => {
-                c.nofile = Some(spec::parse_ulimit(&format!("nofile={t}")).map_err(|why| {
-                    bad(key, v, why, "give \"SOFT:HARD\" such as \"1024:524288\"")
-                })?);
-            }
-            ("memory" | "user_pids" | "nofile", _) => {
-                return Err(bad(
-                    key,
-                    v,
-                    "not a value of the right kind".into(),
-                    "memory = \"8g\" or \"unlimited\"; user_pids = 16384; nofile = \"1024:524288\"",
-                ))
-            }
-            _ => {
-                return Err(bad(
-                    key,
-                    v,
-                    "no such limit".into(),
-                    "[limits] takes memory, user_pids and nofile",
-                ))
-            }
-        }
-    }
-    Ok(c)
+/// `--memory`: a size, or `unlimited`.
+fn memory_arg(s: &str) -> Result<Memory, String> {
+    Memory::parse(s)
 }
 
 impl LimitArgs {
-    /// The limits: flags first, then `[limits]` of the config file, then
-    /// sifbox's defaults (marked as such in the record).
-    pub fn limits(&self) -> sifbox_engine::Result<spec::Limits> {
-        self.limits_with(&limits_config()?)
-    }
-
-    fn limits_with(&self, config: &LimitsConfig) -> sifbox_engine::Result<spec::Limits> {
-        let mut defaults = spec::Defaulted::default();
-        let memory = match self.memory.or(config.memory) {
-            Some(MemoryArg::Size(m)) => Some(m),
-            Some(MemoryArg::Unlimited) => None,
-            None => {
-                defaults.memory = true;
-                Some(spec::default_memory())
-            }
-        };
-        let user_pids = config.user_pids.unwrap_or_else(|| {
-            defaults.user_pids = true;
-            spec::default_user_pids()
-        });
-        let nofile = self.ulimit.or(config.nofile).unwrap_or_else(|| {
-            defaults.nofile = true;
-            spec::DEFAULT_NOFILE
-        });
-        defaults.pids = self.pids == spec::DEFAULT_PIDS;
-        let l = spec::Limits {
-            memory,
+    /// The limits as the flags ask for them (the rest is the config
+    /// file's, else sifbox's defaults: `sifbox_launch::LimitOptions`).
+    pub fn options(&self) -> LimitOptions {
+        LimitOptions {
+            memory: self.memory,
             memory_swap: self.memory_swap,
-            pids: Some(self.pids),
+            pids: self.pids,
             cpus_milli: self.cpus,
-            user_pids: Some(user_pids),
-            nofile: Some(nofile),
-            defaults,
-        };
-        l.validate()?;
-        Ok(l)
+            nofile: self.ulimit,
+        }
     }
 }
 
@@ -297,7 +238,7 @@ pub struct SandboxArgs {
     /// NODE_EXTRA_CA_CERTS and GIT_SSL_CAINFO pointing at it, for sites
     /// whose HTTPS goes through an intercepting proxy (also:
     /// SIFBOX_HOST_CA=1). Another file goes as `--host-ca=FILE`.
-    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_build::inputs::DEFAULT_CA)]
+    #[arg(long = "host-ca", value_name = "FILE", num_args = 0..=1, require_equals = true, default_missing_value = sifbox_launch::host_ca::DEFAULT_CA)]
     pub host_ca: Option<PathBuf>,
 }
 
@@ -347,187 +288,59 @@ pub fn bad(what: &str, why: &str, fix: &str) -> Error {
     }
 }
 
-/// A sandbox as the options describe it.
-#[derive(Debug)]
-pub struct Planned {
-    pub spec: SandboxSpec,
-    /// The environment commands start with.
-    pub env: Vec<(String, String)>,
-    /// The logs dir (absolute), when asked for.
-    pub logs: Option<PathBuf>,
-    /// The user of the image to give the logs subdirs to, once the
-    /// sandbox runs (None: they stay root's).
-    pub logs_owner: Option<String>,
-    /// The image, for the evidence.
-    pub image: ImageRef,
-    /// What commands default to, from the image.
-    pub defaults: ExecDefaults,
-    /// How ids are mapped (`--userns`).
-    pub userns: UsernsMode,
+impl SandboxArgs {
+    /// The options of the one assembly (`sifbox_launch::assemble`).
+    pub fn options(&self) -> crate::error::Result<SandboxOptions> {
+        let binds = self
+            .bind
+            .iter()
+            .map(|b| spec::Bind::parse(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        let layer = match (&self.overlay, self.disk) {
+            (_, Some(bytes)) => Layer::Disk {
+                size_mib: bytes.div_ceil(1 << 20),
+                scratch: None,
+            },
+            (Some(dir), None) => Layer::Overlay { dir: dir.clone() },
+            (None, None) => Layer::Tmpfs {
+                size_mib: self.tmpfs_size,
+            },
+        };
+        Ok(SandboxOptions {
+            name: self.name.clone(),
+            hostname: self.hostname.clone(),
+            user: self.user.clone(),
+            net: self.net.into(),
+            userns: self.userns.into(),
+            ids: None,
+            layer,
+            shm_bytes: Some(self.shm_size),
+            confinement: self.confine.confinement(),
+            limits: LimitsFrom::Options(self.limits.options()),
+            env: self.env.resolve()?,
+            binds,
+            host_ca: sifbox_launch::host_ca::for_sandboxes(self.host_ca.as_deref())?,
+            logs: self.logs.as_ref().map(|dir| Logs {
+                dir: dir.clone(),
+                owner: self.logs_owner.clone(),
+            }),
+        })
+    }
 }
 
 /// Turns the sandbox options and the resolved image into a spec.
-pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> sifbox_engine::Result<Planned> {
-    let rootfs = image.rootfs.clone();
-    let name = match &a.name {
-        Some(n) => n.clone(),
-        None => format!("run-{}", sifbox_engine::random_id(6)),
-    };
-    spec::validate_name(&name)?;
-    // The image's environment first, then --env-file, then --env.
-    let mut extra = image.meta.env_pairs();
-    extra.extend(a.env.resolve()?);
-    let mut env = spec::clean_env(std::env::vars(), &extra);
-    let mut binds = a
-        .bind
-        .iter()
-        .map(|b| Bind::parse(b))
-        .collect::<Result<Vec<_>, _>>()?;
-    if let Some(ca) = a
-        .host_ca
-        .clone()
-        .or_else(sifbox_build::inputs::host_ca_from_env)
-    {
-        sifbox_build::inputs::show_host_ca(&ca, &mut binds, &mut env).map_err(|e| match e {
-            sifbox_build::error::BuildError::BadInput { what, why, fix } => {
-                Error::BadInput { what, why, fix }
-            }
-            other => Error::Setup(other.to_string()),
-        })?;
-    }
-    // The logs dir is the caller's alone (0700) unless a user of the image
-    // other than root gets its subdirs: that user must pass through /logs.
-    let owner = a.logs_owner.as_deref().or(a.user.as_deref()).or(image
-        .meta
-        .user
-        .as_deref()
-        .filter(|u| !u.is_empty()));
-    let passable = owner.is_some_and(|o| !matches!(o, "root" | "0" | "0:0" | "root:root"));
-    let logs = a
-        .logs
-        .as_deref()
-        .map(|d| sifbox_engine::evidence::prepare_logs_dir(d, passable))
-        .transpose()?
-        .map(|l| l.path);
-    if let Some(dir) = &logs {
-        binds.extend(sifbox_engine::evidence::logs_binds(dir));
-    }
-    let mode = match a.userns {
-        UsernsArg::Auto => UsernsMode::Auto,
-        UsernsArg::Single => UsernsMode::Single,
-        UsernsArg::Full => UsernsMode::Full,
-    };
-    let ids = idmap::resolve(mode, &idmap::Caller::current())?;
-    let writable = match (&a.overlay, a.disk) {
-        (_, Some(bytes)) => Writable::Disk {
-            size_mib: bytes.div_ceil(1 << 20),
-            scratch: sifbox_engine::disk::scratch_dir(
-                &sifbox_image::store::Store::default_root().join("scratch"),
-            ),
-        },
-        (Some(dir), None) => {
-            let dir = std::path::absolute(dir)
-                .map_err(|e| Error::io(format!("--overlay {}", dir.display()), e))?;
-            if dir.starts_with(&rootfs) {
-                return Err(bad(
-                    &format!("--overlay {}", dir.display()),
-                    "it lies inside the image",
-                    "choose a directory outside the root file system",
-                ));
-            }
-            Writable::Overlay { dir }
-        }
-        (None, None) => Writable::Tmpfs {
-            size_mib: a.tmpfs_size,
-        },
-    };
-    let mut spec = SandboxSpec::new(name, rootfs, ids);
-    if let Some(h) = &a.hostname {
-        spec.hostname.clone_from(h);
-    }
-    spec.net = match a.net {
-        NetArg::Host => NetMode::Host,
-        NetArg::None => NetMode::None,
-    };
-    spec.writable = writable;
-    spec.binds = binds;
-    spec.shm_bytes = a.shm_size;
-    spec.confinement = a.confine.confinement();
-    spec.limits = a.limits.limits()?;
-    spec.validate()?;
-    let defaults = ExecDefaults {
-        cwd: image.meta.workdir.clone().filter(|w| !w.is_empty()),
-        user: a
-            .user
-            .clone()
-            .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty())),
-        source_env_scripts: image.env_scripts,
-    };
-    let logs_owner = logs
-        .as_ref()
-        .and(a.logs_owner.clone().or_else(|| defaults.user.clone()));
-    let image = ImageRef {
-        reference: image.reference.clone(),
-        digest: image.digest.as_ref().map(ToString::to_string),
-        rootfs: image.rootfs.clone(),
-    };
-    Ok(Planned {
-        spec,
-        env,
-        logs,
-        logs_owner,
-        image,
-        defaults,
-        userns: mode,
-    })
-}
-
-/// Gives the logs subdirs of a sandbox started with `--logs` to their
-/// owner (a user of the image; the sandbox's root chowns them, which an
-/// unprivileged caller could not do on the host). Done before any command
-/// runs, so that nothing inside has had a chance to replace them.
-pub fn own_logs(
-    sandbox: &sifbox_engine::Sandbox,
-    owner: Option<&str>,
-) -> sifbox_engine::Result<()> {
-    let Some(owner) = owner else {
-        return Ok(());
-    };
-    for sub in sifbox_engine::evidence::SUBDIRS {
-        sandbox.chown(&format!("/logs/{sub}"), owner).map_err(|e| {
-            bad(
-                &format!("--logs-owner {owner}"),
-                &format!("cannot give /logs/{sub} to it: {e}"),
-                "name a user of the image (--logs-owner NAME|UID[:GID]), or leave the logs dir to root",
-            )
-        })?;
-    }
-    Ok(())
+pub fn build_spec(a: &SandboxArgs, image: &Resolved) -> crate::error::Result<Planned> {
+    Ok(sifbox_launch::assemble(image, &a.options()?)?)
 }
 
 /// Resolves the image of a sandbox command: `--rootfs DIR` (a directory) or
 /// the IMAGE argument.
 pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> crate::error::Result<Resolved> {
-    match (&a.rootfs, image) {
-        (Some(dir), None) => {
-            if !dir.is_dir() {
-                return Err(bad(
-                    &format!("--rootfs {}", dir.display()),
-                    "no such directory",
-                    "pass an unpacked root file system directory, or an IMAGE without --rootfs",
-                )
-                .into());
-            }
-            crate::cmd::image::resolve(&dir.to_string_lossy())
-        }
-        (None, Some(i)) => crate::cmd::image::resolve(i),
-        _ => Err(bad(
-            "image",
-            "give exactly one image (IMAGE or --rootfs DIR)",
-            "e.g. --rootfs ./rootfs, or an image name from `sifbox image ls`",
-        )
-        .into()),
-    }
+    Ok(sifbox_launch::image::for_sandbox(
+        a.rootfs.as_deref(),
+        image,
+        crate::cmd::progress::for_stderr(false),
+    )?)
 }
 
 /// What the image's other users wrote in a finished sandbox's logs dir
@@ -538,7 +351,7 @@ pub fn resolve_image(a: &SandboxArgs, image: Option<&str>) -> crate::error::Resu
 /// for other local users to run); a failure is a warning. The store opens
 /// only when needed.
 pub fn give_back_logs(userns: UsernsMode, logs: &std::path::Path) {
-    if sifbox_build::layers::has_foreign_files(logs) {
+    if sifbox_launch::give_back::has_foreign_files(logs) {
         give_back_foreign(userns, logs);
     }
     match sifbox_image::setid::strip_tree(logs) {
@@ -553,17 +366,12 @@ pub fn give_back_logs(userns: UsernsMode, logs: &std::path::Path) {
 
 /// The give-back of [`give_back_logs`].
 fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
-    let given = std::env::current_exe()
-        .map_err(|e| format!("locating the sifbox binary: {e}"))
-        .and_then(|exe| {
-            crate::cmd::image::open_store()
-                .map_err(|e| e.to_string())
-                .map(|store| (exe, store))
-        })
-        .and_then(|(exe, store)| {
-            sifbox_build::layers::give_back_outputs(&store, exe, userns, logs)
-                .map_err(|e| e.to_string())
-        });
+    let given = (|| -> crate::error::Result<()> {
+        let exe = sifbox_launch::current_exe()?;
+        let store = sifbox_launch::store::open()?;
+        sifbox_launch::give_back::give_back_outputs(&store, exe, userns, logs)?;
+        Ok(())
+    })();
     if let Err(e) = given {
         eprintln!(
             "sifbox: warning: files that the sandbox wrote in {} as other ids of your subordinate range could not all be given back to you ({e})",
@@ -573,63 +381,23 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
 }
 
 #[cfg(test)]
-mod limit_tests {
+mod tests {
     use super::*;
 
-    fn args(memory: Option<MemoryArg>) -> LimitArgs {
-        LimitArgs {
-            memory,
-            memory_swap: None,
-            pids: spec::DEFAULT_PIDS,
-            cpus: None,
-            ulimit: None,
-        }
-    }
-
-    fn config(text: &str) -> sifbox_engine::Result<LimitsConfig> {
-        parse_limits_config(
-            std::path::Path::new("/c.toml"),
-            &text.parse::<toml::Table>().expect("toml"),
-        )
-    }
-
     #[test]
-    fn flags_beat_the_config_which_beats_the_defaults() {
-        let l = args(None)
-            .limits_with(&LimitsConfig::default())
-            .expect("ok");
-        assert_eq!(l.memory, Some(spec::default_memory()));
-        assert!(l.defaults.memory && l.defaults.user_pids && l.defaults.nofile);
-        assert_eq!(l.nofile, Some(spec::DEFAULT_NOFILE));
-        let c = config("[limits]\nmemory = \"unlimited\"\nuser_pids = 50\nnofile = \"10:20\"")
-            .expect("config");
-        let l = args(None).limits_with(&c).expect("ok");
-        assert_eq!(l.memory, None);
-        assert_eq!(l.user_pids, Some(50));
-        assert_eq!(l.nofile, Some(spec::Nofile { soft: 10, hard: 20 }));
-        assert!(!l.defaults.memory && !l.defaults.user_pids && !l.defaults.nofile);
-        let l = args(Some(MemoryArg::Size(1 << 30)))
-            .limits_with(&c)
-            .expect("ok");
-        assert_eq!(l.memory, Some(1 << 30));
-    }
-
-    #[test]
-    fn a_bad_config_names_the_key_and_the_file() {
-        for bad in [
-            "[limits]\nmemory = 5",
-            "[limits]\nmemory = \"lots\"",
-            "[limits]\nuser_pids = -1",
-            "[limits]\nnofile = \"9:1\"",
-            "[limits]\nswap = 1",
-            "limits = 3",
-        ] {
-            let e = config(bad).expect_err(bad).to_string();
-            assert!(e.contains("/c.toml") && e.contains("limits"), "{bad}: {e}");
-        }
+    fn a_flags_value_is_one_of_its_enums_or_one_line_that_lists_them() {
         assert_eq!(
-            config("[store]\nshared = true").expect("ok"),
-            LimitsConfig::default()
+            value_of::<ProgressArg>("--progress", "tty").ok(),
+            Some(ProgressArg::Auto)
+        );
+        assert!(matches!(
+            value_of::<UsernsArg>("--userns", "full"),
+            Ok(UsernsArg::Full)
+        ));
+        let e = value_of::<ProgressArg>("--progress", "loud").expect_err("unknown");
+        assert_eq!(
+            e.to_string(),
+            "--progress loud: unknown mode; use auto, plain or quiet"
         );
     }
 }

@@ -2,14 +2,12 @@
 
 use std::os::fd::AsFd;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use sifbox_engine::protocol::ExecRequest;
-use sifbox_engine::{Error, Sandbox, StartOptions};
+use sifbox_engine::{Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, own_logs, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -53,7 +51,7 @@ const USAGE: &str = "usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] [AR
 /// `apptainer run` does.
 fn command_line(
     entrypoint: Option<&str>,
-    image: &crate::cmd::image::Resolved,
+    image: &sifbox_registry::Resolved,
     args: Vec<String>,
 ) -> Vec<String> {
     match entrypoint {
@@ -87,14 +85,9 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         .into());
     }
     let planned = build_spec(&a.sandbox, &image)?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
     let opts = StartOptions {
         oneshot: true,
-        evidence_dir: planned.logs.clone(),
-        image: Some(planned.image.clone()),
-        // The supervisor holds the image's pin too, for the sandbox's life.
-        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
-        ..StartOptions::new(exe)
+        ..planned.start_options(sifbox_launch::current_exe()?)
     };
     // Requests queue while the sandbox sets itself up.
     let sandbox = Sandbox::launch(planned.spec, &opts)?;
@@ -103,25 +96,14 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
     // up after the launch so that the forked supervisor inherits no
     // handler; a signal during the launch kills us, and the parent-death
     // signal takes the sandbox along.)
-    let caught = Arc::new(AtomicI32::new(0));
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])
-    .map_err(|e| Error::io("installing signal handlers", e))?;
-    let signal_handle = signals.handle();
-    if let Some(killer) = sandbox.kill_handle() {
-        let caught = Arc::clone(&caught);
-        std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                caught.store(sig, Ordering::SeqCst);
-                killer.kill();
-            }
-        });
-    }
+    let killer = sandbox.kill_handle();
+    let interrupts = crate::cmd::signals::Interrupts::watch(move |_| {
+        if let Some(k) = &killer {
+            k.kill();
+        }
+    })?;
 
-    own_logs(&sandbox, planned.logs_owner.as_deref())?;
+    sifbox_launch::own_logs(&sandbox, planned.logs_owner.as_deref())?;
     let req = ExecRequest::command(args)
         .defaults(&planned.defaults)
         .base_env(planned.env)
@@ -138,8 +120,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         status
     };
     let stopped = sandbox.stop(Duration::ZERO);
-    signal_handle.close();
-    let sig = caught.load(Ordering::SeqCst);
+    let sig = interrupts.stop().unwrap_or(0);
     if sig != 0 {
         return Err(crate::error::CliError::Interrupted {
             signal: sig,

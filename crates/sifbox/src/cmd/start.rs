@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use sifbox_engine::{Error, Sandbox, StartOptions};
+use sifbox_engine::Sandbox;
 
-use crate::cmd::options::{bad, build_spec, own_logs, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
 
 #[derive(Debug, clap::Args)]
 // `--name` is optional for `run` (which names its sandbox run-<random>) but
@@ -40,14 +40,8 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     }
     let image = resolve_image(&a.sandbox, a.image.as_deref())?;
     let planned = build_spec(&a.sandbox, &image)?;
-    let exe = std::env::current_exe().map_err(|e| Error::io("locating the sifbox binary", e))?;
-    let opts = StartOptions {
-        evidence_dir: planned.logs.clone(),
-        image: Some(planned.image.clone()),
-        // The supervisor holds the image's pin too, for the sandbox's life.
-        holds: image.pin.iter().map(|p| p.path().to_path_buf()).collect(),
-        ..StartOptions::new(exe)
-    };
+    // The supervisor holds the image's pin too, for the sandbox's life.
+    let opts = planned.start_options(sifbox_launch::current_exe()?);
     let started = Instant::now();
     let sandbox = Sandbox::launch(planned.spec, &opts)?;
     // Readiness: the supervisor reports it, then a round trip through the
@@ -56,7 +50,7 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
     let deadline = started + Duration::from_secs_f64(a.ready_timeout);
     sandbox.wait_ready_until(deadline)?;
     sandbox.ping()?;
-    own_logs(&sandbox, planned.logs_owner.as_deref())?;
+    sifbox_launch::own_logs(&sandbox, planned.logs_owner.as_deref())?;
     sandbox.set_base_env(&planned.env)?;
     sandbox.set_exec_defaults(&planned.defaults)?;
     let name = sandbox.name().to_string();
