@@ -212,7 +212,7 @@ fn walk(
         let Some((_, key)) = keys.iter().find(|(name, _)| name == k) else {
             // BenchFlow's shorthand: `[solution] NAME = "value"` is env.
             let solution = path == "solution" || path == "oracle";
-            if solution && v.is_str() && super::is_env_shorthand(k) {
+            if solution && v.is_str() && super::check::is_env_shorthand(k) {
                 continue;
             }
             let hint = did_you_mean(k, keys)
