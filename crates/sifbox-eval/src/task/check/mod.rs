@@ -7,12 +7,12 @@ mod steps;
 mod values;
 mod verifier;
 
-pub(in crate::task) use values::is_env_shorthand;
 pub use values::{parse_memory, valid_name, valid_step_name};
 
+use super::keys::{self, is_env_shorthand};
 use super::model::{RawSolution, RawTaskToml, VerifierMode};
 use super::{
-    bad, keys, Limits, TaskConfig, DEFAULT_AGENT_TIMEOUT_SEC, DEFAULT_BUILD_TIMEOUT_SEC,
+    bad, Limits, TaskConfig, DEFAULT_AGENT_TIMEOUT_SEC, DEFAULT_BUILD_TIMEOUT_SEC,
     DEFAULT_VERIFIER_TIMEOUT_SEC,
 };
 use crate::error::Result;

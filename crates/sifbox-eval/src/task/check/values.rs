@@ -144,14 +144,6 @@ pub(super) fn check_mb(mb: Option<u64>, key: &str, file: &str) -> Result<Option<
     }
 }
 
-/// Whether `k`, a key of `[solution]` with a string, is an env entry by
-/// BenchFlow's shorthand (`[A-Z_][A-Z0-9_]*`).
-pub(in crate::task) fn is_env_shorthand(k: &str) -> bool {
-    let mut b = k.bytes();
-    matches!(b.next(), Some(c) if c.is_ascii_uppercase() || c == b'_')
-        && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
-}
-
 /// Whether `name` is a step name Harbor takes (`validate_step_name`): one
 /// portable directory name.
 pub fn valid_step_name(name: &str) -> bool {
