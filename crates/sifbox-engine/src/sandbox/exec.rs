@@ -2,6 +2,7 @@
 //! a timeout, a kill for memory), captured output and ptys. The worker
 //! side, inside the sandbox, is [`crate::worker`].
 
+use super::exit::wait_exit;
 use super::*;
 
 /// An exec with a pty: relay between the caller's terminal and `master`,
@@ -154,38 +155,6 @@ fn read_until_exit(
     }
     let [out, err] = tails;
     (out.finish(), err.finish())
-}
-
-/// The exec's end: its status, the sandbox's clock then, and the calls the
-/// default seccomp policy denied during it.
-pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64, Vec<Denied>)> {
-    loop {
-        match protocol::recv::<Event>(conn) {
-            Ok((mut ev, _)) => {
-                let (t, denied) = match &mut ev {
-                    Event::Exit {
-                        time_ns, denied, ..
-                    } => (*time_ns, std::mem::take(denied)),
-                    _ => (0, Vec::new()),
-                };
-                if let Some(st) = ExecStatus::from_event(ev) {
-                    return Ok((st, t, denied));
-                }
-            }
-            Err(ProtocolError::Closed) => {
-                return Err(Error::Protocol {
-                    name: name.to_string(),
-                    why: "the command ended without an exit status: the sandbox stopped, or something in it killed the process that ran the command".into(),
-                })
-            }
-            Err(e) => {
-                return Err(Error::Protocol {
-                    name: name.to_string(),
-                    why: e.to_string(),
-                })
-            }
-        }
-    }
 }
 
 impl Sandbox {

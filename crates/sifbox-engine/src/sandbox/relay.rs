@@ -12,8 +12,8 @@
 //! over as they are (as before, and at no cost): reopening them gives
 //! nothing more than the descriptor itself.
 
+use super::exit::wait_exit;
 use super::*;
-use crate::sandbox::exec::wait_exit;
 
 /// Whether the caller's `fd` must be relayed rather than handed over.
 fn needs_relay(fd: BorrowedFd<'_>) -> bool {

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::idmap;
-use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::protocol::{self, Event, ExecRequest, Request, CONTROL_SOCKET};
 use crate::rootfs;
 use crate::spec::{Confinement, NetMode, SandboxSpec};
 use crate::{transfer, worker};
@@ -112,9 +112,6 @@ pub fn is_supervisor_cmdline(cmdline: &[u8]) -> bool {
 
 /// Where a sandbox that outlives its client writes its diagnostics.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
-
-/// Name of the control socket in the sandbox's runtime dir.
-pub const CONTROL_SOCKET: &str = "control.sock";
 
 /// What the client hands the supervisor on its stdin (one JSON line).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -163,7 +163,7 @@ impl Watchdog {
 
     /// Writes usage.json (a new file renamed into place).
     pub(super) fn record(&self) {
-        let usage = crate::sandbox::Usage {
+        let usage = crate::protocol::Usage {
             cpu_ns: None,
             memory_peak: Some(self.peak),
             oom_kills: self.oom_kills,

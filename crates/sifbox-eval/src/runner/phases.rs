@@ -20,8 +20,7 @@ use crate::rollout_dir;
 use crate::task::{NetworkMode, RewardStrategy, RolloutLimits, Task};
 
 use super::environment::Image;
-use super::rollout::{how_name, interrupted};
-use super::{ms, set_env, Agent, Ctx, TaskEnv};
+use super::{how_name, interrupted, ms, set_env, Agent, Ctx, TaskEnv};
 
 /// Everything a rollout needs once its sandbox runs.
 pub(super) struct Running<'a> {
@@ -670,7 +669,7 @@ fn steps_archive(ctx: &Ctx<'_>, rollout: &str) -> std::result::Result<OwnedFd, S
     let root = ctx.dir.join(STEPS_ARCHIVE);
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     let dir = root.join(rollout);
-    super::rollout::fresh_dir(&ctx.dir, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    super::fresh_dir(&ctx.dir, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let fd =
         rollout_dir::open_dir_nofollow(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     rollout_dir::make_subdir(fd.as_fd(), rollout).map_err(|e| format!("{}: {e}", dir.display()))

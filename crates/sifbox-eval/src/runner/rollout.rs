@@ -14,15 +14,15 @@ use sifbox_engine::spec::{self, NetMode, Writable};
 use sifbox_engine::{Sandbox, SandboxSpec, StartOptions};
 
 use crate::result::{
-    now_rfc3339, now_unix_ms, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status,
-    VerifierSandbox, RESULT_FILE,
+    now_rfc3339, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status, VerifierSandbox,
+    RESULT_FILE,
 };
 use crate::rollout_dir;
 use crate::task::{NetworkMode, Task};
 
 use super::environment::Image;
 use super::phases::{phases, remake_verifier, task_verifier, verify, Running, STEPS_ARCHIVE};
-use super::{ms, set_env, Agent, Ctx, TaskEnv};
+use super::{fresh_dir, how_name, interrupted, ms, set_env, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
 fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
@@ -30,19 +30,6 @@ fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
         NetworkMode::NoNetwork => NetMode::None,
         NetworkMode::Public | NetworkMode::Allowlist | NetworkMode::Denylist => NetMode::Host,
     })
-}
-
-/// A rollout's dir, fresh: what an earlier, unfinished run left is
-/// removed (or, when a sandbox left files this user cannot remove, moved
-/// to `.trash/`).
-pub(super) fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
-    if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
-        let trash = job_dir.join(".trash");
-        std::fs::create_dir_all(&trash)?;
-        let name = dir.file_name().unwrap_or_default().to_string_lossy();
-        std::fs::rename(dir, trash.join(format!("{name}.{}", now_unix_ms())))?;
-    }
-    Ok(())
 }
 
 /// One rollout of `task`, start to end; never fails (what went wrong is in
@@ -113,16 +100,6 @@ fn finish(
         }
     }
     r
-}
-
-/// Marks `r` interrupted when the job was cancelled; returns whether.
-pub(super) fn interrupted(ctx: &Ctx<'_>, r: &mut RolloutResult) -> bool {
-    if ctx.cancel.is_cancelled() {
-        r.status = Status::Interrupted;
-        true
-    } else {
-        false
-    }
 }
 
 fn run_rollout(
@@ -657,14 +634,6 @@ fn stop(
     }
     r.timings_ms.stop += ms(t.elapsed());
     ctx.reaper.finish_later(stopping, layer);
-}
-
-/// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).
-pub(super) fn how_name(h: sifbox_engine::limits::How) -> String {
-    serde_json::to_value(h)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{h:?}"))
 }
 
 /// Records, after the sandbox started, exactly what of the rollout's
