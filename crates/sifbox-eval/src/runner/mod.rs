@@ -33,6 +33,8 @@ mod phases;
 mod reaper;
 mod rollout;
 mod schedule;
+mod setup;
+mod usage;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
