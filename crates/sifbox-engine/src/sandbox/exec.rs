@@ -3,7 +3,17 @@
 //! side, inside the sandbox, is [`crate::worker`].
 
 use super::exit::wait_exit;
-use super::*;
+use std::fs::File;
+use std::io::BufRead;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::pipe::{pipe_with, PipeFlags};
+
+use super::{ExecStatus, Sandbox};
+use crate::denials::Denied;
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 
 /// An exec with a pty: relay between the caller's terminal and `master`,
 /// then [`TtyExec::wait`].

@@ -4,26 +4,19 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use rustix::pipe::{pipe_with, PipeFlags};
-use rustix::process::{Pid, Signal, WaitOptions};
-use std::time::{SystemTime, UNIX_EPOCH};
+use rustix::process::{Pid, Signal};
 
 use crate::denials::Denied;
 use crate::error::{Error, IoContext, Result};
-use crate::evidence::{self, Evidence, ImageRef};
-use crate::idmap;
+use crate::evidence::{Evidence, ImageRef};
 pub use crate::protocol::Usage;
-use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request, CONTROL_SOCKET};
-use crate::runtime::{self, State};
-use crate::spec::{validate_name, SandboxSpec, Writable};
-use crate::supervisor::{self, Launch, SUPERVISOR_ARG};
-use crate::transfer;
+use crate::protocol::{self, Event, ProtocolError, Request, CONTROL_SOCKET};
+use crate::runtime;
+use crate::spec::SandboxSpec;
 
 mod attach;
 mod detached;

@@ -26,37 +26,27 @@
 //! `exited CODE`. Every parent-to-child link carries a parent-death signal, so
 //! a SIGKILLed client (one-shot) or outer takes the whole sandbox down.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
-use rustix::process::{Pid, Signal, WaitOptions};
-use rustix::thread::UnshareFlags;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::idmap;
-use crate::protocol::{self, Event, ExecRequest, Request, CONTROL_SOCKET};
-use crate::rootfs;
-use crate::spec::{Confinement, NetMode, SandboxSpec};
-use crate::{transfer, worker};
+use crate::protocol;
+use crate::spec::SandboxSpec;
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
+mod handoff;
 mod init;
 mod outer;
 mod pool;
 mod serve;
 mod watchdog;
 
-use init::{init_main, Activity};
-use outer::{outer, Nest};
-use pool::{new_worker, NewWorker, Pool};
-use serve::serve;
-use watchdog::Watchdog;
+use outer::outer;
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
 

@@ -3,7 +3,21 @@
 //! forks init and waits for it (mapping its nested user namespace, and
 //! watching its memory without a cgroup).
 
-use super::*;
+use std::fs::File;
+use std::io::BufReader;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+
+use super::handoff::Nest;
+use super::init::init_main;
+use super::watchdog::Watchdog;
+use super::{errno, exit_now, read_line, Launch, Status};
+use crate::error::{Error, Result};
+use crate::{idmap, protocol};
 
 /// `listener`: the control socket when the client made it; else init makes
 /// it. `given`: the disk-backed layer when the client made it.
@@ -251,10 +265,6 @@ fn enter_limits(limits: &crate::limits::Enforcement) -> Result<()> {
 /// How long a sandbox runs before outer gives back the mapped pages of
 /// setting it up (`sifbox_sys::drop_clean_file_pages`).
 const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// init's side of the nested-namespace handshake: a request (with the fds
-/// of its tmpfs mounts for the watchdog), then outer's "mapped".
-pub(super) struct Nest(pub(super) UnixStream);
 
 /// Waits for init, and maps its nested user namespace when it asks;
 /// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory

@@ -2,7 +2,21 @@
 //! to the worker pool (what would change a worker for good to a process of
 //! its own); init reaps every orphan.
 
-use super::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::exit_now;
+use super::handoff::{Activity, KeptLayer};
+use super::pool::{self, new_worker, NewWorker, Pool};
+use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::spec::Confinement;
+use crate::{transfer, worker};
 
 /// A worker's life: jobs arrive on `chan`, each a request ([`pooled`])
 /// with the client's connection as the first fd and the request's own fds
@@ -102,7 +116,7 @@ pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
-    mut keep: Option<super::init::KeptLayer>,
+    mut keep: Option<KeptLayer>,
     guarded: Option<OwnedFd>,
 ) -> ! {
     // Before any worker is forked: they count the policy's denials into
@@ -393,11 +407,7 @@ fn stop_and_exit(conn: &UnixStream, grace_ms: u64) -> ! {
 
 /// `StopKeepingLayer`: as [`stop_and_exit`], with the writable layer copied out
 /// once nothing runs.
-fn stop_keeping_layer_and_exit(
-    conn: &UnixStream,
-    grace_ms: u64,
-    keep: Option<super::init::KeptLayer>,
-) -> ! {
+fn stop_keeping_layer_and_exit(conn: &UnixStream, grace_ms: u64, keep: Option<KeptLayer>) -> ! {
     stop_all(Duration::from_millis(grace_ms));
     kill_and_reap_all(Duration::from_secs(10));
     let copied = copy_layer_out(keep);
@@ -413,7 +423,7 @@ fn stop_keeping_layer_and_exit(
 }
 
 /// `StopKeepingLayer`'s copy of the writable layer out.
-fn copy_layer_out(keep: Option<super::init::KeptLayer>) -> std::result::Result<(), String> {
+fn copy_layer_out(keep: Option<KeptLayer>) -> std::result::Result<(), String> {
     match keep {
         Some(k) => rustix::fs::openat(
             &k.upper,
