@@ -25,7 +25,7 @@ mkdir -p "$work"
 export SIFBOX_CACHE=$work/cache
 
 echo "==== install-deps ===="
-bash "$REPO/scripts/install-deps.sh"
+bash "$REPO/scripts/install-deps.sh" test
 echo "==== cargo build --release -p sifbox ===="
 cargo build --release -p sifbox
 echo "==== base image ===="

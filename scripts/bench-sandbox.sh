@@ -26,7 +26,7 @@ find_cargo bench-sandbox.sh
 rootfs=$REPO/target/test-rootfs
 
 echo "==== install-deps ===="
-bash "$REPO/scripts/install-deps.sh"
+bash "$REPO/scripts/install-deps.sh" test
 echo "==== cargo build --release -p sifbox ===="
 cargo build --release -p sifbox
 echo "==== test rootfs ===="

@@ -25,7 +25,7 @@ find_cargo bench.sh
 rootfs=$REPO/target/test-rootfs
 
 echo "==== install-deps ===="
-bash "$REPO/scripts/install-deps.sh"
+bash "$REPO/scripts/install-deps.sh" test
 echo "==== cargo build --release -p sifbox ===="
 cargo build --release -p sifbox
 echo "==== test rootfs ===="

@@ -58,7 +58,7 @@ fingerprint() {
 find_cargo demo.sh
 SIFBOX=$(cargo_out_dir release "$REPO")/sifbox
 echo "==== setting up ===="
-bash "$REPO/scripts/install-deps.sh"
+bash "$REPO/scripts/install-deps.sh" run
 cargo build --release -p sifbox
 bash "$REPO/scripts/make-test-rootfs.sh" "$ROOTFS" >/dev/null
 [[ -x $SIFBOX ]] || fail "$SIFBOX was not built"
@@ -165,3 +165,4 @@ echo "exit code: $rc"
 
 echo
 echo "demo ok"
+echo "the sifbox binary it used: $SIFBOX (\`cargo install --path crates/sifbox\` puts one in ~/.cargo/bin)"

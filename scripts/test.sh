@@ -127,7 +127,7 @@ print("\n".join(exes))
 # .config/nextest.toml has them run as root): beside other tests they would
 # get less of the CPU than they measure. The user-wide pids cap's test too:
 # its small cap is the user's, for every sandbox running beside it.
-readonly ALONE_TESTS=(limits::cpus_1_caps_two_busy_loops limits::the_user_pids_cap_bounds_two_sandboxes_together)
+readonly ALONE_TESTS=(limits::cpus_caps_busy_loops limits::the_user_pids_cap_bounds_two_sandboxes_together)
 
 # as_test_user EXE ARGS...: runs the test binary EXE (in $USER_DIR) as the
 # unprivileged user, with a clean environment.
@@ -201,7 +201,7 @@ host_info() {
 }
 
 step "host" host_info || true
-if ! step "install-deps" bash "$REPO/scripts/install-deps.sh"; then
+if ! step "install-deps" bash "$REPO/scripts/install-deps.sh" test; then
     echo "test.sh: FAILED: could not install the dependencies (see above)"
     exit 1
 fi

@@ -96,7 +96,7 @@ impl BuildError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             BuildError::BadInput { .. } | BuildError::Instruction { .. } => true,
-            BuildError::Engine(e) => matches!(e, sifbox_engine::Error::BadInput { .. }),
+            BuildError::Engine(e) => e.is_bad_input(),
             _ => false,
         }
     }

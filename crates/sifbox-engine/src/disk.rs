@@ -27,6 +27,53 @@ use rustix::mount::{
 
 use crate::error::{Error, Result};
 
+/// What is wrong with the scratch dir, or with making a disk-backed layer.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("the scratch directory {}: cannot make it: {source}; set SIFBOX_SCRATCH to a directory of your own on a local disk", .dir.display())]
+    ScratchParent {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// A directory above it, or it, may be swapped by another user.
+    #[error("the scratch directory {}: {source}; set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk", .dir.display())]
+    ScratchAncestors {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the scratch directory {}: {why}; set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk", .dir.display())]
+    ScratchNotPrivate { dir: PathBuf, why: String },
+    #[error("the scratch directory {}: cannot make or open it: {source}; set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk", .dir.display())]
+    ScratchOpen {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// `place`: the layer or template being made.
+    #[error("{place}: making a nameless file (O_TMPFILE): {source}; put SIFBOX_SCRATCH on a local ext4 or xfs")]
+    Nameless {
+        place: String,
+        source: std::io::Error,
+    },
+    /// mkfs.ext4 failed (`why`: its status and output).
+    #[error("{place}: {why}")]
+    Format { place: String, why: String },
+    #[error("the disk-backed file system: the layer {0} has not been removed")]
+    LayerNotRemoved(String),
+}
+
+impl DiskError {
+    /// Whether the caller's scratch dir is at fault.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            DiskError::ScratchParent { .. }
+                | DiskError::ScratchAncestors { .. }
+                | DiskError::ScratchNotPrivate { .. }
+                | DiskError::ScratchOpen { .. }
+        )
+    }
+}
+
 /// Where the ext4 tool is looked for (a root shell's PATH has it, a
 /// harness's environment may not).
 const MKFS_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
@@ -82,17 +129,15 @@ pub fn scratch_dir(default: &Path) -> PathBuf {
 /// the caller's, mode 0700 (see [`open_scratch`]).
 pub fn prepare_scratch(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    let bad = |why: String| Error::BadInput {
-        what: format!("the scratch directory {}", dir.display()),
-        why,
-        fix: "set SIFBOX_SCRATCH to a directory of your own on a local disk".into(),
-    };
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(parent)
-            .map_err(|e| bad(format!("cannot make it: {e}")))?;
+            .map_err(|source| DiskError::ScratchParent {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
     }
     open_scratch(dir, true).map(drop)
 }
@@ -102,12 +147,10 @@ pub fn prepare_scratch(dir: &Path) -> Result<()> {
 /// no other user may be able to swap a directory above it; what a sandbox's disk layer is made of
 /// lives there. `create`: make it when missing.
 pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
-    let bad = |why: String| Error::BadInput {
-        what: format!("the scratch directory {}", dir.display()),
-        why,
-        fix: "set SIFBOX_SCRATCH to a directory of your own (mode 0700) on a local disk".into(),
-    };
-    sifbox_sys::check_ancestors(dir).map_err(|e| bad(e.to_string()))?;
+    sifbox_sys::check_ancestors(dir).map_err(|source| DiskError::ScratchAncestors {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     // A dir of the caller's that others may write in but not rename in
     // (sticky, as /tmp) is used as it is: a layer is a nameless file there
     // (O_TMPFILE), and no template, a named file, is made in it.
@@ -123,10 +166,15 @@ pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
         }
     }
     sifbox_sys::private_dir(rustix::fs::CWD, dir, create).map_err(|e| {
+        let dir = dir.to_path_buf();
         match sifbox_sys::NotPrivate::of(&e) {
-            Some(n) => bad(n.why.clone()),
-            None => bad(format!("cannot make or open it: {e}")),
+            Some(n) => DiskError::ScratchNotPrivate {
+                dir,
+                why: n.why.clone(),
+            },
+            None => DiskError::ScratchOpen { dir, source: e },
         }
+        .into()
     })
 }
 
@@ -174,7 +222,10 @@ pub fn make(size_mib: u64, scratch: &Path, owner: (u32, u32), mkfs: &Path) -> Re
         return Ok(m);
     }
     let file = nameless(&dir, bytes, &where_)?;
-    format(&file, mkfs).map_err(|why| Error::Setup(format!("{}: {why}", where_())))?;
+    format(&file, mkfs).map_err(|why| DiskError::Format {
+        place: where_(),
+        why,
+    })?;
     mount(file, owner)
 }
 
@@ -253,9 +304,7 @@ impl Reused {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(name) = in_use.as_ref() {
-            return Err(Error::Setup(format!(
-                "the disk-backed file system: the layer {name} has not been removed"
-            )));
+            return Err(DiskError::LayerNotRemoved(name.clone()).into());
         }
         self.next += 1;
         let name = format!("s{}", self.next);
@@ -344,12 +393,9 @@ fn nameless(dir: &OwnedFd, bytes: u64, where_: &dyn Fn() -> String) -> Result<Ow
         OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )
-    .map_err(|e| {
-        Error::Setup(format!(
-            "{}: making a nameless file (O_TMPFILE): {}; put SIFBOX_SCRATCH on a local ext4 or xfs",
-            where_(),
-            std::io::Error::from(e)
-        ))
+    .map_err(|e| DiskError::Nameless {
+        place: where_(),
+        source: e.into(),
     })?;
     rustix::fs::ftruncate(&file, bytes)
         .map_err(setup_err(format!("{}: sizing the file", where_())))?;

@@ -1,9 +1,46 @@
 //! Errors of the engine. Each renders as one line: what, where, what to do.
+//!
+//! Each module has an error enum whose variants carry the data (path,
+//! field, limit, errno), rolled up here by `#[from]`. The engine says what
+//! went wrong; advice naming a command's flags is the CLI's to give (it
+//! matches on these variants).
+
+pub use crate::aio::AioError;
+pub use crate::disk::DiskError;
+pub use crate::evidence::EvidenceError;
+pub use crate::runtime::RuntimeError;
+pub use crate::sandbox::SandboxError;
+pub use crate::spec::SpecError;
+pub use crate::supervisor::SupervisorError;
 
 /// An engine error.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The caller gave something unusable (a flag, a file, a name).
+    /// A sandbox description (spec, bind, env, limit, name) is unusable.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The runtime dir or a sandbox's name in it.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The logs dir or a sandbox.json.
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+    /// The scratch dir or a disk-backed writable layer.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// Starting, reaching or stopping a sandbox.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// A misuse of the async API.
+    #[error(transparent)]
+    Aio(#[from] AioError),
+    /// The supervisor's side of a launch, or the failure it reported.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    /// The caller gave something unusable. Left for the id maps (whose
+    /// errors are typed with the syscall seam) and the CLI's own checks of
+    /// its flags and config, which move to the CLI's error type: no other
+    /// module of the engine builds one.
     #[error("{what}: {why}; {fix}")]
     BadInput {
         what: String,
@@ -36,6 +73,18 @@ pub enum Error {
     Protocol { name: String, why: String },
     #[error(transparent)]
     Sys(#[from] sifbox_sys::Error),
+    /// Assembling the sandbox's root failed.
+    #[error(transparent)]
+    Rootfs(#[from] crate::rootfs::RootfsError),
+    /// Writing an id map failed.
+    #[error(transparent)]
+    IdMap(#[from] crate::idmap::IdMapError),
+    /// init (the sandbox's PID 1) failed to set the sandbox up.
+    #[error(transparent)]
+    Init(#[from] crate::supervisor::InitError),
+    /// The outer supervisor failed to set the sandbox up.
+    #[error(transparent)]
+    Outer(#[from] crate::supervisor::OuterError),
 }
 
 /// Engine result.
@@ -54,8 +103,26 @@ impl Error {
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Syscall { errno, .. } => Some(*errno),
+            Error::Rootfs(e) => e.errno(),
+            Error::IdMap(crate::idmap::IdMapError::Write { errno, .. }) => {
+                Some(errno.raw_os_error())
+            }
             Error::Host { source, .. } | Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
+        }
+    }
+
+    /// Whether the caller's input is at fault (a flag, a file, a name, a
+    /// directory it chose) rather than the host or sifbox.
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            Error::Spec(_) | Error::BadInput { .. } => true,
+            Error::Aio(e) => e.is_bad_input(),
+            Error::Runtime(e) => e.is_bad_input(),
+            Error::Evidence(e) => e.is_bad_input(),
+            Error::Disk(e) => e.is_bad_input(),
+            Error::Sandbox(e) => e.is_bad_input(),
+            _ => false,
         }
     }
 
@@ -65,6 +132,10 @@ impl Error {
     pub(crate) fn status_line(&self) -> String {
         let text = match self {
             Error::Syscall { step, errno } => format!("errno={errno} {step}"),
+            Error::Rootfs(e) => match e.step_errno() {
+                Some((step, errno)) => format!("errno={errno} {step}"),
+                None => e.to_string(),
+            },
             other => other.to_string(),
         };
         text.replace('\n', " ")
@@ -83,7 +154,10 @@ impl Error {
                 };
             }
         }
-        Error::Setup(msg.to_string())
+        SupervisorError::Reported {
+            message: msg.to_string(),
+        }
+        .into()
     }
     /// Wraps an I/O error with what was being done.
     pub fn io(what: impl Into<String>, source: impl Into<std::io::Error>) -> Error {
@@ -120,8 +194,92 @@ mod tests {
         assert!(e.to_string().starts_with("mounting proc at /proc: "), "{e}");
         // Anything else stays text.
         let other = Error::from_status("the client went away during setup");
-        assert!(matches!(other, Error::Setup(_)));
+        assert!(matches!(
+            other,
+            Error::Supervisor(SupervisorError::Reported { .. })
+        ));
         assert_eq!(Error::from_status("errno=x y").to_string(), "errno=x y");
+    }
+
+    #[test]
+    fn the_typed_errors_name_what_they_carry() {
+        use std::path::PathBuf;
+        let e = Error::from(SpecError::ZeroLimit(crate::spec::Limit::Pids));
+        assert_eq!(
+            e.to_string(),
+            "pids limit 0: a sandbox needs at least one process; give a number such as 4096"
+        );
+        assert!(e.is_bad_input());
+        let e = Error::from(SpecError::SwapBelowMemory {
+            memory: 512,
+            total: 256,
+        });
+        assert!(
+            e.to_string()
+                .contains("(256 bytes) is less than the memory limit (512 bytes)"),
+            "{e}"
+        );
+        let e = Error::from(SpecError::EnvFileLine {
+            path: PathBuf::from("/x/env"),
+            line: 3,
+            why: "no '='".into(),
+        });
+        assert!(e.to_string().starts_with("/x/env:3: no '='; "), "{e}");
+        let e = Error::from(RuntimeError::Named {
+            path: PathBuf::from("/r"),
+            from: "SIFBOX_RUNTIME".into(),
+            problem: crate::runtime::DirProblem::Owner(7),
+        });
+        assert_eq!(
+            e.to_string(),
+            "runtime dir /r (from SIFBOX_RUNTIME): it belongs to uid 7, not to you; set \
+             SIFBOX_RUNTIME to a writable directory of your own on a local file system"
+        );
+        assert!(e.is_bad_input());
+        let e = Error::from(RuntimeError::NotOurLock(PathBuf::from("/r/s/lock")));
+        assert!(!e.is_bad_input(), "{e}");
+        let e = Error::from(EvidenceError::SubdirNotDir {
+            path: PathBuf::from("/logs"),
+            sub: "agent",
+            source: std::io::Error::from_raw_os_error(20),
+        });
+        let text = e.to_string();
+        assert!(
+            text.starts_with("logs dir /logs: agent in it is not a directory ("),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("; remove /logs/agent, or pass another logs dir"),
+            "{text}"
+        );
+        let e = Error::from(DiskError::ScratchOpen {
+            dir: PathBuf::from("/s"),
+            source: std::io::Error::from_raw_os_error(13),
+        });
+        assert!(
+            e.is_bad_input() && e.to_string().contains("/s: cannot make or open it"),
+            "{e}"
+        );
+        assert!(!Error::from(DiskError::LayerNotRemoved("s1".into())).is_bad_input());
+        let e = Error::from(SandboxError::DiskUnavailable {
+            size_mib: 64,
+            why: "no loop".into(),
+        });
+        assert!(
+            e.to_string()
+                .starts_with("a disk-backed writable layer of 64 MiB: no loop; "),
+            "{e}"
+        );
+        // No engine message names a command's flag: that advice is the CLI's.
+        for e in [
+            Error::from(SandboxError::BadExecId("x".into())),
+            Error::from(SandboxError::OneShot("b".into())),
+            Error::from(SandboxError::NoSuchSandbox("b".into())),
+        ] {
+            assert!(!e.to_string().contains("--"), "{e}");
+        }
+        assert!(!Error::from(AioError::NotReadyInTime { name: "b".into() }).is_bad_input());
+        assert!(Error::from(AioError::Tty).is_bad_input());
     }
 
     fn libc_eperm() -> i32 {

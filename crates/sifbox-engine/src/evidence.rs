@@ -13,6 +13,60 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
+
+/// What is wrong with a logs dir or a sandbox.json.
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error("{}: not a sandbox.json: {source}; leave sandbox.json as sifbox wrote it", .path.display())]
+    NotEvidence {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("logs dir {}: cannot create it: {source}; pass a directory you can write", .path.display())]
+    LogsCreate {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("logs dir {}: cannot open it: {source}; pass a directory you can read", .path.display())]
+    LogsOpen {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("logs dir {}: cannot make it {mode:04o} ({source}); pass a directory of yours", .path.display())]
+    LogsMode {
+        path: PathBuf,
+        mode: u32,
+        source: std::io::Error,
+    },
+    /// A subdir (`agent`, `verifier`, `artifacts`) cannot be made.
+    #[error("logs dir {}: cannot create {sub}/ in it: {source}; remove {}, or pass another logs dir", .path.display(), .path.join(sub).display())]
+    SubdirCreate {
+        path: PathBuf,
+        sub: &'static str,
+        source: std::io::Error,
+    },
+    /// A subdir is a symlink or a file (left by an earlier sandbox?).
+    #[error("logs dir {}: {sub} in it is not a directory ({source}): a symlink or a file, left by an earlier sandbox?; remove {}, or pass another logs dir", .path.display(), .path.join(sub).display())]
+    SubdirNotDir {
+        path: PathBuf,
+        sub: &'static str,
+        source: std::io::Error,
+    },
+    #[error("logs dir {}: {sub}/ in it is open to other users and cannot be made {mode:04o} ({source}); remove {}, or pass another logs dir", .path.display(), .path.join(sub).display())]
+    SubdirOpen {
+        path: PathBuf,
+        sub: &'static str,
+        mode: u32,
+        source: std::io::Error,
+    },
+}
+
+impl EvidenceError {
+    /// Whether the caller's logs dir (or file) is at fault.
+    pub fn is_bad_input(&self) -> bool {
+        true
+    }
+}
 use crate::spec::{NetMode, SandboxSpec};
 
 /// File name of the evidence.
@@ -167,11 +221,11 @@ impl Evidence {
             .open(path)
             .and_then(|f| f.take(MAX_RECORD).read_to_end(&mut data))
             .ctx(|| format!("reading {}", path.display()))?;
-        let mut ev: Evidence = serde_json::from_slice(&data).map_err(|e| Error::BadInput {
-            what: path.display().to_string(),
-            why: format!("not a sandbox.json: {e}"),
-            fix: "leave sandbox.json as sifbox wrote it".into(),
-        })?;
+        let mut ev: Evidence =
+            serde_json::from_slice(&data).map_err(|source| EvidenceError::NotEvidence {
+                path: path.to_path_buf(),
+                source,
+            })?;
         ev.stopped = Some(Moment {
             host_unix_ns: host_now_ns(),
             inside_unix_ns,
@@ -226,20 +280,13 @@ pub fn prepare_logs_dir_in_private(dir: &Path) -> Result<LogsDir> {
 fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> {
     use std::os::unix::fs::DirBuilderExt;
     let path = std::path::absolute(dir).ctx(|| format!("logs dir {}", dir.display()))?;
-    let bad = |why: String, fix: &str| Error::BadInput {
-        what: format!("logs dir {}", path.display()),
-        why,
-        fix: fix.into(),
-    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(top_mode.unwrap_or(0o755))
         .create(&path)
-        .map_err(|e| {
-            bad(
-                format!("cannot create it: {e}"),
-                "pass a directory you can write",
-            )
+        .map_err(|source| EvidenceError::LogsCreate {
+            path: path.clone(),
+            source,
         })?;
     // The dir itself is the caller's choice (and cannot be replaced from
     // inside: it is the mount's root there); what is below it can be.
@@ -248,18 +295,17 @@ fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> 
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        bad(
-            format!("cannot open it: {e}"),
-            "pass a directory you can read",
-        )
+    .map_err(|e| EvidenceError::LogsOpen {
+        path: path.clone(),
+        source: e.into(),
     })?;
     if let Some(mode) = top_mode {
         rustix::fs::fchmod(&root, Mode::from_raw_mode(mode)).map_err(|e| {
-            bad(
-                format!("cannot make it {mode:04o} ({e})"),
-                "pass a directory of yours",
-            )
+            EvidenceError::LogsMode {
+                path: path.clone(),
+                mode,
+                source: e.into(),
+            }
         })?;
     }
     let [agent, verifier, artifacts] = SUBDIRS;
@@ -295,18 +341,18 @@ fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> 
 
 /// Makes (or finds) the subdir `sub` of the logs dir `root` at `path`, and
 /// opens it without following a symlink there.
-fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str, mode: u32) -> Result<OwnedFd> {
-    let bad = |why: String| Error::BadInput {
-        what: format!("logs dir {}", path.display()),
-        why,
-        fix: format!(
-            "remove {}, or pass another logs dir",
-            path.join(sub).display()
-        ),
-    };
+fn logs_subdir(root: &OwnedFd, path: &Path, sub: &'static str, mode: u32) -> Result<OwnedFd> {
+    let path = path.to_path_buf();
     match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(mode)) {
         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+        Err(e) => {
+            return Err(EvidenceError::SubdirCreate {
+                path,
+                sub,
+                source: e.into(),
+            }
+            .into())
+        }
     }
     let fd = rustix::fs::openat(
         root,
@@ -314,17 +360,20 @@ fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str, mode: u32) -> Result<Owne
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| {
-        bad(format!(
-            "{sub} in it is not a directory ({e}): a symlink or a file, left by an earlier sandbox?"
-        ))
+    .map_err(|e| EvidenceError::SubdirNotDir {
+        path: path.clone(),
+        sub,
+        source: e.into(),
     })?;
     let st = rustix::fs::fstat(&fd).ctx(|| format!("{}/{sub}", path.display()))?;
     if st.st_mode & !mode & 0o077 != 0 {
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| {
-            bad(format!(
-                "{sub}/ in it is open to other users and cannot be made {mode:04o} ({e})"
-            ))
+            EvidenceError::SubdirOpen {
+                path: path.clone(),
+                sub,
+                mode,
+                source: e.into(),
+            }
         })?;
     }
     Ok(fd)
@@ -402,7 +451,10 @@ mod tests {
         .expect("chmod");
         let e = prepare_logs_dir(&dir, false).expect_err("a symlinked agent/ is refused");
         assert!(
-            matches!(&e, Error::BadInput { why, .. } if why.contains("agent") && why.contains("not a directory")),
+            matches!(
+                &e,
+                crate::Error::Evidence(EvidenceError::SubdirNotDir { sub: "agent", .. })
+            ),
             "{e}"
         );
         assert_eq!(mode(&decoy), 0o700, "the decoy's mode changed");

@@ -4,8 +4,27 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rustix::io::Errno;
+use sifbox_sys::syscall::Syscall;
+
 use crate::error::{Error, IoContext, Result};
 use crate::spec::{IdMapping, IdRange, UsernsMode};
+
+/// Why an id map could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum IdMapError {
+    /// newuidmap or newgidmap refused the map.
+    #[error("{tool} {pid} {args}: {stderr}; check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)")]
+    ToolFailed {
+        tool: &'static str,
+        pid: i32,
+        args: String,
+        stderr: String,
+    },
+    /// Writing a map file (`/proc/PID/uid_map`, ...) failed.
+    #[error("writing {}: {}", .path.display(), std::io::Error::from(*.errno))]
+    Write { path: PathBuf, errno: Errno },
+}
 
 /// A subordinate id range from /etc/subuid or /etc/subgid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,8 +255,11 @@ pub fn map_text(ranges: &[IdRange]) -> String {
 pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<()> {
     if caller.uid == 0 {
         let proc = PathBuf::from(format!("/proc/{pid}"));
-        write_file(&proc.join("uid_map"), &map_text(&mapping.uid))?;
-        write_file(&proc.join("gid_map"), &map_text(&mapping.gid))?;
+        // The client's side, after the supervisor unshared: the real
+        // kernel (the seam is threaded through the sandbox's own setup).
+        let sys = sifbox_sys::syscall::Kernel;
+        write_file(&sys, &proc.join("uid_map"), &map_text(&mapping.uid))?;
+        write_file(&sys, &proc.join("gid_map"), &map_text(&mapping.gid))?;
         return Ok(());
     }
     for (tool, ranges, which) in [
@@ -255,19 +277,26 @@ pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<
             .output()
             .ctx(|| format!("running {}", tool.display()))?;
         if !out.status.success() {
-            return Err(Error::Setup(format!(
-                "{which} {pid} {}: {}; check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)",
-                map_args(ranges).join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+            return Err(IdMapError::ToolFailed {
+                tool: which,
+                pid,
+                args: map_args(ranges).join(" "),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }
+            .into());
         }
     }
     Ok(())
 }
 
-/// Writes `text` to a /proc map file in one write, as the kernel requires.
-pub fn write_file(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text.as_bytes()).ctx(|| format!("writing {}", path.display()))
+/// Writes `text` to a /proc map file (or `setgroups`) in one write, as
+/// the kernel requires, through the syscall seam.
+pub fn write_file(sys: &dyn Syscall, path: &Path, text: &str) -> Result<(), IdMapError> {
+    sys.write_file(rustix::fs::CWD, path, text.as_bytes())
+        .map_err(|errno| IdMapError::Write {
+            path: path.to_path_buf(),
+            errno,
+        })
 }
 
 /// The identity map over every id mapped by `outer` (used for the nested

@@ -26,7 +26,10 @@ pub mod supervisor;
 pub mod transfer;
 pub mod worker;
 
-pub use error::{Error, Result};
+pub use error::{
+    AioError, DiskError, Error, EvidenceError, Result, RuntimeError, SandboxError, SpecError,
+    SupervisorError,
+};
 
 /// `bytes` random bytes as hex digits, for names nothing else can have
 /// made ready (sandbox, exec and cgroup names, temp files); from the

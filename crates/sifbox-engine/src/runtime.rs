@@ -32,6 +32,83 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
 
+/// The fix for a runtime dir that cannot be used.
+const SET_RUNTIME: &str =
+    "set SIFBOX_RUNTIME to a writable directory of your own on a local file system";
+
+/// What is wrong with the runtime dir, or with a sandbox's place in it.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The dir the caller named (`from`: the variable that named it).
+    #[error("runtime dir {} (from {from}): {problem}; {SET_RUNTIME}", .path.display())]
+    Named {
+        path: PathBuf,
+        from: String,
+        problem: DirProblem,
+    },
+    #[error("runtime dir {} (from XDG_RUNTIME_DIR): {source}; {SET_RUNTIME}", .path.display())]
+    Xdg {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// No default dir (XDG_RUNTIME_DIR unset) is the caller's alone.
+    #[error("runtime dir {} (XDG_RUNTIME_DIR is unset): {problem}; set XDG_RUNTIME_DIR (or SIFBOX_RUNTIME) to a directory of your own, or have the owner of the directories named remove them", .first.display())]
+    Default { first: PathBuf, problem: DirProblem },
+    #[error("sandbox name {0:?}: a sandbox of that name is running; choose another name, or stop that sandbox first")]
+    NameTaken(String),
+    #[error("the runtime dir {} is not the one the sandbox was started in (something swapped it)", .0.display())]
+    Swapped(PathBuf),
+    #[error("{}: locked by another", .0.display())]
+    LockedByAnother(PathBuf),
+    #[error("{}: taken by a remover", .0.display())]
+    TakenByRemover(PathBuf),
+    #[error("{}: not the lock its client made (the client went away, and the name was taken)", .0.display())]
+    NotOurLock(PathBuf),
+}
+
+impl RuntimeError {
+    /// Whether the caller's choice (a dir, a name) is at fault.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            RuntimeError::Named { .. }
+                | RuntimeError::Xdg { .. }
+                | RuntimeError::Default { .. }
+                | RuntimeError::NameTaken(_)
+        )
+    }
+}
+
+/// Why a runtime dir cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DirProblem {
+    #[error("cannot create it: {0}")]
+    Create(std::io::Error),
+    #[error("cannot open it: {0}")]
+    Open(std::io::Error),
+    #[error("{0}")]
+    Stat(std::io::Error),
+    #[error("it belongs to uid {0}, not to you")]
+    Owner(u32),
+    #[error("it is writable by others")]
+    WritableByOthers,
+    #[error("not writable: {0}")]
+    NotWritable(std::io::Error),
+    #[error("{0}")]
+    Unusable(Box<Error>),
+    #[error("cannot open {}: {source}", .base.display())]
+    Base {
+        base: PathBuf,
+        source: std::io::Error,
+    },
+    /// Each refused candidate, with why.
+    #[error("none of it and its {fallbacks} fallbacks is yours alone: {}", .refused.join("; "))]
+    NoneOurs {
+        fallbacks: usize,
+        refused: Vec<String>,
+    },
+}
+
 /// A dir of an older sifbox (no lock file) without state.json younger than
 /// this may be a sandbox being created.
 const CREATION_GRACE: Duration = Duration::from_secs(60);
@@ -83,17 +160,19 @@ impl Root {
     /// missing, then opened and checked by its descriptor: it must be the
     /// caller's and not writable by others.
     pub fn open(path: &Path, from: &str) -> Result<Root> {
-        let bad = |why: String| Error::BadInput {
-            what: format!("runtime dir {} (from {from})", path.display()),
-            why,
-            fix: "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
-                .into(),
+        let bad = |problem| -> Error {
+            RuntimeError::Named {
+                path: path.to_path_buf(),
+                from: from.to_string(),
+                problem,
+            }
+            .into()
         };
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(path)
-            .map_err(|e| bad(format!("cannot create it: {e}")))?;
+            .map_err(|e| bad(DirProblem::Create(e)))?;
         let fd = rustix::fs::open(
             path,
             rustix::fs::OFlags::RDONLY
@@ -101,20 +180,20 @@ impl Root {
                 | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
-        .map_err(|e| bad(format!("cannot open it: {}", std::io::Error::from(e))))?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| bad(DirProblem::Open(e.into())))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| bad(DirProblem::Stat(e.into())))?;
         if st.st_uid != rustix::process::geteuid().as_raw() {
-            return Err(bad(format!("it belongs to uid {}, not to you", st.st_uid)));
+            return Err(bad(DirProblem::Owner(st.st_uid)));
         }
         if st.st_mode & 0o022 != 0 {
-            return Err(bad("it is writable by others".into()));
+            return Err(bad(DirProblem::WritableByOthers));
         }
         rustix::fs::access(
             path,
             rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
         )
-        .map_err(|e| bad(format!("not writable: {}", std::io::Error::from(e))))?;
-        Root::new(fd, path.to_path_buf()).map_err(|e| bad(e.to_string()))
+        .map_err(|e| bad(DirProblem::NotWritable(e.into())))?;
+        Root::new(fd, path.to_path_buf()).map_err(|e| bad(DirProblem::Unusable(Box::new(e))))
     }
 
     /// Where the dir is, for messages and records (not for reaching it).
@@ -167,14 +246,12 @@ fn open_root() -> Result<Root> {
     }
     if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(p).join("sifbox");
-        let fd =
-            sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|e| Error::BadInput {
-                what: format!("runtime dir {} (from XDG_RUNTIME_DIR)", path.display()),
-                why: e.to_string(),
-                fix:
-                    "set SIFBOX_RUNTIME to a writable directory of your own on a local file system"
-                        .into(),
-            })?;
+        let fd = sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|source| {
+            RuntimeError::Xdg {
+                path: path.clone(),
+                source,
+            }
+        })?;
         return Root::new(fd, path);
     }
     let base = if is_tmpfs(Path::new("/dev/shm")) {
@@ -193,12 +270,12 @@ fn open_root() -> Result<Root> {
 fn default_root(base: &Path) -> Result<Root> {
     let uid = rustix::process::geteuid().as_raw();
     let first = base.join(format!("sifbox-{uid}"));
-    let fail = |why: String| Error::BadInput {
-        what: format!("runtime dir {} (XDG_RUNTIME_DIR is unset)", first.display()),
-        why,
-        fix: "set XDG_RUNTIME_DIR (or SIFBOX_RUNTIME) to a directory of your own, or have \
-              the owner of the directories named remove them"
-            .into(),
+    let fail = |problem| -> Error {
+        RuntimeError::Default {
+            first: first.clone(),
+            problem,
+        }
+        .into()
     };
     let parent = rustix::fs::open(
         base,
@@ -206,11 +283,10 @@ fn default_root(base: &Path) -> Result<Root> {
         rustix::fs::Mode::empty(),
     )
     .map_err(|e| {
-        fail(format!(
-            "cannot open {}: {}",
-            base.display(),
-            std::io::Error::from(e)
-        ))
+        fail(DirProblem::Base {
+            base: base.to_path_buf(),
+            source: e.into(),
+        })
     })?;
     let names: Vec<String> = std::iter::once(format!("sifbox-{uid}"))
         .chain((1..=FALLBACKS).map(|i| format!("sifbox-{uid}.{i}")))
@@ -242,10 +318,10 @@ fn default_root(base: &Path) -> Result<Root> {
             }
         }
     }
-    Err(fail(format!(
-        "none of it and its {FALLBACKS} fallbacks is yours alone: {}",
-        refused.join("; ")
-    )))
+    Err(fail(DirProblem::NoneOurs {
+        fallbacks: FALLBACKS,
+        refused,
+    }))
 }
 
 /// The runtime dir `held` (a path through its descriptor, opened in the
@@ -266,10 +342,7 @@ pub fn same_dir_here(held: &Path, shown: &Path) -> Result<PathBuf> {
     .map_err(|e| Error::io(format!("opening {}", shown.display()), e))?;
     let got = rustix::fs::fstat(&here).map_err(|e| Error::io(format!("{}", shown.display()), e))?;
     if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino) {
-        return Err(Error::Setup(format!(
-            "the runtime dir {} is not the one the sandbox was started in (something swapped it)",
-            shown.display()
-        )));
+        return Err(RuntimeError::Swapped(shown.to_path_buf()).into());
     }
     Ok(shown.to_path_buf())
 }
@@ -373,7 +446,7 @@ pub fn reserve(root: &Root, name: &str) -> Result<Reservation> {
             0o600,
         )
         .ctx(|| format!("locking {}/{LOCK}", tmp.display()))?
-        .ok_or_else(|| Error::Setup(format!("{}/{LOCK}: locked by another", tmp.display())))?;
+        .ok_or_else(|| RuntimeError::LockedByAnother(tmp.join(LOCK)))?;
         let st = lock
             .metadata()
             .ctx(|| format!("{}/{LOCK}", tmp.display()))?;
@@ -409,11 +482,7 @@ pub fn reserve(root: &Root, name: &str) -> Result<Reservation> {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    Err(Error::BadInput {
-        what: format!("sandbox name {name:?}"),
-        why: "a sandbox of that name is running".into(),
-        fix: "choose another name, or stop that sandbox first".into(),
-    })
+    Err(RuntimeError::NameTaken(name.to_string()).into())
 }
 
 /// Whether the sandbox in `dir` is alive: its lock is held, or (a dir of
@@ -571,13 +640,10 @@ pub fn hold(dir: &Path, lock_id: (u64, u64)) -> Result<std::fs::File> {
     let path = dir.join(LOCK);
     let f = sifbox_sys::lockfile::lock(&path, sifbox_sys::lockfile::Kind::Shared, false, false, 0)
         .ctx(|| format!("locking {}", path.display()))?
-        .ok_or_else(|| Error::Setup(format!("{}: taken by a remover", path.display())))?;
+        .ok_or_else(|| RuntimeError::TakenByRemover(path.clone()))?;
     let st = f.metadata().ctx(|| format!("{}", path.display()))?;
     if (st.dev(), st.ino()) != lock_id {
-        return Err(Error::Setup(format!(
-            "{}: not the lock its client made (the client went away, and the name was taken)",
-            path.display()
-        )));
+        return Err(RuntimeError::NotOurLock(path).into());
     }
     Ok(f)
 }

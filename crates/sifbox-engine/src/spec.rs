@@ -5,7 +5,121 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+
+/// What is wrong with a sandbox's description: each variant names the
+/// field and carries the value refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("seccomp mode {0:?}: unknown mode; use `default` (sifbox's policy) or `unconfined` (no filter)")]
+    SeccompMode(String),
+    /// A limit of 0 (memory, pids, user_pids, cpus).
+    #[error("{} 0: {}; give {}", .0.field(), .0.needs(), .0.example())]
+    ZeroLimit(Limit),
+    #[error("nofile limit: the soft limit must be above 0 and at most the hard one (soft {soft}, hard {hard}); give nofile=SOFT:HARD such as nofile=1024:524288")]
+    Nofile { soft: u64, hard: u64 },
+    #[error("memory-swap limit: a memory-plus-swap total needs a memory limit; give the memory limit too")]
+    SwapWithoutMemory,
+    #[error("memory-swap limit: memory plus swap ({total} bytes) is less than the memory limit ({memory} bytes); give a total at least as large as the memory limit (equal: no swap; -1: unlimited swap)")]
+    SwapBelowMemory { memory: u64, total: u64 },
+    #[error("bind {spec:?}: {problem}; write a bind as SRC:DST or SRC:DST:ro, DST absolute")]
+    BindSyntax { spec: String, problem: BindProblem },
+    #[error("bind {spec:?}: the source {} does not exist on the host; create it first or fix the path", .src.display())]
+    BindSourceMissing { spec: String, src: PathBuf },
+    #[error("host name {0:?}: must be 1 to 64 bytes; give a shorter host name")]
+    Hostname(String),
+    #[error("the writable layer's tmpfs size 0: the writable layer needs some space; give a size in MiB, e.g. 1024")]
+    TmpfsLayerZero,
+    #[error("a disk-backed writable layer of {size_mib} MiB: ext4 needs at least {min_mib} MiB; give a larger size, e.g. 10 GiB")]
+    DiskLayerTooSmall { size_mib: u64, min_mib: u64 },
+    #[error("the size of /dev/shm, 0: a tmpfs needs some space; give a size, e.g. 64 MiB")]
+    ShmZero,
+    #[error("keep_layer with an overlay dir: the overlay dir's upper is kept already; give a tmpfs or disk writable layer, or no keep_layer")]
+    KeepLayerWithOverlay,
+    #[error("the tmpfs at {} of {size} bytes: needs an absolute path and some space; give an absolute path inside the sandbox and a size, e.g. 64 MiB", .dst.display())]
+    Tmpfs { dst: PathBuf, size: u64 },
+    #[error("the bind of {} at {}: its destination is not an absolute path; give an absolute path inside the sandbox", .src.display(), .dst.display())]
+    BindDestination { src: PathBuf, dst: PathBuf },
+    #[error("the guarded bind of {} at {}: its destination is not an absolute path below / of plain names; give an absolute path inside the sandbox, without . or ..", .src.display(), .dst.display())]
+    GuardedDestination { src: PathBuf, dst: PathBuf },
+    #[error("the guarded bind of {} at {}: its source is not an absolute path; give the host directory as an absolute path", .src.display(), .dst.display())]
+    GuardedSource { src: PathBuf, dst: PathBuf },
+    #[error("the writable layer's dir at {}: not an absolute path; give an absolute path inside the sandbox", .0.display())]
+    LayerDir(PathBuf),
+    #[error("sandbox name {0:?}: names may only contain letters, digits, '.', '_' and '-' (at most 128); choose a name matching ^[a-zA-Z0-9._-]+$")]
+    Name(String),
+    #[error("environment variable {0:?}: expected KEY=VALUE with KEY made of letters, digits and '_'; write it as NAME=value")]
+    EnvVar(String),
+    #[error("env file {}: cannot read it: {source}; check the path and its permissions", .path.display())]
+    EnvFileUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("env file {}: it is not valid UTF-8; save the file as UTF-8 text", .0.display())]
+    EnvFileNotUtf8(PathBuf),
+    #[error("{}:{line}: {why}; each line must be KEY=VALUE (no spaces around '='), a comment or blank", .path.display())]
+    EnvFileLine {
+        path: PathBuf,
+        line: usize,
+        why: String,
+    },
+}
+
+/// A limit that may not be 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Memory,
+    Pids,
+    UserPids,
+    Cpus,
+}
+
+impl Limit {
+    /// The limit as messages name it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory limit",
+            Limit::Pids => "pids limit",
+            Limit::UserPids => "user_pids limit",
+            Limit::Cpus => "cpus",
+        }
+    }
+
+    fn needs(self) -> &'static str {
+        match self {
+            Limit::Memory => "a sandbox needs some memory",
+            Limit::Pids => "a sandbox needs at least one process",
+            Limit::UserPids => "a user's sandboxes need at least one process",
+            Limit::Cpus => "a sandbox needs some CPU",
+        }
+    }
+
+    fn example(self) -> &'static str {
+        match self {
+            Limit::Memory => "a size such as 512m",
+            Limit::Pids => "a number such as 4096",
+            Limit::UserPids => "a number such as 16384",
+            Limit::Cpus => "a number such as 1 or 0.5",
+        }
+    }
+}
+
+/// What is wrong with the text of a bind.
+#[derive(Debug, thiserror::Error)]
+pub enum BindProblem {
+    #[error("unknown option {0:?} (expected ro or rw)")]
+    UnknownOption(String),
+    #[error("too many ':' separated fields")]
+    TooManyFields,
+    #[error("empty source or destination")]
+    Empty,
+    #[error("the destination must be an absolute path inside the sandbox")]
+    RelativeDestination,
+    #[error("the destination must not contain '..'")]
+    ParentInDestination,
+    #[error("{0}")]
+    Source(std::io::Error),
+}
 
 /// The default PATH inside a sandbox (Apptainer's).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -96,11 +210,7 @@ impl SeccompMode {
         match s {
             "default" => Ok(SeccompMode::Default),
             "unconfined" => Ok(SeccompMode::Unconfined),
-            _ => Err(Error::BadInput {
-                what: format!("seccomp mode {s:?}"),
-                why: "unknown mode".into(),
-                fix: "use `default` (sifbox's policy) or `unconfined` (no filter)".into(),
-            }),
+            _ => Err(SpecError::SeccompMode(s.to_string()).into()),
         }
     }
 }
@@ -302,59 +412,35 @@ impl Limits {
     /// Checks the limits as Docker does: a swap total needs a memory limit
     /// at least as large; every limit is positive.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: &str, why: &str, fix: &str| Error::BadInput {
-            what: what.into(),
-            why: why.into(),
-            fix: fix.into(),
-        };
+        let zero = |limit| Err(SpecError::ZeroLimit(limit).into());
         if self.memory == Some(0) {
-            return Err(bad(
-                "memory limit 0",
-                "a sandbox needs some memory",
-                "give a size such as 512m",
-            ));
+            return zero(Limit::Memory);
         }
         if self.pids == Some(0) {
-            return Err(bad(
-                "pids limit 0",
-                "a sandbox needs at least one process",
-                "give a number such as 4096",
-            ));
+            return zero(Limit::Pids);
         }
         if self.user_pids == Some(0) {
-            return Err(bad(
-                "user_pids limit 0",
-                "a user's sandboxes need at least one process",
-                "give a number such as 16384",
-            ));
+            return zero(Limit::UserPids);
         }
         if let Some(n) = self.nofile {
             if n.soft == 0 || n.soft > n.hard {
-                return Err(bad(
-                    "nofile limit",
-                    "the soft limit must be above 0 and at most the hard one",
-                    "give nofile=SOFT:HARD such as nofile=1024:524288",
-                ));
+                return Err(SpecError::Nofile {
+                    soft: n.soft,
+                    hard: n.hard,
+                }
+                .into());
             }
         }
         if self.cpus_milli == Some(0) {
-            return Err(bad(
-                "cpus 0",
-                "a sandbox needs some CPU",
-                "give a number such as 1 or 0.5",
-            ));
+            return zero(Limit::Cpus);
         }
         match (self.memory, self.memory_swap) {
-            (None, Some(Swap::Total(_))) => Err(bad(
-                "memory-swap limit",
-                "a memory-plus-swap total needs a memory limit",
-                "give the memory limit too",
-            )),
-            (Some(m), Some(Swap::Total(t))) if t < m => Err(bad(
-                "memory-swap limit",
-                "memory plus swap is less than the memory limit",
-                "give a total at least as large as the memory limit (equal: no swap; -1: unlimited swap)",
-            )),
+            (None, Some(Swap::Total(_))) => Err(SpecError::SwapWithoutMemory.into()),
+            (Some(m), Some(Swap::Total(t))) if t < m => Err(SpecError::SwapBelowMemory {
+                memory: m,
+                total: t,
+            }
+            .into()),
             _ => Ok(()),
         }
     }
@@ -418,10 +504,9 @@ impl Bind {
     /// Parses `SRC:DST[:ro|rw]` (or `SRC` alone, bound at the same path).
     /// SRC must exist; it is made absolute.
     pub fn parse(spec: &str) -> Result<Bind> {
-        let bad = |why: &str| Error::BadInput {
-            what: format!("bind {spec:?}"),
-            why: why.to_string(),
-            fix: "write a bind as SRC:DST or SRC:DST:ro, DST absolute".into(),
+        let bad = |problem| SpecError::BindSyntax {
+            spec: spec.to_string(),
+            problem,
         };
         let parts: Vec<&str> = spec.split(':').collect();
         let (src, dst, readonly) = match parts.as_slice() {
@@ -429,31 +514,29 @@ impl Bind {
             [src, dst] => (*src, *dst, false),
             [src, dst, "ro"] => (*src, *dst, true),
             [src, dst, "rw"] => (*src, *dst, false),
-            [_, _, opt] => return Err(bad(&format!("unknown option {opt:?} (expected ro or rw)"))),
-            _ => return Err(bad("too many ':' separated fields")),
+            [_, _, opt] => return Err(bad(BindProblem::UnknownOption(opt.to_string())).into()),
+            _ => return Err(bad(BindProblem::TooManyFields).into()),
         };
         if src.is_empty() || dst.is_empty() {
-            return Err(bad("empty source or destination"));
+            return Err(bad(BindProblem::Empty).into());
         }
         let dst = PathBuf::from(dst);
         if !dst.is_absolute() {
-            return Err(bad(
-                "the destination must be an absolute path inside the sandbox",
-            ));
+            return Err(bad(BindProblem::RelativeDestination).into());
         }
         if dst
             .components()
             .any(|c| matches!(c, std::path::Component::ParentDir))
         {
-            return Err(bad("the destination must not contain '..'"));
+            return Err(bad(BindProblem::ParentInDestination).into());
         }
-        let src = std::path::absolute(src).map_err(|e| bad(&e.to_string()))?;
+        let src = std::path::absolute(src).map_err(|e| bad(BindProblem::Source(e)))?;
         if std::fs::symlink_metadata(&src).is_err() {
-            return Err(Error::BadInput {
-                what: format!("bind {spec:?}"),
-                why: format!("the source {} does not exist on the host", src.display()),
-                fix: "create it first or fix the path".into(),
-            });
+            return Err(SpecError::BindSourceMissing {
+                spec: spec.to_string(),
+                src,
+            }
+            .into());
         }
         Ok(Bind { src, dst, readonly })
     }
@@ -567,109 +650,71 @@ impl SandboxSpec {
     /// Checks what the kernel would refuse or sifbox cannot do; the error
     /// names the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |what: String, why: &str, fix: &str| Error::BadInput {
-            what,
-            why: why.into(),
-            fix: fix.into(),
-        };
         validate_name(&self.name)?;
         if self.hostname.is_empty() || self.hostname.len() > 64 {
-            return Err(bad(
-                format!("host name {:?}", self.hostname),
-                "must be 1 to 64 bytes",
-                "give a shorter host name",
-            ));
+            return Err(SpecError::Hostname(self.hostname.clone()).into());
         }
         match &self.writable {
-            Writable::Tmpfs { size_mib: 0 } => {
-                return Err(bad(
-                    "the writable layer's tmpfs size 0".into(),
-                    "the writable layer needs some space",
-                    "give a size in MiB, e.g. 1024",
-                ))
-            }
-            Writable::Disk { size_mib, .. } if *size_mib < 16 => {
-                return Err(bad(
-                    format!("a disk-backed writable layer of {size_mib} MiB"),
-                    "ext4 needs at least 16 MiB",
-                    "give a larger size, e.g. 10 GiB",
-                ))
+            Writable::Tmpfs { size_mib: 0 } => return Err(SpecError::TmpfsLayerZero.into()),
+            Writable::Disk { size_mib, .. } if *size_mib < MIN_DISK_MIB => {
+                return Err(SpecError::DiskLayerTooSmall {
+                    size_mib: *size_mib,
+                    min_mib: MIN_DISK_MIB,
+                }
+                .into())
             }
             _ => {}
         }
         if self.shm_bytes == 0 {
-            return Err(bad(
-                "the size of /dev/shm, 0".into(),
-                "a tmpfs needs some space",
-                "give a size, e.g. 64 MiB",
-            ));
+            return Err(SpecError::ShmZero.into());
         }
         if self.keep_layer.is_some() && matches!(self.writable, Writable::Overlay { .. }) {
-            return Err(bad(
-                "keep_layer with an overlay dir".into(),
-                "the overlay dir's upper is kept already",
-                "give a tmpfs or disk writable layer, or no keep_layer",
-            ));
+            return Err(SpecError::KeepLayerWithOverlay.into());
         }
         for t in &self.tmpfs {
             if !t.dst.is_absolute() || t.size == 0 {
-                return Err(bad(
-                    format!("the tmpfs at {} of {} bytes", t.dst.display(), t.size),
-                    "needs an absolute path and some space",
-                    "give an absolute path inside the sandbox and a size, e.g. 64 MiB",
-                ));
+                return Err(SpecError::Tmpfs {
+                    dst: t.dst.clone(),
+                    size: t.size,
+                }
+                .into());
             }
         }
         for b in &self.binds {
             if !b.dst.is_absolute() {
-                return Err(bad(
-                    format!("the bind of {} at {}", b.src.display(), b.dst.display()),
-                    "its destination is not an absolute path",
-                    "give an absolute path inside the sandbox",
-                ));
+                return Err(SpecError::BindDestination {
+                    src: b.src.clone(),
+                    dst: b.dst.clone(),
+                }
+                .into());
             }
         }
         for g in &self.guarded {
-            let what = || {
-                format!(
-                    "the guarded bind of {} at {}",
-                    g.src.display(),
-                    g.dst.display()
-                )
-            };
             let plain = g.dst.components().all(|c| {
                 matches!(
                     c,
                     std::path::Component::RootDir | std::path::Component::Normal(_)
                 )
             });
+            let (src, dst) = (g.src.clone(), g.dst.clone());
             if !g.dst.is_absolute() || !plain || g.dst == Path::new("/") {
-                return Err(bad(
-                    what(),
-                    "its destination is not an absolute path below / of plain names",
-                    "give an absolute path inside the sandbox, without . or ..",
-                ));
+                return Err(SpecError::GuardedDestination { src, dst }.into());
             }
             if !g.src.is_absolute() {
-                return Err(bad(
-                    what(),
-                    "its source is not an absolute path",
-                    "give the host directory as an absolute path",
-                ));
+                return Err(SpecError::GuardedSource { src, dst }.into());
             }
         }
         for d in &self.layer_dirs {
             if !d.is_absolute() {
-                return Err(bad(
-                    format!("the writable layer's dir at {}", d.display()),
-                    "not an absolute path",
-                    "give an absolute path inside the sandbox",
-                ));
+                return Err(SpecError::LayerDir(d.clone()).into());
             }
         }
         Ok(())
     }
 }
+
+/// The smallest disk-backed writable layer: ext4 needs 16 MiB.
+pub const MIN_DISK_MIB: u64 = 16;
 
 /// A host name for `text`: its first 64 bytes, cut at a character
 /// boundary (the kernel takes at most 64).
@@ -740,11 +785,7 @@ pub fn validate_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::BadInput {
-            what: format!("sandbox name {name:?}"),
-            why: "names may only contain letters, digits, '.', '_' and '-' (at most 128)".into(),
-            fix: "choose a name matching ^[a-zA-Z0-9._-]+$".into(),
-        })
+        Err(SpecError::Name(name.to_string()).into())
     }
 }
 
@@ -804,11 +845,7 @@ fn valid_env_key(key: &str) -> bool {
 pub fn parse_env_arg(arg: &str) -> Result<(String, String)> {
     match arg.split_once('=') {
         Some((k, v)) if valid_env_key(k) => Ok((k.to_string(), v.to_string())),
-        _ => Err(Error::BadInput {
-            what: format!("environment variable {arg:?}"),
-            why: "expected KEY=VALUE with KEY made of letters, digits and '_'".into(),
-            fix: "write it as NAME=value".into(),
-        }),
+        _ => Err(SpecError::EnvVar(arg.to_string()).into()),
     }
 }
 
@@ -816,20 +853,19 @@ pub fn parse_env_arg(arg: &str) -> Result<(String, String)> {
 /// ignored, an optional `export ` prefix, no shell evaluation. A value wrapped
 /// in one pair of matching quotes loses them; nothing else is interpreted.
 pub fn parse_env_file(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read(path).map_err(|e| Error::BadInput {
-        what: format!("env file {}", path.display()),
-        why: format!("cannot read it: {e}"),
-        fix: "check the path and its permissions".into(),
+    let text = std::fs::read(path).map_err(|source| SpecError::EnvFileUnreadable {
+        path: path.to_path_buf(),
+        source,
     })?;
-    let text = String::from_utf8(text).map_err(|_| Error::BadInput {
-        what: format!("env file {}", path.display()),
-        why: "it is not valid UTF-8".into(),
-        fix: "save the file as UTF-8 text".into(),
-    })?;
-    parse_env_text(&text).map_err(|(line, why)| Error::BadInput {
-        what: format!("{}:{line}", path.display()),
-        why,
-        fix: "each line must be KEY=VALUE (no spaces around '='), a comment or blank".into(),
+    let text =
+        String::from_utf8(text).map_err(|_| SpecError::EnvFileNotUtf8(path.to_path_buf()))?;
+    parse_env_text(&text).map_err(|(line, why)| {
+        SpecError::EnvFileLine {
+            path: path.to_path_buf(),
+            line,
+            why,
+        }
+        .into()
     })
 }
 

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
+use sifbox_sys::syscall::{Prctl, Syscall};
+
 use crate::protocol::{self, Event, ExecRequest};
 use crate::spec::{Confinement, SeccompMode};
 
@@ -120,10 +122,16 @@ pub fn lookup_user(spec: &str) -> Result<ImageUser, String> {
     resolve_user(spec, &passwd, &group)
 }
 
+/// Why an exec could not start: its exit code and the message.
+type NotStarted = (i32, String);
+
 /// Runs one exec; returns the exit code. `fds` are the client's stdio (and
 /// for a detached exec, the status file). The command runs under the
 /// sandbox's `confinement` (installed on this process before it spawns).
+/// The system calls that set this process up go through `sys` (the
+/// syscall seam).
 pub fn run(
+    sys: &dyn Syscall,
     conn: &UnixStream,
     req: ExecRequest,
     mut fds: Vec<OwnedFd>,
@@ -146,57 +154,34 @@ pub fn run(
             let _ = protocol::send(conn, ev, &[]);
         }
     };
-    let mut fail = |code: i32, message: String| {
+    let mut fail = |(code, message): NotStarted| {
         report(&Event::Error { code, message }, &mut status_file);
         code
     };
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        return fail(125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}"));
-    }
-    if req.fake_ids {
-        if let Err(e) = crate::fakeroot::install() {
-            return fail(125, e.to_string());
-        }
-    }
-    if req.isolate_net {
-        // This process is root of the sandbox's user namespace: it may make
-        // a network namespace, which its command then inherits.
-        if let Err(e) = sifbox_sys::unshare_namespaces(rustix::thread::UnshareFlags::NEWNET) {
-            return fail(
-                125,
-                format!("creating a network namespace for the command: {e}"),
-            );
-        }
-        if let Err(e) = sifbox_sys::loopback_up() {
-            return fail(125, format!("bringing up lo for the command: {e}"));
-        }
-    }
-    // Last, after what needed the system calls it denies (the network
-    // namespace above), stacked on the fakeroot filter.
-    if let Err(e) = confine(confinement) {
-        return fail(125, e.to_string());
+    if let Err(e) = prepare(sys, &req, confinement) {
+        return fail(e);
     }
     // What processes of an earlier exec were denied after it ended is not
     // this exec's (the sandbox's totals have it).
     let _ = crate::denials::take_exec();
     let Some(program) = req.argv.first().cloned() else {
-        return fail(125, "no command given".into());
+        return fail((125, "no command given".into()));
     };
     match std::fs::metadata(&req.cwd) {
         Ok(m) if m.is_dir() => {}
         _ => {
-            return fail(
+            return fail((
                 125,
                 format!(
                     "working directory {} does not exist in the sandbox; give an existing one",
                     req.cwd
                 ),
-            )
+            ))
         }
     }
     let user = match req.user.as_deref().map(lookup_user).transpose() {
         Ok(u) => u,
-        Err(e) => return fail(125, e),
+        Err(e) => return fail((125, e)),
     };
     // Without a user to switch to or a terminal to take, the command can be
     // spawned with vfork (posix_spawn), much cheaper than fork + exec. std
@@ -204,105 +189,14 @@ pub fn run(
     // directory to set (in a static binary it cannot find glibc's
     // addchdir), so the PATH search and the chdir happen here: this process
     // serves this one exec.
-    let spawnable = !req.tty && user.is_none();
-    let mut master = None;
-    let pid = if spawnable {
-        if let Err(e) = rustix::process::chdir(req.cwd.as_str()) {
-            return fail(
-                125,
-                format!("changing to the working directory {}: {e}", req.cwd),
-            );
-        }
-        let path_var = req
-            .env
-            .iter()
-            .rev()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.as_str());
-        let found = match find_program(&program, path_var) {
-            Ok(p) => p,
-            Err(code) => return fail(code, not_startable(&program, code)),
-        };
-        if fds.len() != 3 {
-            return fail(
-                125,
-                format!("expected 3 stdio descriptors, got {}", fds.len()),
-            );
-        }
-        let c = |s: &str| std::ffi::CString::new(s);
-        let argv: Result<Vec<_>, _> = req.argv.iter().map(|a| c(a)).collect();
-        let env: Result<Vec<_>, _> = req
-            .env
-            .iter()
-            .map(|(k, v)| c(&format!("{k}={v}")))
-            .collect();
-        let path = std::ffi::CString::new(found.into_os_string().into_vec());
-        let (Ok(argv), Ok(env), Ok(path)) = (argv, env, path) else {
-            return fail(125, "an argument or variable holds a NUL byte".into());
-        };
-        let stdio = [fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd()];
-        match sifbox_sys::spawn(&path, &argv, &env, stdio) {
-            Ok(pid) => pid,
-            Err(e) => return fail_spawn(&mut fail, &program, &e),
-        }
+    let spawned = if !req.tty && user.is_none() {
+        spawn_direct(sys, &req, &program, &fds).map(|pid| (pid, None))
     } else {
-        let mut cmd = Command::new(&program);
-        cmd.current_dir(&req.cwd);
-        cmd.args(&req.argv[1..])
-            .env_clear()
-            .envs(req.env.iter().map(|(k, v)| (k, v)));
-        if let Some(u) = &user {
-            if req.default_home {
-                cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
-            }
-        }
-        let mut hooks = sifbox_sys::ExecHooks {
-            setsid: true,
-            ids: user.as_ref().map(|u| (u.uid, u.gid)),
-            ..Default::default()
-        };
-        if req.tty {
-            match open_pty(req.winsize) {
-                Ok((m, slave)) => {
-                    let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
-                        return fail(125, "duplicating the pty".into());
-                    };
-                    cmd.stdin(Stdio::from(slave))
-                        .stdout(Stdio::from(a))
-                        .stderr(Stdio::from(b));
-                    hooks.controlling_tty = true;
-                    master = Some(m);
-                }
-                Err(e) => return fail(125, format!("allocating a pty in the sandbox: {e}")),
-            }
-        } else {
-            if fds.len() != 3 {
-                return fail(
-                    125,
-                    format!("expected 3 stdio descriptors, got {}", fds.len()),
-                );
-            }
-            let err = fds.pop();
-            let out = fds.pop();
-            let inp = fds.pop();
-            if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
-                cmd.stdin(Stdio::from(i))
-                    .stdout(Stdio::from(o))
-                    .stderr(Stdio::from(e));
-            }
-        }
-        // With a user to switch to or a terminal to take, std forks: the
-        // child then runs the hooks, and its signals are at their defaults.
-        sifbox_sys::set_exec_hooks(&mut cmd, hooks);
-        let child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return fail_spawn(&mut fail, &program, &e),
-        };
-        drop(cmd);
-        let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
-            return fail(125, "pid out of range".into());
-        };
-        pid
+        spawn_forked(&req, &program, user.as_ref(), &mut fds)
+    };
+    let (pid, master) = match spawned {
+        Ok(s) => s,
+        Err(e) => return fail(e),
     };
     // Only the command holds the stdio fds now, so the client sees EOF when
     // the command's tree closes them.
@@ -348,6 +242,148 @@ pub fn run(
     code
 }
 
+/// This process made ready for the exec: a child subreaper, fakeroot's
+/// filter, a network namespace of its own, then the confinement.
+fn prepare(
+    sys: &dyn Syscall,
+    req: &ExecRequest,
+    confinement: Confinement,
+) -> Result<(), NotStarted> {
+    if let Err(e) = sys.prctl(Prctl::ChildSubreaper) {
+        return Err((125, format!("prctl(PR_SET_CHILD_SUBREAPER): {e}")));
+    }
+    if req.fake_ids {
+        crate::fakeroot::install().map_err(|e| (125, e.to_string()))?;
+    }
+    if req.isolate_net {
+        // This process is root of the sandbox's user namespace: it may make
+        // a network namespace, which its command then inherits.
+        if let Err(e) = sys.unshare(rustix::thread::UnshareFlags::NEWNET) {
+            return Err((
+                125,
+                format!(
+                    "creating a network namespace for the command: {}",
+                    std::io::Error::from(e)
+                ),
+            ));
+        }
+        if let Err(e) = sifbox_sys::loopback_up() {
+            return Err((125, format!("bringing up lo for the command: {e}")));
+        }
+    }
+    // Last, after what needed the system calls it denies (the network
+    // namespace above), stacked on the fakeroot filter.
+    confine(confinement).map_err(|e| (125, e.to_string()))
+}
+
+/// Spawns the command with posix_spawn on the client's stdio `fds`, after
+/// the PATH search and the chdir.
+fn spawn_direct(
+    sys: &dyn Syscall,
+    req: &ExecRequest,
+    program: &str,
+    fds: &[OwnedFd],
+) -> Result<Pid, NotStarted> {
+    if let Err(e) = sys.chdir(std::path::Path::new(&req.cwd)) {
+        return Err((
+            125,
+            format!("changing to the working directory {}: {e}", req.cwd),
+        ));
+    }
+    let path_var = req
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let found =
+        find_program(program, path_var).map_err(|code| (code, not_startable(program, code)))?;
+    if fds.len() != 3 {
+        return Err((
+            125,
+            format!("expected 3 stdio descriptors, got {}", fds.len()),
+        ));
+    }
+    let c = |s: &str| std::ffi::CString::new(s);
+    let argv: Result<Vec<_>, _> = req.argv.iter().map(|a| c(a)).collect();
+    let env: Result<Vec<_>, _> = req
+        .env
+        .iter()
+        .map(|(k, v)| c(&format!("{k}={v}")))
+        .collect();
+    let path = std::ffi::CString::new(found.into_os_string().into_vec());
+    let (Ok(argv), Ok(env), Ok(path)) = (argv, env, path) else {
+        return Err((125, "an argument or variable holds a NUL byte".into()));
+    };
+    let stdio = [fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd()];
+    sifbox_sys::spawn(&path, &argv, &env, stdio).map_err(|e| spawn_failure(program, &e))
+}
+
+/// Forks the command (std's `Command`) as `user` or on a new pty; the
+/// pty's master comes back with its pid.
+fn spawn_forked(
+    req: &ExecRequest,
+    program: &str,
+    user: Option<&ImageUser>,
+    fds: &mut Vec<OwnedFd>,
+) -> Result<(Pid, Option<OwnedFd>), NotStarted> {
+    let mut master = None;
+    let mut cmd = Command::new(program);
+    cmd.current_dir(&req.cwd);
+    cmd.args(&req.argv[1..])
+        .env_clear()
+        .envs(req.env.iter().map(|(k, v)| (k, v)));
+    if let Some(u) = user {
+        if req.default_home {
+            cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
+        }
+    }
+    let mut hooks = sifbox_sys::ExecHooks {
+        setsid: true,
+        ids: user.map(|u| (u.uid, u.gid)),
+        ..Default::default()
+    };
+    if req.tty {
+        match open_pty(req.winsize) {
+            Ok((m, slave)) => {
+                let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
+                    return Err((125, "duplicating the pty".into()));
+                };
+                cmd.stdin(Stdio::from(slave))
+                    .stdout(Stdio::from(a))
+                    .stderr(Stdio::from(b));
+                hooks.controlling_tty = true;
+                master = Some(m);
+            }
+            Err(e) => return Err((125, format!("allocating a pty in the sandbox: {e}"))),
+        }
+    } else {
+        if fds.len() != 3 {
+            return Err((
+                125,
+                format!("expected 3 stdio descriptors, got {}", fds.len()),
+            ));
+        }
+        let err = fds.pop();
+        let out = fds.pop();
+        let inp = fds.pop();
+        if let (Some(i), Some(o), Some(e)) = (inp, out, err) {
+            cmd.stdin(Stdio::from(i))
+                .stdout(Stdio::from(o))
+                .stderr(Stdio::from(e));
+        }
+    }
+    // With a user to switch to or a terminal to take, std forks: the
+    // child then runs the hooks, and its signals are at their defaults.
+    sifbox_sys::set_exec_hooks(&mut cmd, hooks);
+    let child = cmd.spawn().map_err(|e| spawn_failure(program, &e))?;
+    drop(cmd);
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+        return Err((125, "pid out of range".into()));
+    };
+    Ok((pid, master))
+}
+
 /// Why `program` could not start, for the exit `code` of a failed PATH
 /// search (127 not found, 126 not executable). The same words whether the
 /// search or the exec found it out, for `run` and `exec` alike.
@@ -359,14 +395,14 @@ fn not_startable(program: &str, code: i32) -> String {
     }
 }
 
-/// Reports a failed spawn of `program` through `fail`: 127 when it is not
-/// there, 126 when it cannot be executed, with the reason once.
-fn fail_spawn(fail: &mut impl FnMut(i32, String) -> i32, program: &str, e: &std::io::Error) -> i32 {
+/// Why `program` could not be spawned: 127 when it is not there, 126
+/// when it cannot be executed, with the reason once.
+fn spawn_failure(program: &str, e: &std::io::Error) -> NotStarted {
     match (e.kind(), e.raw_os_error()) {
-        (std::io::ErrorKind::NotFound, _) => fail(127, not_startable(program, 127)),
-        (std::io::ErrorKind::PermissionDenied, _) => fail(126, not_startable(program, 126)),
-        (_, Some(libc::ENOEXEC)) => fail(126, format!("{program}: not an executable format")),
-        _ => fail(126, format!("{program}: cannot execute: {e}")),
+        (std::io::ErrorKind::NotFound, _) => (127, not_startable(program, 127)),
+        (std::io::ErrorKind::PermissionDenied, _) => (126, not_startable(program, 126)),
+        (_, Some(libc::ENOEXEC)) => (126, format!("{program}: not an executable format")),
+        _ => (126, format!("{program}: cannot execute: {e}")),
     }
 }
 

@@ -42,9 +42,10 @@ impl EvalError {
 
     /// Whether the caller's input is at fault (exit 125).
     pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            EvalError::BadInput { .. } | EvalError::Engine(sifbox_engine::Error::BadInput { .. })
-        )
+        match self {
+            EvalError::BadInput { .. } => true,
+            EvalError::Engine(e) => e.is_bad_input(),
+            _ => false,
+        }
     }
 }

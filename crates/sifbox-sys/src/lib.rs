@@ -17,6 +17,7 @@
 pub mod lockfile;
 pub mod private_dir;
 pub mod seccomp_notify;
+pub mod syscall;
 pub mod walk;
 
 pub use private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
@@ -635,11 +636,31 @@ pub fn kill_all(sig: rustix::process::Signal) -> Result<(), Error> {
 /// Makes the detached or attached mount tree referred to by `fd` (from
 /// `open_tree`) read-only, recursively, leaving every other flag as it is.
 pub fn make_readonly_fd(fd: BorrowedFd<'_>) -> Result<(), Error> {
+    mount_setattr(fd, true, MOUNT_ATTR_RDONLY, 0).map_err(|e| Error::MountSetattr {
+        path: format!("fd {}", fd.as_raw_fd()),
+        source: e.into(),
+    })
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH [| AT_RECURSIVE])` on the mount
+/// (tree) `fd` refers to, setting the `MOUNT_ATTR_*` bits of `set` and
+/// clearing those of `clear`.
+pub fn mount_setattr(
+    fd: BorrowedFd<'_>,
+    recursive: bool,
+    set: u64,
+    clear: u64,
+) -> Result<(), rustix::io::Errno> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
+        attr_set: set,
+        attr_clr: clear,
         propagation: 0,
         userns_fd: 0,
+    };
+    let flags = if recursive {
+        AT_RECURSIVE | libc::AT_EMPTY_PATH
+    } else {
+        libc::AT_EMPTY_PATH
     };
     // SAFETY: the path is a static NUL-terminated empty string (with
     // AT_EMPTY_PATH the call acts on `fd`, which is open for the whole call);
@@ -649,16 +670,16 @@ pub fn make_readonly_fd(fd: BorrowedFd<'_>) -> Result<(), Error> {
             libc::SYS_mount_setattr,
             fd.as_raw_fd(),
             c"".as_ptr(),
-            AT_RECURSIVE | libc::AT_EMPTY_PATH,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if rc == -1 {
-        return Err(Error::MountSetattr {
-            path: format!("fd {}", fd.as_raw_fd()),
-            source: std::io::Error::last_os_error(),
-        });
+        return Err(
+            rustix::io::Errno::from_io_error(&std::io::Error::last_os_error())
+                .unwrap_or(rustix::io::Errno::INVAL),
+        );
     }
     Ok(())
 }

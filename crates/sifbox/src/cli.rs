@@ -185,9 +185,10 @@ pub fn run() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(crate::error::CliError::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sifbox: error: {}", e.line());
+            if !e.is_quiet() {
+                eprintln!("sifbox: error: {}", e.line());
+            }
             ExitCode::from(e.exit_code())
         }
     }

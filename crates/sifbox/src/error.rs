@@ -1,9 +1,12 @@
 //! The CLI's one error type. The libraries' errors stay typed up to here
 //! (a full disk importing an image reads as a full disk, not as a bad
-//! reference); [`CliError::fix`] says what to do and
-//! [`CliError::exit_code`] what sifbox exits with.
+//! reference); [`CliError::fix`] says what to do (the advice that names a
+//! command or its flags is given here, from the library's typed variant)
+//! and [`CliError::exit_code`] what sifbox exits with: the whole exit table
+//! is that function's.
 
 use sifbox_build::error::BuildError;
+use sifbox_engine::SandboxError;
 use sifbox_eval::EvalError;
 use sifbox_image::import::ImportError;
 use sifbox_image::store::StoreError;
@@ -30,6 +33,18 @@ pub enum CliError {
     /// stops, quietly, with status 0.
     #[error("stdout was closed")]
     StdoutClosed,
+    /// SIGINT, SIGTERM or SIGHUP (`signal`; 0 where it is not known, taken
+    /// as SIGINT) stopped the command after it cleaned up: exit 128+N.
+    /// `report` is what to print, if anything.
+    #[error("{}", .report.as_deref().unwrap_or("interrupted"))]
+    Interrupted { signal: i32, report: Option<String> },
+    /// Rollouts of a job failed for reasons of sifbox or the host: exit 1.
+    #[error("{count} rollouts failed for reasons of sifbox or the host (see their result.json)")]
+    RolloutsFailed { count: u32, job: String },
+    /// `doctor` found a check that `sifbox run` cannot do without; its
+    /// report said which: exit 1, nothing more printed.
+    #[error("a check that `sifbox run` needs failed")]
+    ChecksFailed,
 }
 
 /// A command's result.
@@ -39,8 +54,15 @@ impl CliError {
     /// What to do about it, where the message does not already say.
     pub fn fix(&self) -> Option<String> {
         match self {
-            // Their messages carry the fix (`what: why; fix`).
-            CliError::Engine(_) | CliError::Eval(_) | CliError::StdoutClosed => None,
+            CliError::Engine(e) => engine_fix(e),
+            // Its messages carry the fix (`what: why; fix`).
+            CliError::Eval(_)
+            | CliError::StdoutClosed
+            | CliError::Interrupted { .. }
+            | CliError::ChecksFailed => None,
+            CliError::RolloutsFailed { job, .. } => {
+                Some(format!("`--job {job} --resume` runs them again"))
+            }
             CliError::Store(e) => e.fix(),
             CliError::Import(e) => e.fix(),
             CliError::Resolve(e) => Some(e.fix()),
@@ -53,13 +75,32 @@ impl CliError {
         }
     }
 
-    /// The exit status: 125, an error of sifbox itself (see README's exit
-    /// codes).
+    /// The exit status (see README's exit codes): 0 for a closed stdout;
+    /// 128+N for a signal N (130 when not known); 1 for a build step that
+    /// failed, rollouts that failed, or a failed check of `doctor`; else
+    /// 125, an error of sifbox itself or of the caller's input.
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::StdoutClosed => 0,
+            CliError::Interrupted { signal, .. } => {
+                let n = if *signal > 0 { 128 + signal } else { 130 };
+                u8::try_from(n).unwrap_or(crate::EXIT_SIFBOX_ERROR)
+            }
+            CliError::Build(e) if e.is_step_failure() => 1,
+            CliError::RolloutsFailed { .. } | CliError::ChecksFailed => 1,
             _ => crate::EXIT_SIFBOX_ERROR,
         }
+    }
+
+    /// Whether sifbox exits without printing this (what happened was said
+    /// already, or needs no saying).
+    pub fn is_quiet(&self) -> bool {
+        matches!(
+            self,
+            CliError::StdoutClosed
+                | CliError::ChecksFailed
+                | CliError::Interrupted { report: None, .. }
+        )
     }
 
     /// The line sifbox prints: the error, then what to do. A full disk
@@ -75,6 +116,25 @@ impl CliError {
             None => self.to_string(),
         }
     }
+}
+
+/// The advice for an engine error that names a command or its flags (the
+/// engine says what went wrong; what to type instead is the CLI's).
+fn engine_fix(e: &sifbox_engine::Error) -> Option<String> {
+    let sifbox_engine::Error::Sandbox(e) = e else {
+        return None;
+    };
+    Some(match e {
+        SandboxError::NoSuchSandbox(_) | SandboxError::SupervisorGone(_) | SandboxError::BadState(_) => {
+            "start it with `sifbox start --name NAME IMAGE`; `sifbox ps` lists running sandboxes"
+        }
+        SandboxError::OneShot(_) => "use `sifbox start --name NAME IMAGE` for a sandbox to exec into",
+        SandboxError::BadExecId(_) | SandboxError::NoSuchExec { .. } => {
+            "pass the id printed by `sifbox exec --detach`"
+        }
+        _ => return None,
+    }
+    .to_string())
 }
 
 /// Whether `e` or any error under it is ENOSPC or EDQUOT. Errors that
@@ -174,15 +234,106 @@ mod tests {
         let wrapped = std::io::Error::other(Inner(std::io::Error::from_raw_os_error(28)));
         assert!(is_disk_full(&wrapped));
         // A sandbox's reply, as text.
-        let e = CliError::Engine(sifbox_engine::Error::Setup(
-            "writing /x: No space left on device (os error 28)".into(),
+        let e = CliError::Engine(sifbox_engine::Error::from(
+            sifbox_engine::SupervisorError::Reported {
+                message: "writing /x: No space left on device (os error 28)".into(),
+            },
         ));
         assert!(is_disk_full(&e));
         assert!(e.line().starts_with("no space left on "), "{}", e.line());
         // Quota too; other errors not.
         assert!(is_disk_full(&std::io::Error::from_raw_os_error(122)));
         assert!(!is_disk_full(&std::io::Error::from_raw_os_error(32)));
-        let e = CliError::Engine(sifbox_engine::Error::Setup("bad".into()));
+        let e = CliError::Engine(sifbox_engine::Error::from(
+            sifbox_engine::SupervisorError::Reported {
+                message: "bad".into(),
+            },
+        ));
         assert!(!is_disk_full(&e));
+    }
+
+    #[test]
+    fn the_exit_table_is_decided_by_the_error() {
+        let int = |signal, report: Option<&str>| CliError::Interrupted {
+            signal,
+            report: report.map(str::to_string),
+        };
+        assert_eq!(int(15, None).exit_code(), 143);
+        assert_eq!(int(2, None).exit_code(), 130);
+        assert_eq!(
+            int(0, None).exit_code(),
+            130,
+            "an unknown signal is SIGINT's"
+        );
+        assert!(int(1, None).is_quiet());
+        let said = int(1, Some("the build was interrupted by SIGHUP"));
+        assert_eq!(said.exit_code(), 129);
+        assert!(!said.is_quiet());
+        assert_eq!(said.line(), "the build was interrupted by SIGHUP");
+        let failed = CliError::RolloutsFailed {
+            count: 3,
+            job: "j1".into(),
+        };
+        assert_eq!(failed.exit_code(), 1);
+        assert_eq!(
+            failed.line(),
+            "3 rollouts failed for reasons of sifbox or the host (see their result.json); \
+             `--job j1 --resume` runs them again"
+        );
+        assert_eq!(CliError::ChecksFailed.exit_code(), 1);
+        assert!(CliError::ChecksFailed.is_quiet());
+        assert_eq!(CliError::StdoutClosed.exit_code(), 0);
+        let step = CliError::Build(BuildError::RunFailed {
+            file: "Dockerfile".into(),
+            line: 2,
+            instruction: "RUN false".into(),
+            code: 1,
+            tail: String::new(),
+        });
+        assert_eq!(
+            step.exit_code(),
+            1,
+            "a failed step is the build's own failure"
+        );
+        let bad = CliError::Engine(sifbox_engine::SpecError::Name("a/b".into()).into());
+        assert_eq!(bad.exit_code(), 125, "bad input");
+    }
+
+    #[test]
+    fn advice_naming_commands_is_the_clis() {
+        let e = |s: SandboxError| CliError::Engine(s.into());
+        let gone = e(SandboxError::NoSuchSandbox("box".into()));
+        assert_eq!(
+            gone.line(),
+            "sandbox \"box\": no such sandbox is running; start it with `sifbox start --name \
+             NAME IMAGE`; `sifbox ps` lists running sandboxes"
+        );
+        let one = e(SandboxError::OneShot("box".into())).line();
+        assert!(
+            one.ends_with("; use `sifbox start --name NAME IMAGE` for a sandbox to exec into"),
+            "{one}"
+        );
+        let id = e(SandboxError::BadExecId("x/y".into())).line();
+        assert!(id.starts_with("exec id \"x/y\": "), "{id}");
+        assert!(
+            id.ends_with("; pass the id printed by `sifbox exec --detach`"),
+            "{id}"
+        );
+        // The engine's own text names no command.
+        let text = SandboxError::NoSuchExec {
+            id: "a1".into(),
+            name: "box".into(),
+        }
+        .to_string();
+        assert!(!text.contains("sifbox"), "{text}");
+        // Every flag the advice names is one of the command's.
+        let cli = crate::cli::full_command();
+        for (sub, flag) in [("start", "name"), ("exec", "detach")] {
+            let c = cli.find_subcommand(sub).expect(sub);
+            assert!(
+                c.get_arguments().any(|a| a.get_long() == Some(flag)),
+                "sifbox {sub} --{flag}"
+            );
+        }
     }
 }

@@ -10,7 +10,8 @@ use tokio::net::UnixStream;
 
 use super::process::{drain, read_opt, stdio_ends, Ends, Events, Process, SpawnStdio, Stdio};
 use super::{
-    blocking, connect, no_tty, proto, stopped_while_running, AsyncSandbox, DEFAULT_MAX_OUTPUT,
+    blocking, connect, no_tty, proto, stopped_while_running, AioError, AsyncSandbox,
+    DEFAULT_MAX_OUTPUT,
 };
 use crate::error::{Error, IoContext, Result};
 use crate::protocol::{self, Event, ExecRequest, Request};
@@ -165,21 +166,13 @@ impl AsyncSandbox {
             return Err(no_tty());
         }
         if req.stop_after {
-            return Err(Error::BadInput {
-                what: "ExecRequest::stop_after".into(),
-                why: "a spawned process cannot be the sandbox's last command".into(),
-                fix: "wait for the process, then call AsyncSandbox::stop".into(),
-            });
+            return Err(AioError::StopAfter.into());
         }
         let id = match req.detach_id.take() {
             Some(id) => {
                 if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric())
                 {
-                    return Err(Error::BadInput {
-                        what: format!("exec id {id:?}"),
-                        why: "ids are 1 to 64 letters and digits".into(),
-                        fix: "leave detach_id empty to get a random id".into(),
-                    });
+                    return Err(AioError::ExecId(id).into());
                 }
                 id
             }

@@ -82,6 +82,51 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+/// A misuse of the async API, or a sandbox it cannot reach.
+#[derive(Debug, thiserror::Error)]
+pub enum AioError {
+    #[error("root file system {}: {source}; pass an unpacked root file system directory", .path.display())]
+    Rootfs {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("root file system {}: not a directory; pass an unpacked root file system directory", .0.display())]
+    RootfsNotDir(PathBuf),
+    #[error("StartOptions::oneshot: an async client cannot tie a sandbox to its life (the parent-death signal follows the starting thread, and tokio ends idle blocking threads); leave oneshot false and stop the sandbox with AsyncSandbox::stop")]
+    OneShot,
+    #[error("sandbox {name} was not ready in time; it is removed once its start returns (raise the ready timeout?)")]
+    NotReadyInTime { name: String },
+    #[error("sandbox {name}: the runtime dir changed since it was started (now {}, was {}); keep SIFBOX_RUNTIME unchanged while sandboxes run", .now.display(), .was.display())]
+    RuntimeDirChanged {
+        name: String,
+        now: PathBuf,
+        was: PathBuf,
+    },
+    #[error("sandbox {0:?}: it is not running (it was stopped, or its supervisor died); start it again; `sifbox ps` lists running sandboxes and `sifbox gc` removes dead ones")]
+    NotRunning(String),
+    #[error("ExecRequest::tty: the async API does not allocate ptys; use Sandbox::exec_tty")]
+    Tty,
+    #[error("ExecRequest::stop_after: a spawned process cannot be the sandbox's last command; wait for the process, then call AsyncSandbox::stop")]
+    StopAfter,
+    #[error("exec id {0:?}: ids are 1 to 64 letters and digits; leave detach_id empty to get a random id")]
+    ExecId(String),
+    #[error("Process::writeline: the line contains a newline; encode messages on one line (JSON does: newlines in strings are escaped)")]
+    Newline,
+    #[error("stdin of exec {0}: it is not piped or was closed; spawn with Stdio::Piped stdin and write before wait()")]
+    StdinNotPiped(String),
+    #[error("stdout of exec {0}: it is not piped; spawn with Stdio::Piped stdout")]
+    StdoutNotPiped(String),
+    #[error("exec {id} of sandbox {name}: it is no longer running; check Process::wait for how it ended")]
+    ExecEnded { id: String, name: String },
+}
+
+impl AioError {
+    /// Whether the caller is at fault (all but a start that took too long).
+    pub fn is_bad_input(&self) -> bool {
+        !matches!(self, AioError::NotReadyInTime { .. })
+    }
+}
 use crate::idmap;
 use crate::protocol::{self, Event, ProtocolError, Request};
 use crate::runtime;
@@ -124,14 +169,12 @@ const SIGKILL: i32 = 9;
 pub fn default_spec(name: &str, rootfs: impl AsRef<Path>) -> Result<SandboxSpec> {
     spec::validate_name(name)?;
     let given = rootfs.as_ref();
-    let bad = |why: String| Error::BadInput {
-        what: format!("root file system {}", given.display()),
-        why,
-        fix: "pass an unpacked root file system directory".into(),
-    };
-    let rootfs = std::fs::canonicalize(given).map_err(|e| bad(e.to_string()))?;
+    let rootfs = std::fs::canonicalize(given).map_err(|source| AioError::Rootfs {
+        path: given.to_path_buf(),
+        source,
+    })?;
     if !rootfs.is_dir() {
-        return Err(bad("not a directory".into()));
+        return Err(AioError::RootfsNotDir(given.to_path_buf()).into());
     }
     let ids = idmap::resolve(UsernsMode::Auto, &idmap::Caller::current())?;
     Ok(SandboxSpec::new(name, rootfs, ids))
@@ -266,11 +309,7 @@ impl AsyncSandbox {
         ready_timeout: Duration,
     ) -> Result<AsyncSandbox> {
         if opts.oneshot {
-            return Err(Error::BadInput {
-                what: "StartOptions::oneshot".into(),
-                why: "an async client cannot tie a sandbox to its life (the parent-death signal follows the starting thread, and tokio ends idle blocking threads)".into(),
-                fix: "leave oneshot false and stop the sandbox with AsyncSandbox::stop".into(),
-            });
+            return Err(AioError::OneShot.into());
         }
         let name = spec.name.clone();
         let starting = tokio::task::spawn_blocking(move || {
@@ -284,9 +323,7 @@ impl AsyncSandbox {
         // abandoned here is stopped when its thread returns the handle.
         match tokio::time::timeout(ready_timeout + Duration::from_secs(1), starting).await {
             Ok(joined) => Ok(AsyncSandbox::wrap(join(joined, "starting a sandbox")??)),
-            Err(_) => Err(Error::Setup(format!(
-                "sandbox {name} was not ready in time; it is removed once its start returns (raise the ready timeout?)"
-            ))),
+            Err(_) => Err(AioError::NotReadyInTime { name }.into()),
         }
     }
 
@@ -470,15 +507,12 @@ impl AsyncSandbox {
     fn attached(&self) -> Result<Sandbox> {
         let sb = Sandbox::attach(&self.inner.name).map_err(|_| self.gone())?;
         if sb.dir() != self.inner.dir {
-            return Err(Error::BadInput {
-                what: format!("sandbox {}", self.inner.name),
-                why: format!(
-                    "the runtime dir changed since it was started (now {}, was {})",
-                    sb.dir().display(),
-                    self.inner.dir.display()
-                ),
-                fix: "keep SIFBOX_RUNTIME unchanged while sandboxes run".into(),
-            });
+            return Err(AioError::RuntimeDirChanged {
+                name: self.inner.name.clone(),
+                now: sb.dir().to_path_buf(),
+                was: self.inner.dir.clone(),
+            }
+            .into());
         }
         Ok(sb)
     }
@@ -532,13 +566,7 @@ fn connect(name: &str, dir: &Path) -> Result<StdUnixStream> {
 }
 
 fn not_running(name: &str) -> Error {
-    Error::BadInput {
-        what: format!("sandbox {name:?}"),
-        why: "it is not running (it was stopped, or its supervisor died)".into(),
-        fix:
-            "start it again; `sifbox ps` lists running sandboxes and `sifbox gc` removes dead ones"
-                .into(),
-    }
+    AioError::NotRunning(name.to_string()).into()
 }
 
 fn stopped_while_running(name: &str) -> Error {
@@ -549,11 +577,7 @@ fn stopped_while_running(name: &str) -> Error {
 }
 
 fn no_tty() -> Error {
-    Error::BadInput {
-        what: "ExecRequest::tty".into(),
-        why: "the async API does not allocate ptys".into(),
-        fix: "use Sandbox::exec_tty".into(),
-    }
+    AioError::Tty.into()
 }
 
 fn proto(name: &str, e: ProtocolError) -> Error {

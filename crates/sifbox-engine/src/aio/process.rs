@@ -11,7 +11,9 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
 use tokio::net::UnixStream;
 
-use super::{blocking, connect, is_alive, proto, stopped_while_running, KILL_LIMIT, SIGKILL};
+use super::{
+    blocking, connect, is_alive, proto, stopped_while_running, AioError, KILL_LIMIT, SIGKILL,
+};
 use crate::error::{Error, IoContext, Result};
 use crate::protocol::{self, Event, ProtocolError, Request};
 use crate::sandbox::{ExecStatus, Tail};
@@ -81,18 +83,12 @@ impl Process {
     /// write cut short leaves part of a line in the pipe.
     pub async fn writeline(&mut self, line: &str) -> Result<()> {
         if line.contains('\n') {
-            return Err(Error::BadInput {
-                what: "Process::writeline".into(),
-                why: "the line contains a newline".into(),
-                fix: "encode messages on one line (JSON does: newlines in strings are escaped)"
-                    .into(),
-            });
+            return Err(AioError::Newline.into());
         }
-        let stdin = self.stdin.as_mut().ok_or_else(|| Error::BadInput {
-            what: format!("stdin of exec {}", self.id),
-            why: "it is not piped or was closed".into(),
-            fix: "spawn with Stdio::Piped stdin and write before wait()".into(),
-        })?;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| AioError::StdinNotPiped(self.id.clone()))?;
         let mut buf = Vec::with_capacity(line.len() + 1);
         buf.extend_from_slice(line.as_bytes());
         buf.push(b'\n');
@@ -113,11 +109,10 @@ impl Process {
     /// same line. A line that is not UTF-8 is an error.
     pub async fn readline(&mut self) -> Result<Option<String>> {
         let id = self.id.clone();
-        let stdout = self.stdout.as_mut().ok_or_else(|| Error::BadInput {
-            what: format!("stdout of exec {id}"),
-            why: "it is not piped".into(),
-            fix: "spawn with Stdio::Piped stdout".into(),
-        })?;
+        let stdout = self
+            .stdout
+            .as_mut()
+            .ok_or_else(|| AioError::StdoutNotPiped(id.clone()))?;
         let n = stdout
             .read_until(b'\n', &mut self.line)
             .await
@@ -203,11 +198,11 @@ impl Process {
         if signal_exec(&self.name, &self.dir, &self.id, signal).await? {
             Ok(())
         } else {
-            Err(Error::BadInput {
-                what: format!("exec {} of sandbox {}", self.id, self.name),
-                why: "it is no longer running".into(),
-                fix: "check Process::wait for how it ended".into(),
-            })
+            Err(AioError::ExecEnded {
+                id: self.id.clone(),
+                name: self.name.clone(),
+            }
+            .into())
         }
     }
 }

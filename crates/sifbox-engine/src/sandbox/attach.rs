@@ -4,8 +4,8 @@ use std::cell::{Cell, RefCell};
 
 use rustix::process::Pid;
 
-use super::{Evidencing, Sandbox};
-use crate::error::{Error, Result};
+use super::{Evidencing, Sandbox, SandboxError};
+use crate::error::Result;
 use crate::protocol::Request;
 use crate::runtime;
 use crate::spec::validate_name;
@@ -31,26 +31,16 @@ impl Sandbox {
         validate_name(name)?;
         let root = runtime::root()?;
         let dir = runtime::sandbox_dir(&root, name);
-        let not_running = |why: &str| {
-            Error::BadInput {
-            what: format!("sandbox {name:?}"),
-            why: why.into(),
-            fix: "start it with `sifbox start --name NAME IMAGE`; `sifbox ps` lists running sandboxes".into(),
-        }
-        };
-        let state =
-            runtime::read_state(&dir).ok_or_else(|| not_running("no such sandbox is running"))?;
+        let state = runtime::read_state(&dir)
+            .ok_or_else(|| SandboxError::NoSuchSandbox(name.to_string()))?;
         if !runtime::is_alive(&state) {
-            return Err(not_running("it has stopped (its supervisor is gone)"));
+            return Err(SandboxError::SupervisorGone(name.to_string()).into());
         }
         if state.oneshot && !any {
-            return Err(Error::BadInput {
-                what: format!("sandbox {name:?}"),
-                why: "it belongs to a one-shot `sifbox run`, which ends with its command".into(),
-                fix: "use `sifbox start --name NAME IMAGE` for a sandbox to exec into".into(),
-            });
+            return Err(SandboxError::OneShot(name.to_string()).into());
         }
-        let pid = Pid::from_raw(state.supervisor_pid).ok_or_else(|| not_running("bad state"))?;
+        let pid = Pid::from_raw(state.supervisor_pid)
+            .ok_or_else(|| SandboxError::BadState(name.to_string()))?;
         Ok(Sandbox {
             reservation: RefCell::new(None),
             control: None,

@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
 
-use super::{ExecStatus, Sandbox};
+use super::{ExecStatus, Sandbox, SandboxError};
 use crate::error::{Error, IoContext, Result};
 use crate::protocol::{self, Event, ExecRequest, Request};
 
@@ -48,19 +48,15 @@ impl Sandbox {
     /// The files of a detached exec: (stdout, stderr, status.json).
     pub fn detached_files(&self, id: &str) -> Result<(PathBuf, PathBuf, PathBuf)> {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err(Error::BadInput {
-                what: format!("exec id {id:?}"),
-                why: "not an id that `sifbox exec --detach` prints".into(),
-                fix: "pass the id printed by `sifbox exec --detach`".into(),
-            });
+            return Err(SandboxError::BadExecId(id.to_string()).into());
         }
         let dir = self.dir.join("execs").join(id);
         if !dir.is_dir() {
-            return Err(Error::BadInput {
-                what: format!("exec {id} of sandbox {}", self.name),
-                why: "no such detached exec".into(),
-                fix: "pass the id printed by `sifbox exec --detach`".into(),
-            });
+            return Err(SandboxError::NoSuchExec {
+                id: id.to_string(),
+                name: self.name.clone(),
+            }
+            .into());
         }
         Ok((
             dir.join("stdout"),

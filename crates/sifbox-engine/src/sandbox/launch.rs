@@ -16,7 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustix::pipe::{pipe_with, PipeFlags};
 use rustix::process::Pid;
 
-use super::{read_status, Evidencing, Sandbox, StartOptions, Status};
+use super::{read_status, Evidencing, OverlayProblem, Sandbox, SandboxError, StartOptions, Status};
 use crate::error::{Error, IoContext, Result};
 use crate::evidence::{self, ImageRef};
 use crate::idmap;
@@ -129,9 +129,9 @@ fn launch_supervisor(launch: &Launch, dir: OwnedFd, opts: &StartOptions) -> Resu
     let pid = i32::try_from(child.id())
         .ok()
         .and_then(Pid::from_raw)
-        .ok_or_else(|| Error::Setup("pid out of range".into()))?;
+        .ok_or_else(|| SandboxError::PidOutOfRange(child.id()))?;
     let Some(stdout) = child.stdout.take() else {
-        return Err(Error::Setup("supervisor pipes missing".into()));
+        return Err(SandboxError::PipesMissing.into());
     };
     // The runtime dir goes as a descriptor, first: the supervisor reaches
     // it through that, never by a path resolved again.
@@ -223,16 +223,18 @@ impl Sandbox {
             // upper/ (a setuid-root file, under host root) must be out of
             // other users' reach. upper/ keeps the mode it is made with:
             // the overlay's root takes it, and it is the sandbox's `/`.
-            let bad = |why: String| Error::BadInput {
-                what: format!("the overlay directory {}", o.display()),
-                why,
-                fix: "pass a directory of your own on a local file system".into(),
+            let bad = |problem| -> Error {
+                SandboxError::OverlayDir {
+                    dir: o.clone(),
+                    problem,
+                }
+                .into()
             };
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(o)
-                .map_err(|e| bad(format!("cannot create it: {e}")))?;
+                .map_err(|e| bad(OverlayProblem::Create(e)))?;
             let top = rustix::fs::open(
                 o,
                 rustix::fs::OFlags::RDONLY
@@ -240,17 +242,14 @@ impl Sandbox {
                     | rustix::fs::OFlags::CLOEXEC,
                 rustix::fs::Mode::empty(),
             )
-            .map_err(|e| bad(format!("cannot open it: {e}")))?;
-            let st = rustix::fs::fstat(&top).map_err(|e| bad(format!("cannot stat it: {e}")))?;
+            .map_err(|e| bad(OverlayProblem::Open(e.into())))?;
+            let st = rustix::fs::fstat(&top).map_err(|e| bad(OverlayProblem::Stat(e.into())))?;
             if st.st_uid != rustix::process::geteuid().as_raw() {
-                return Err(bad(format!(
-                    "it belongs to uid {}, who could run what the sandbox writes there",
-                    st.st_uid
-                )));
+                return Err(bad(OverlayProblem::Owner(st.st_uid)));
             }
             if st.st_mode & 0o077 != 0 {
                 rustix::fs::fchmod(&top, rustix::fs::Mode::from_raw_mode(0o700))
-                    .map_err(|e| bad(format!("cannot make it private (0700): {e}")))?;
+                    .map_err(|e| bad(OverlayProblem::Private(e.into())))?;
                 tracing::debug!(
                     "the overlay directory {}: mode {:04o} made 0700",
                     o.display(),
@@ -260,27 +259,25 @@ impl Sandbox {
             for (sub, mode) in [("upper", 0o777), ("work", 0o700)] {
                 match rustix::fs::mkdirat(&top, sub, rustix::fs::Mode::from_raw_mode(mode)) {
                     Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                    Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+                    Err(e) => {
+                        return Err(bad(OverlayProblem::Subdir {
+                            sub,
+                            source: e.into(),
+                        }))
+                    }
                 }
             }
         }
         if opts.disk_layer.is_some() && !matches!(spec.writable, Writable::Disk { .. }) {
-            return Err(Error::Setup(
-                "a disk-backed layer was given for a sandbox whose writable layer is not one"
-                    .into(),
-            ));
+            return Err(SandboxError::DiskLayerNotWanted.into());
         }
         if let Writable::Disk { size_mib, scratch } = &spec.writable {
-            let bad = |why: String, fix: &str| Error::BadInput {
-                what: format!("a disk-backed writable layer of {size_mib} MiB"),
-                why,
-                fix: fix.into(),
-            };
             if let Some(why) = crate::disk::unavailable() {
-                return Err(bad(
+                return Err(SandboxError::DiskUnavailable {
+                    size_mib: *size_mib,
                     why,
-                    "ask for a tmpfs writable layer instead (its size counts in the memory limit)",
-                ));
+                }
+                .into());
             }
             crate::disk::prepare_scratch(scratch)?;
         }
@@ -382,10 +379,7 @@ impl Sandbox {
                     send_line(&mut control, "mapped")?;
                 }
                 Status::Ready(_) => {
-                    return Err(Error::Setup(format!(
-                        "sandbox {}: ready before its id maps were written",
-                        sandbox.name
-                    )))
+                    return Err(SandboxError::ReadyBeforeMapped(sandbox.name.clone()).into())
                 }
             }
         }
@@ -419,10 +413,7 @@ impl Sandbox {
                     };
                     let mut fds = [PollFd::new(status.get_ref(), PollFlags::IN)];
                     if matches!(poll(&mut fds, Some(&t)), Ok(0)) {
-                        return Err(Error::Setup(format!(
-                            "sandbox {} was not ready in time; it was removed (give it longer to start)",
-                            self.name
-                        )));
+                        return Err(SandboxError::NotReadyInTime(self.name.clone()).into());
                     }
                 }
             }
@@ -447,10 +438,7 @@ impl Sandbox {
                 drop(slot);
                 self.write_evidence(t)
             }
-            Status::Unshared => Err(Error::Setup(format!(
-                "sandbox {}: unexpected status from its supervisor",
-                self.name
-            ))),
+            Status::Unshared => Err(SandboxError::UnexpectedStatus(self.name.clone()).into()),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use rustix::process::{Pid, Signal, WaitOptions};
 
-use super::Sandbox;
+use super::{Sandbox, SandboxError};
 use crate::error::{Error, Result};
 use crate::evidence::Evidence;
 use crate::protocol::{self, Event, Request};
@@ -80,8 +80,10 @@ impl Sandbox {
                 }
                 Ok(())
             }
-            Ok((Event::Error { message, .. }, _)) => Err(Error::Setup(message)),
-            Ok((other, _)) => Err(Error::Setup(format!("an unexpected answer: {other:?}"))),
+            Ok((Event::Error { message, .. }, _)) => {
+                Err(crate::supervisor::SupervisorError::Reported { message }.into())
+            }
+            Ok((other, _)) => Err(SandboxError::UnexpectedAnswer(format!("{other:?}")).into()),
             Err(e) => Err(self.proto(e)),
         };
         // Stopped either way: what is left is the supervisor's exit.

@@ -1,6 +1,8 @@
 //! init, the sandbox's PID 1: its namespaces, root file system and
 //! nested user namespace, then the exec server ([`super::serve`]).
 
+use sifbox_sys::syscall::{Prctl, Syscall};
+
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -16,8 +18,27 @@ use crate::protocol::{self, CONTROL_SOCKET};
 use crate::spec::{NetMode, SandboxSpec};
 use crate::{rootfs, worker};
 
-/// PID 1 of the sandbox.
+/// Why init could not set the sandbox up, where no system call of its
+/// own failed (those are [`Error::Syscall`]s naming the step).
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The request for the nested id maps did not reach outer.
+    #[error("asking for the nested id maps: {0}")]
+    AskMaps(#[source] protocol::ProtocolError),
+    /// outer did not map the nested user namespace.
+    #[error("mapping the sandbox's nested user namespace failed")]
+    NotMapped,
+    /// The child that makes the guarded mount namespace failed (`why`, as
+    /// it sent it) or did not answer.
+    #[error("making the guarded mount namespace: {why}")]
+    GuardedNamespace { why: String },
+}
+
+/// PID 1 of the sandbox. Every system call that sets the sandbox up goes
+/// through `sys` (the syscall seam).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn init_main(
+    sys: &dyn Syscall,
     launch: &Launch,
     status: &mut Status,
     nest: Nest,
@@ -26,7 +47,7 @@ pub(super) fn init_main(
     activity: Option<OwnedFd>,
     held_dir: OwnedFd,
 ) -> Result<()> {
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+    sys.prctl(Prctl::ParentDeathSignal(Some(Signal::KILL)))
         .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
     let spec = &launch.spec;
     // The dir a kept layer is copied into, opened while the host's paths
@@ -62,22 +83,7 @@ pub(super) fn init_main(
     // the new mount namespace below: mounts go on its own mounts only.
     let shown = std::fs::canonicalize(&launch.dir)
         .map_err(|e| Error::io(format!("resolving {}", launch.dir.display()), e))?;
-    // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
-    // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
-    // system mounted inside (with nested namespaces) shows nothing above.
-    let mut flags =
-        UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
-    if spec.net == NetMode::None {
-        flags |= UnshareFlags::NEWNET;
-    }
-    sifbox_sys::unshare_namespaces(flags).map_err(|e| Error::Host {
-        what: "creating the sandbox's mount, ipc, uts, cgroup and network namespaces".into(),
-        source: e,
-        fix: "run `sifbox doctor` to see what this host allows".into(),
-    })?;
-    // Host supplementary groups do not follow into the sandbox where the
-    // kernel lets us drop them (not in single-id namespaces).
-    let _ = rustix::thread::set_thread_groups(&[]);
+    unshare_sandbox_namespaces(sys, spec)?;
     let dir = crate::runtime::same_dir_here(&launch.dir, &shown)?;
     let views = launch
         .limits
@@ -85,7 +91,7 @@ pub(super) fn init_main(
         .as_ref()
         .map(crate::limits::cgroup::SandboxCgroup::views)
         .unwrap_or_default();
-    let mut root = rootfs::assemble(spec, &dir, disk, views)?;
+    let mut root = rootfs::assemble(sys, spec, &dir, disk, views)?;
     let keep = match (root.upper.take(), keep_dst) {
         (Some(upper), Some(dst)) => Some(KeptLayer { upper, dst }),
         _ => None,
@@ -96,13 +102,14 @@ pub(super) fn init_main(
     if spec.net == NetMode::None {
         sifbox_sys::loopback_up()?;
     }
-    rustix::system::sethostname(spec.hostname.as_bytes()).map_err(errno("sethostname"))?;
+    sys.sethostname(spec.hostname.as_bytes())
+        .map_err(errno("sethostname"))?;
     let listener = match listener {
         Some(l) => l,
         None => {
             // A relative name: runtime dir paths can be longer than a socket
             // address allows.
-            rustix::process::chdir(&dir).map_err(errno("chdir to the runtime dir"))?;
+            sys.chdir(&dir).map_err(errno("chdir to the runtime dir"))?;
             UnixListener::bind(CONTROL_SOCKET)
                 .map_err(|e| Error::io(format!("creating {}/{CONTROL_SOCKET}", dir.display()), e))?
         }
@@ -110,7 +117,7 @@ pub(super) fn init_main(
     // The host's runtime dir, which `launch.dir` named, goes before the
     // sandbox's root is entered: no descriptor of a host dir stays in init.
     drop(held_dir);
-    rootfs::pivot(&root)?;
+    rootfs::pivot(sys, &root)?;
     // Its fds (the overlay's, /proc's, /dev's) are of no further use.
     drop(root);
 
@@ -134,7 +141,7 @@ pub(super) fn init_main(
         rustix::process::setrlimit(rustix::process::Resource::Nproc, l)
             .map_err(errno("setrlimit(RLIMIT_NPROC)"))?;
     }
-    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER)
+    sys.unshare(UnshareFlags::NEWUSER)
         .map_err(|e| Error::io("creating the nested user namespace", e))?;
     // The guarded mount namespace is made meanwhile by a child in the
     // nested user namespace (nothing of the sandbox runs yet); its fd is
@@ -142,53 +149,14 @@ pub(super) fn init_main(
     let guarded = if guarded.is_empty() {
         None
     } else {
-        Some(start_guarded_namespace(&guarded)?)
+        Some(start_guarded_namespace(sys, &guarded)?)
     };
-    // What the watchdog measures: the root (whose statfs is the writable
-    // layer's tmpfs) and /dev/shm.
-    let mut tmpfs = Vec::new();
     let mut activity = activity.map(|pipe| (pipe, None));
-    if launch.limits.watchdog_memory.is_some() {
-        // The watchdog lists the sandbox's processes in its /proc; so does
-        // init, to tell it when the sandbox is idle.
-        match rustix::fs::open(
-            "/proc",
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(fd) => {
-                if let Some((_, proc)) = &mut activity {
-                    *proc = rustix::io::fcntl_dupfd_cloexec(&fd, 3)
-                        .ok()
-                        .and_then(|d| rustix::fs::Dir::read_from(d).ok());
-                }
-                tmpfs.push(fd);
-            }
-            Err(e) => return Err(errno("opening /proc for the memory watchdog")(e)),
-        }
-        let open = |p: &str| {
-            rustix::fs::open(
-                p,
-                rustix::fs::OFlags::PATH
-                    | rustix::fs::OFlags::DIRECTORY
-                    | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-        };
-        if matches!(spec.writable, crate::spec::Writable::Tmpfs { .. }) {
-            tmpfs.extend(open("/").ok());
-        }
-        tmpfs.extend(open("/dev/shm").ok());
-    }
-    protocol::send(&nest.0, &"nest", &protocol::borrow_all(&tmpfs))
-        .map_err(|e| Error::Setup(format!("asking for the nested id maps: {e}")))?;
+    let tmpfs = watched_mounts(launch, &mut activity)?;
+    protocol::send(&nest.0, &"nest", &protocol::borrow_all(&tmpfs)).map_err(InitError::AskMaps)?;
     drop(tmpfs);
     if !matches!(protocol::recv::<String>(&nest.0), Ok((ref m, _)) if m == "mapped") {
-        return Err(Error::Setup(
-            "mapping the sandbox's nested user namespace failed".into(),
-        ));
+        return Err(InitError::NotMapped.into());
     }
     drop(nest);
     // The maps are written: from here on nothing in the sandbox may read
@@ -196,7 +164,7 @@ pub(super) fn init_main(
     // pidfd_getfd all need CAP_SYS_PTRACE over the user namespace that
     // init's memory belongs to, which is the host's: it was forked, never
     // executed, in there). Workers and transfer processes inherit it.
-    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    sys.prctl(Prctl::NotDumpable)
         .map_err(errno("prctl(PR_SET_DUMPABLE)"))?;
     let guarded = guarded.map(finish_guarded_namespace).transpose()?;
     if launch.oneshot {
@@ -222,6 +190,71 @@ pub(super) fn init_main(
     serve(listener, spec.confinement, activity, keep, guarded)
 }
 
+/// The sandbox's mount, ipc, uts and cgroup namespaces (and network, for
+/// `--net none`); the host's supplementary groups dropped where allowed.
+fn unshare_sandbox_namespaces(sys: &dyn Syscall, spec: &SandboxSpec) -> Result<()> {
+    // A cgroup namespace rooted at the sandbox's own cgroup (outer joined
+    // it): /proc/self/cgroup shows "/" and no host path, and a cgroup file
+    // system mounted inside (with nested namespaces) shows nothing above.
+    let mut flags =
+        UnshareFlags::NEWNS | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
+    if spec.net == NetMode::None {
+        flags |= UnshareFlags::NEWNET;
+    }
+    sys.unshare(flags).map_err(|e| Error::Host {
+        what: "creating the sandbox's mount, ipc, uts, cgroup and network namespaces".into(),
+        source: e.into(),
+        fix: "run `sifbox doctor` to see what this host allows".into(),
+    })?;
+    // Host supplementary groups do not follow into the sandbox where the
+    // kernel lets us drop them (not in single-id namespaces).
+    let _ = rustix::thread::set_thread_groups(&[]);
+    Ok(())
+}
+
+/// What the memory watchdog measures (the root, whose statfs is the
+/// writable layer's tmpfs, and /dev/shm; /proc, to list the sandbox's
+/// processes), opened in the new root; `activity` gets its own /proc to
+/// tell when the sandbox is idle. Nothing without a watchdog.
+fn watched_mounts(
+    launch: &Launch,
+    activity: &mut Option<(OwnedFd, Option<rustix::fs::Dir>)>,
+) -> Result<Vec<OwnedFd>> {
+    let mut tmpfs = Vec::new();
+    if launch.limits.watchdog_memory.is_none() {
+        return Ok(tmpfs);
+    }
+    // The watchdog lists the sandbox's processes in its /proc; so does
+    // init, to tell it when the sandbox is idle.
+    match rustix::fs::open(
+        "/proc",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => {
+            if let Some((_, proc)) = activity {
+                *proc = rustix::io::fcntl_dupfd_cloexec(&fd, 3)
+                    .ok()
+                    .and_then(|d| rustix::fs::Dir::read_from(d).ok());
+            }
+            tmpfs.push(fd);
+        }
+        Err(e) => return Err(errno("opening /proc for the memory watchdog")(e)),
+    }
+    let open = |p: &str| {
+        rustix::fs::open(
+            p,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+    };
+    if matches!(launch.spec.writable, crate::spec::Writable::Tmpfs { .. }) {
+        tmpfs.extend(open("/").ok());
+    }
+    tmpfs.extend(open("/dev/shm").ok());
+    Ok(tmpfs)
+}
+
 /// Starts making the guarded mount namespace (see
 /// [`crate::spec::GuardedBind`]); [`finish_guarded_namespace`] takes it.
 /// A child of init in the nested user namespace unshares a mount
@@ -233,16 +266,20 @@ pub(super) fn init_main(
 /// can reach it through init or the child: init is not dumpable (no
 /// /proc/1/fd, no /proc/1/ns), and the child is gone before anything
 /// runs in the sandbox.
-fn start_guarded_namespace(trees: &[(PathBuf, OwnedFd)]) -> Result<(Pid, UnixStream)> {
+fn start_guarded_namespace(
+    sys: &dyn Syscall,
+    trees: &[(PathBuf, OwnedFd)],
+) -> Result<(Pid, UnixStream)> {
     use std::os::fd::AsFd;
     let (mine, theirs) = UnixStream::pair()
         .map_err(|e| Error::io("making the guarded mount namespace: socketpair", e))?;
     match sifbox_sys::fork()? {
         sifbox_sys::Forked::Child => {
             drop(mine);
-            let made = sifbox_sys::unshare_namespaces(UnshareFlags::NEWNS)
-                .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))
-                .and_then(|()| rootfs::attach_guarded(trees).map_err(|e| e.to_string()))
+            let made = sys
+                .unshare(UnshareFlags::NEWNS)
+                .map_err(|e| format!("unshare(CLONE_NEWNS): {}", std::io::Error::from(e)))
+                .and_then(|()| rootfs::attach_guarded(sys, trees).map_err(|e| e.to_string()))
                 .and_then(|()| {
                     rustix::fs::open(
                         "/proc/self/ns/mnt",
@@ -278,15 +315,16 @@ fn finish_guarded_namespace((pid, mine): (Pid, UnixStream)) -> Result<OwnedFd> {
         // The child is not waited for (its exit, the teardown of a copy
         // of init's address space, takes a millisecond): the serve loop
         // reaps it as any child.
-        Ok((why, mut fds)) if why.is_empty() && fds.len() == 1 => {
-            fds.pop().ok_or_else(|| Error::Setup(String::new()))
-        }
+        Ok((why, mut fds)) if why.is_empty() && fds.len() == 1 => fds
+            .pop()
+            .ok_or_else(|| InitError::GuardedNamespace { why: String::new() }.into()),
         other => {
             let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
-            Err(Error::Setup(match other {
-                Ok((why, _)) => format!("making the guarded mount namespace: {why}"),
-                Err(e) => format!("making the guarded mount namespace: {e}"),
-            }))
+            let why = match other {
+                Ok((why, _)) => why,
+                Err(e) => e.to_string(),
+            };
+            Err(InitError::GuardedNamespace { why }.into())
         }
     }
 }

@@ -33,10 +33,28 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use sifbox_sys::syscall::Kernel;
 
 use crate::error::{Error, Result};
 use crate::protocol;
 use crate::spec::SandboxSpec;
+
+/// The supervisor's side of a launch, or the failure a supervisor reported
+/// (text: it crossed the status pipe).
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("reading the launch description: {0}")]
+    Launch(protocol::ProtocolError),
+    #[error("the launch came without its runtime dir's descriptor")]
+    NoRuntimeDir,
+    #[error("the launch came with {count} descriptors (a disk-backed layer given: {disk_given})")]
+    Descriptors { count: usize, disk_given: bool },
+    #[error("the client went away during setup")]
+    ClientGone,
+    /// What a supervisor reported on its status pipe or control socket.
+    #[error("{message}")]
+    Reported { message: String },
+}
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
 mod handoff;
@@ -46,7 +64,9 @@ mod pool;
 mod serve;
 mod watchdog;
 
+pub use init::InitError;
 use outer::outer;
+pub use outer::OuterError;
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
 
@@ -185,16 +205,14 @@ pub fn main() -> i32 {
     }
     // The launch, and the disk-backed layer when the client made it.
     let control = UnixStream::from(OwnedFd::from(control));
-    let launch = protocol::recv::<Launch>(&control)
-        .map_err(|e| Error::Setup(format!("reading the launch description: {e}")));
+    let launch =
+        protocol::recv::<Launch>(&control).map_err(|e| Error::from(SupervisorError::Launch(e)));
     let mut input = BufReader::new(File::from(OwnedFd::from(control)));
     let launch = launch.and_then(|(mut l, mut fds)| {
         // The runtime dir comes first, as a descriptor: reached through it
         // (kept open for the supervisor's life), never by a path again.
         if fds.is_empty() {
-            return Err(Error::Setup(
-                "the launch came without its runtime dir's descriptor".into(),
-            ));
+            return Err(SupervisorError::NoRuntimeDir.into());
         }
         let dir = fds.remove(0);
         l.dir = sifbox_sys::fd_path(std::os::fd::AsFd::as_fd(&dir));
@@ -219,7 +237,9 @@ pub fn main() -> i32 {
         Ok((l, disk, dir))
     });
     finish(
-        launch.and_then(|(l, disk, dir)| outer(&l, &mut input, &mut status, None, disk, dir)),
+        launch.and_then(|(l, disk, dir)| {
+            outer(&Kernel, &l, &mut input, &mut status, None, disk, dir)
+        }),
         &mut status,
     )
 }
@@ -230,9 +250,7 @@ fn given_disk(launch: &Launch, fds: &mut Vec<OwnedFd>) -> Result<Option<OwnedFd>
     match (launch.disk_given, fds.len()) {
         (false, 0) => Ok(None),
         (true, 1) => Ok(fds.pop()),
-        (given, n) => Err(Error::Setup(format!(
-            "the launch came with {n} descriptors (a disk-backed layer given: {given})"
-        ))),
+        (disk_given, count) => Err(SupervisorError::Descriptors { count, disk_given }.into()),
     }
 }
 
@@ -284,7 +302,17 @@ pub fn main_forked(
         });
     let mut input = BufReader::new(File::from(control));
     finish(
-        prepared.and_then(|()| outer(launch, &mut input, &mut status, Some(listener), disk, dir)),
+        prepared.and_then(|()| {
+            outer(
+                &Kernel,
+                launch,
+                &mut input,
+                &mut status,
+                Some(listener),
+                disk,
+                dir,
+            )
+        }),
         &mut status,
     )
 }
@@ -324,7 +352,7 @@ fn read_line(input: &mut impl BufRead) -> Result<String> {
         .read_line(&mut line)
         .map_err(|e| Error::io("reading from the client", e))?;
     if line.is_empty() {
-        return Err(Error::Setup("the client went away during setup".into()));
+        return Err(SupervisorError::ClientGone.into());
     }
     Ok(line.trim_end().to_string())
 }

@@ -3,6 +3,8 @@
 //! forks init and waits for it (mapping its nested user namespace, and
 //! watching its memory without a cgroup).
 
+use sifbox_sys::syscall::{Prctl, Syscall};
+
 use std::fs::File;
 use std::io::BufReader;
 use std::os::fd::OwnedFd;
@@ -19,9 +21,27 @@ use super::{errno, exit_now, read_line, Launch, Status};
 use crate::error::{Error, Result};
 use crate::{idmap, protocol};
 
+/// Why the outer supervisor could not set the sandbox up, where no system
+/// call of its own failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OuterError {
+    /// The client said it made the disk-backed layer but sent none.
+    #[error("the disk-backed layer did not come with the launch")]
+    DiskNotSent,
+    /// The disk-backed layer needs mkfs.ext4.
+    #[error("the disk-backed layer: mkfs.ext4 is not installed")]
+    NoMkfs,
+    /// Something the sandbox uses is being removed.
+    #[error("{}: locked by a remover of what the sandbox uses", .0.display())]
+    BeingRemoved(PathBuf),
+}
+
 /// `listener`: the control socket when the client made it; else init makes
-/// it. `given`: the disk-backed layer when the client made it.
+/// it. `given`: the disk-backed layer when the client made it. Every
+/// system call that sets the sandbox up goes through `sys` (the syscall
+/// seam), handed on to init.
 pub(super) fn outer(
+    sys: &dyn Syscall,
     launch: &Launch,
     input: &mut BufReader<File>,
     status: &mut Status,
@@ -38,7 +58,7 @@ pub(super) fn outer(
         .transpose()?;
     let mut holds = hold_all(&launch.holds)?;
     if launch.oneshot {
-        rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+        sys.prctl(Prctl::ParentDeathSignal(Some(Signal::KILL)))
             .map_err(errno("prctl(PR_SET_PDEATHSIG)"))?;
         if rustix::process::getppid()
             .map(Pid::as_raw_nonzero)
@@ -56,14 +76,10 @@ pub(super) fn outer(
     // sandbox's limits (mkfs is ours, not the sandbox's).
     let disk = match &launch.spec.writable {
         crate::spec::Writable::Disk { .. } if launch.disk_given => {
-            Some(given.ok_or_else(|| {
-                Error::Setup("the disk-backed layer did not come with the launch".into())
-            })?)
+            Some(given.ok_or(OuterError::DiskNotSent)?)
         }
         crate::spec::Writable::Disk { size_mib, scratch } => {
-            let mkfs = crate::disk::mkfs_path().ok_or_else(|| {
-                Error::Setup("the disk-backed layer: mkfs.ext4 is not installed".into())
-            })?;
+            let mkfs = crate::disk::mkfs_path().ok_or(OuterError::NoMkfs)?;
             let owner = (
                 launch.spec.ids.uid[0].outside,
                 launch.spec.ids.gid[0].outside,
@@ -76,9 +92,9 @@ pub(super) fn outer(
     enter_limits(&launch.limits)?;
     set_rlimits(&launch.limits)?;
 
-    sifbox_sys::unshare_namespaces(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
+    sys.unshare(UnshareFlags::NEWUSER | UnshareFlags::NEWPID).map_err(|e| Error::Host {
         what: "creating the sandbox's user and pid namespaces".into(),
-        source: e,
+        source: e.into(),
         fix: "unprivileged user namespaces may be disabled or exhausted on this host; run `sifbox doctor`".into(),
     })?;
     let ids = &launch.spec.ids;
@@ -90,9 +106,17 @@ pub(super) fn outer(
         }
     } else {
         let (uid, gid) = (ids.uid[0].outside, ids.gid[0].outside);
-        idmap::write_file(Path::new("/proc/self/setgroups"), "deny\n")?;
-        idmap::write_file(Path::new("/proc/self/uid_map"), &format!("0 {uid} 1\n"))?;
-        idmap::write_file(Path::new("/proc/self/gid_map"), &format!("0 {gid} 1\n"))?;
+        idmap::write_file(sys, Path::new("/proc/self/setgroups"), "deny\n")?;
+        idmap::write_file(
+            sys,
+            Path::new("/proc/self/uid_map"),
+            &format!("0 {uid} 1\n"),
+        )?;
+        idmap::write_file(
+            sys,
+            Path::new("/proc/self/gid_map"),
+            &format!("0 {gid} 1\n"),
+        )?;
     }
 
     // init asks us (over `nest`) to map the nested user namespace it moves
@@ -118,7 +142,16 @@ pub(super) fn outer(
             drop((own.take(), std::mem::take(&mut holds)));
             drop((nest_outer, activity_outer));
             let nest = Nest(nest_init);
-            let code = match init_main(launch, status, nest, listener, disk, activity_init, dir) {
+            let code = match init_main(
+                sys,
+                launch,
+                status,
+                nest,
+                listener,
+                disk,
+                activity_init,
+                dir,
+            ) {
                 Ok(()) => 0,
                 Err(e) => {
                     status.error(&e);
@@ -132,7 +165,7 @@ pub(super) fn outer(
     // init holds the disk-backed layer now: it goes with init's mounts.
     drop((nest_init, listener, disk, activity_init));
     sifbox_sys::release_free_memory();
-    let waited = wait_init(init, launch, nest_outer, activity_outer, input);
+    let waited = wait_init(sys, init, launch, nest_outer, activity_outer, input);
     if let Some(cg) = &launch.limits.cgroup {
         // Out of the cgroup, which goes with the sandbox.
         if let Err(e) = cg.remove(std::process::id()) {
@@ -155,12 +188,7 @@ fn hold_all(paths: &[PathBuf]) -> Result<Vec<File>> {
     for p in paths {
         match lock(p, Kind::Shared, false, false, 0) {
             Ok(Some(f)) => out.push(f),
-            Ok(None) => {
-                return Err(Error::Setup(format!(
-                    "{}: locked by a remover of what the sandbox uses",
-                    p.display()
-                )))
-            }
+            Ok(None) => return Err(OuterError::BeingRemoved(p.clone()).into()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::debug!("{}: gone, not held", p.display());
             }
@@ -270,6 +298,7 @@ const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 /// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory
 /// limit and no cgroup, this is also the watchdog (see [`Watchdog`]).
 fn wait_init(
+    sys: &dyn Syscall,
     init: Pid,
     launch: &Launch,
     nest: UnixStream,
@@ -400,11 +429,13 @@ fn wait_init(
                     }
                     let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
                     let mapped = idmap::write_file(
+                        sys,
                         &proc.join("uid_map"),
                         &idmap::map_text(&idmap::identity_of(&spec.ids.uid)),
                     )
                     .and_then(|()| {
                         idmap::write_file(
+                            sys,
                             &proc.join("gid_map"),
                             &idmap::map_text(&idmap::identity_of(&spec.ids.gid)),
                         )
@@ -418,9 +449,7 @@ fn wait_init(
                 // us, and a non-dumpable parent would make its children's
                 // /proc files, its uid_map too, host root's): from now on
                 // only our own code reads our memory and descriptors.
-                let _ = rustix::process::set_dumpable_behavior(
-                    rustix::process::DumpableBehavior::NotDumpable,
-                );
+                let _ = sys.prctl(Prctl::NotDumpable);
                 // All that is left to do is wait (and watch): the pages of
                 // setting up need not stay mapped, once the sandbox has
                 // lived a moment (most of eval's live a few ms: reading

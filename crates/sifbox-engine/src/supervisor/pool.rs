@@ -27,15 +27,28 @@ pub(super) struct Worker {
 /// before it rescues the worker.
 pub(super) const RESCUE_AFTER: Duration = Duration::from_secs(1);
 
+/// Why no worker took a request.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PoolError {
+    #[error("socketpair: {0}")]
+    Socketpair(std::io::Error),
+    #[error("{0}")]
+    Fork(sifbox_sys::Error),
+    #[error("no exec worker is free")]
+    NoneFree,
+    #[error("handing the request to a worker: {0}")]
+    Handoff(protocol::ProtocolError),
+}
+
 pub(super) enum NewWorker {
     Parent(Worker),
     Child(UnixStream),
 }
 
 /// Forks an exec worker connected to init by a socketpair.
-pub(super) fn new_worker() -> std::result::Result<NewWorker, String> {
-    let (mine, theirs) = UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
-    match sifbox_sys::fork().map_err(|e| e.to_string())? {
+pub(super) fn new_worker() -> std::result::Result<NewWorker, PoolError> {
+    let (mine, theirs) = UnixStream::pair().map_err(PoolError::Socketpair)?;
+    match sifbox_sys::fork().map_err(PoolError::Fork)? {
         sifbox_sys::Forked::Child => {
             drop(mine);
             Ok(NewWorker::Child(theirs))
@@ -149,13 +162,13 @@ impl Pool {
         conn: &UnixStream,
         req: &Request,
         fds: &[OwnedFd],
-    ) -> std::result::Result<Pid, String> {
+    ) -> std::result::Result<Pid, PoolError> {
         use std::os::fd::AsFd;
         let i = self
             .workers
             .iter()
             .position(|w| !w.busy)
-            .ok_or_else(|| "no exec worker is free".to_string())?;
+            .ok_or(PoolError::NoneFree)?;
         let mut passed = vec![conn.as_fd()];
         passed.extend(fds.iter().map(AsFd::as_fd));
         // A free worker that a process of the sandbox stopped would sit on
@@ -163,7 +176,7 @@ impl Pool {
         let _ = rustix::process::kill_process(self.workers[i].pid, Signal::CONT);
         if let Err(e) = protocol::send(&self.workers[i].chan, req, &passed) {
             self.workers.remove(i);
-            return Err(format!("handing the request to a worker: {e}"));
+            return Err(PoolError::Handoff(e));
         }
         self.workers[i].busy = true;
         self.workers[i].deadline = match req {
@@ -209,18 +222,19 @@ mod tests {
         pool.add(w2);
         let (conn, _client) = UnixStream::pair().expect("socketpair");
         let req = Request::Exec(ExecRequest::default());
-        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        assert_eq!(pool.dispatch(&conn, &req, &[]).ok(), Some(pid(101)));
         assert!(pool.any_busy() && pool.has_idle());
-        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(102)));
+        assert_eq!(pool.dispatch(&conn, &req, &[]).ok(), Some(pid(102)));
         assert!(!pool.has_idle());
-        assert!(pool.dispatch(&conn, &req, &[]).is_err(), "none is free");
+        let none = pool.dispatch(&conn, &req, &[]);
+        assert!(matches!(none, Err(PoolError::NoneFree)), "none is free");
         // The job reached the worker, with the client's connection.
         let (_, fds) = protocol::recv::<Request>(&far1).expect("the job");
         assert_eq!(fds.len(), 1);
         // Worker 1 says it is done: free again, and the next exec is its.
         far1.write_all(b".").expect("write");
         assert_eq!(pool.finished(0), Some(pid(101)));
-        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        assert_eq!(pool.dispatch(&conn, &req, &[]).ok(), Some(pid(101)));
         // Both done: one stays warm, the other's channel closes.
         far1.write_all(b".").expect("write");
         far2.write_all(b".").expect("write");
@@ -232,7 +246,7 @@ mod tests {
         far2.read_to_end(&mut rest).expect("read");
         let _ = far1;
         // A busy worker is never trimmed.
-        assert_eq!(pool.dispatch(&conn, &req, &[]), Ok(pid(101)));
+        assert_eq!(pool.dispatch(&conn, &req, &[]).ok(), Some(pid(101)));
         pool.trim_idle();
         assert_eq!(pool.len(), 1);
     }
@@ -245,7 +259,7 @@ mod tests {
         let (conn, _client) = UnixStream::pair().expect("socketpair");
         // A transfer has no limit: never due.
         let copy = Request::Remove { path: "/x".into() };
-        assert_eq!(pool.dispatch(&conn, &copy, &[]), Ok(pid(301)));
+        assert_eq!(pool.dispatch(&conn, &copy, &[]).ok(), Some(pid(301)));
         assert_eq!(pool.next_deadline(), None);
         far1.write_all(b".").expect("write");
         assert_eq!(pool.finished(0), Some(pid(301)));
@@ -254,7 +268,7 @@ mod tests {
             ..ExecRequest::default()
         });
         let t = std::time::Instant::now();
-        assert_eq!(pool.dispatch(&conn, &exec, &[]), Ok(pid(301)));
+        assert_eq!(pool.dispatch(&conn, &exec, &[]).ok(), Some(pid(301)));
         let due = pool.next_deadline().expect("a deadline");
         assert!(due >= t + Duration::from_millis(100) + RESCUE_AFTER);
         assert!(pool.overdue(t).is_empty());

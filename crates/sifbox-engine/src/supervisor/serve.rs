@@ -14,6 +14,8 @@ use rustix::process::{Pid, Signal, WaitOptions};
 use super::exit_now;
 use super::handoff::{Activity, KeptLayer};
 use super::pool::{self, new_worker, NewWorker, Pool};
+use sifbox_sys::syscall::Kernel;
+
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::spec::Confinement;
 use crate::{transfer, worker};
@@ -230,14 +232,14 @@ pub(super) fn serve(
                     exec
                 };
                 drop(guarded);
-                worker::run(&conn, exec, fds, confinement);
+                worker::run(&Kernel, &conn, exec, fds, confinement);
                 drop(conn);
                 exit_now(0);
             }
             req if pooled(&req) => {
                 // Twice at most: a worker may have died (something in the
                 // sandbox killed it) since init last looked.
-                let mut outcome = Err(String::new());
+                let mut outcome = Err(pool::PoolError::NoneFree);
                 for _ in 0..2 {
                     if !workers.has_idle() {
                         match new_worker() {
@@ -258,8 +260,8 @@ pub(super) fn serve(
                                 exit_now(worker_main(&chan, confinement))
                             }
                             Ok(NewWorker::Parent(w)) => workers.add(w),
-                            Err(message) => {
-                                outcome = Err(message);
+                            Err(e) => {
+                                outcome = Err(e);
                                 break;
                             }
                         }
@@ -464,7 +466,7 @@ fn guarded_or_exit(req: Request, guarded: Option<&OwnedFd>, conn: &UnixStream) -
 /// After a pooled request was handed to a worker: a detached exec is
 /// noted by id; a failure is the client's reply.
 fn note_dispatched(
-    outcome: std::result::Result<Pid, String>,
+    outcome: std::result::Result<Pid, pool::PoolError>,
     req: Request,
     conn: &UnixStream,
     detached: &mut HashMap<String, Pid>,
@@ -479,7 +481,8 @@ fn note_dispatched(
                 detached.insert(id, pid);
             }
         }
-        Err(message) => {
+        Err(e) => {
+            let message = e.to_string();
             let _ = protocol::send(conn, &Event::Error { code: 125, message }, &[]);
         }
     }
@@ -506,7 +509,7 @@ fn serve_in_child(
         let _ = protocol::send(conn, &ev, &[]);
     };
     match req {
-        Request::Exec(exec) => worker::run(conn, exec, fds, confinement),
+        Request::Exec(exec) => worker::run(&Kernel, conn, exec, fds, confinement),
         Request::Download { path, follow } => {
             let Some(fd) = fds.pop() else { return 125 };
             let name = Path::new(&path)

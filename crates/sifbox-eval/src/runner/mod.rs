@@ -28,6 +28,7 @@
 mod agent_logs;
 mod disks;
 mod environment;
+mod error;
 mod job;
 mod phases;
 mod reaper;

@@ -20,6 +20,7 @@ use crate::rollout_dir;
 use crate::task::{NetworkMode, RewardStrategy, Task};
 
 use super::environment::Image;
+use super::error::{HostAction, RolloutError};
 use super::setup::{host_lock, last_lines, pause_unless_cancelled, short, SetupError, SETUP_LOG};
 use super::usage::{killed_for_memory, note_oom_survived, oom_message, PhaseUsage, KILLED};
 use super::{interrupted, ms, set_env, Agent, Ctx, TaskEnv};
@@ -722,14 +723,14 @@ fn run_steps(
 
 /// `JOB/.steps/ROLLOUT/`, fresh and opened: where a multi-step rollout's
 /// steps' outputs wait, out of its sandbox's sight, until it stops.
-fn steps_archive(ctx: &Ctx<'_>, rollout: &str) -> std::result::Result<OwnedFd, String> {
+fn steps_archive(ctx: &Ctx<'_>, rollout: &str) -> std::result::Result<OwnedFd, RolloutError> {
+    let at = |p: &Path| RolloutError::host(HostAction::Using, p);
     let root = ctx.dir.join(STEPS_ARCHIVE);
-    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+    std::fs::create_dir_all(&root).map_err(at(&root))?;
     let dir = root.join(rollout);
-    super::fresh_dir(&ctx.dir, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let fd =
-        rollout_dir::open_dir_nofollow(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-    rollout_dir::make_subdir(fd.as_fd(), rollout).map_err(|e| format!("{}: {e}", dir.display()))
+    super::fresh_dir(&ctx.dir, &dir).map_err(at(&dir))?;
+    let fd = rollout_dir::open_dir_nofollow(&root).map_err(at(&root))?;
+    rollout_dir::make_subdir(fd.as_fd(), rollout).map_err(at(&dir))
 }
 
 /// The dir of the job that holds [`steps_archive`]s.
@@ -1057,7 +1058,7 @@ fn setup_commands(
             return Err(SetupError::Failed("interrupted".into()));
         }
         let _lock = match &c.host_lock {
-            Some(name) => Some(host_lock(ctx, name).map_err(SetupError::Infra)?),
+            Some(name) => Some(host_lock(ctx, name).map_err(|e| SetupError::Infra(e.to_string()))?),
             None => None,
         };
         {
@@ -1114,12 +1115,10 @@ fn upload_instruction(
     sb: &Sandbox,
     instruction: &crate::task::Instruction,
     owner: Option<&str>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RolloutError> {
     let text = match instruction {
         crate::task::Instruction::File(p) => {
-            return sb
-                .upload(p, "/instruction.md", owner)
-                .map_err(|e| e.to_string())
+            return Ok(sb.upload(p, "/instruction.md", owner)?);
         }
         crate::task::Instruction::Text(t) => t.clone().into_bytes(),
     };
@@ -1131,8 +1130,8 @@ fn upload_instruction(
         let mut b = tar::Builder::new(w);
         b.append_data(&mut h, "instruction.md", text.as_slice())?;
         std::io::Write::flush(&mut b.into_inner()?)
-    })
-    .map_err(|e| e.to_string())
+    })?;
+    Ok(())
 }
 
 /// Uploads the test dirs `dirs` to /tests, merged in order (the first
@@ -1145,18 +1144,17 @@ fn upload_tests(
     dirs: &[PathBuf],
     script: &Path,
     owner: Option<&str>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RolloutError> {
     // One transfer when test.sh is a file of the one dir (the usual case).
     if let [dir] = dirs {
         if script == dir.join("test.sh") && is_regular_file(script) {
-            return sb
-                .upload_marking_executable(dir, "/tests", owner, Path::new("test.sh"))
-                .map_err(|e| e.to_string());
+            sb.upload_marking_executable(dir, "/tests", owner, Path::new("test.sh"))?;
+            return Ok(());
         }
     }
     for (i, dir) in dirs.iter().enumerate() {
         if i == 0 {
-            sb.upload(dir, "/tests", owner).map_err(|e| e.to_string())?;
+            sb.upload(dir, "/tests", owner)?;
         } else {
             let dir = dir.clone();
             sb.upload_tar("/tests", owner, move |w| {
@@ -1164,8 +1162,7 @@ fn upload_tests(
                 b.follow_symlinks(false);
                 b.append_dir_all(".", &dir)?;
                 std::io::Write::flush(&mut b.into_inner()?)
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
         }
     }
     upload_script(sb, root, script, "/tests", "test.sh", owner)
@@ -1183,14 +1180,13 @@ fn upload_with_script(
     dst: &str,
     script: &str,
     owner: Option<&str>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RolloutError> {
     if is_regular_file(&dir.join(script)) {
-        return sb
-            .upload_marking_executable(dir, dst, owner, Path::new(script))
-            .map_err(|e| e.to_string());
+        sb.upload_marking_executable(dir, dst, owner, Path::new(script))?;
+        return Ok(());
     }
     // A symlink: the file it names, once more, as the script.
-    sb.upload(dir, dst, owner).map_err(|e| e.to_string())?;
+    sb.upload(dir, dst, owner)?;
     upload_script(sb, root, &dir.join(script), dst, script, owner)
 }
 
@@ -1204,16 +1200,14 @@ fn upload_script(
     dst: &str,
     name: &str,
     owner: Option<&str>,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), RolloutError> {
     use std::io::Read as _;
     use std::os::unix::fs::MetadataExt;
-    let mut file = crate::task::open_task_file(root, host).map_err(|e| e.to_string())?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("{}: {e}", host.display()))?;
+    let at = || RolloutError::host(HostAction::Using, host);
+    let mut file = crate::task::open_task_file(root, host).map_err(RolloutError::TaskFile)?;
+    let meta = file.metadata().map_err(at())?;
     let mut data = Vec::new();
-    file.read_to_end(&mut data)
-        .map_err(|e| format!("{}: {e}", host.display()))?;
+    file.read_to_end(&mut data).map_err(at())?;
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(tar::EntryType::Regular);
     h.set_size(data.len() as u64);
@@ -1224,8 +1218,8 @@ fn upload_script(
         let mut b = tar::Builder::new(w);
         b.append_data(&mut h, &name, data.as_slice())?;
         std::io::Write::flush(&mut b.into_inner()?)
-    })
-    .map_err(|e| e.to_string())
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]

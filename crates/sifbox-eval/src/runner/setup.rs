@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::result::one_line;
 
+use super::error::{HostAction, RolloutError};
 use super::Ctx;
 
 /// Sleeps `d`, waking early when the job is cancelled.
@@ -54,9 +55,9 @@ pub(super) fn last_lines(text: &str, n: usize) -> String {
 /// Holds a lock of this host (an flock on `locks/eval-NAME` in the image
 /// store, shared by every sifbox of the store) while it lives: BenchFlow's
 /// `host_lock`, so that setup commands of that name run one at a time.
-pub(super) fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, String> {
+pub(super) fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, RolloutError> {
     let dir = ctx.store.root().join("locks");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(RolloutError::host(HostAction::Creating, &dir))?;
     let safe: String = name
         .chars()
         .map(|c| {
@@ -73,17 +74,17 @@ pub(super) fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, 
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        .map_err(RolloutError::host(HostAction::Opening, &path))?;
     loop {
         match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Ok(f),
             Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
                 if ctx.cancel.is_cancelled() {
-                    return Err("interrupted while waiting for host_lock".into());
+                    return Err(RolloutError::LockInterrupted);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => return Err(format!("locking {}: {e}", path.display())),
+            Err(e) => return Err(RolloutError::host(HostAction::Locking, &path)(e.into())),
         }
     }
 }

@@ -162,24 +162,15 @@ pub fn run(a: BuildArgs) -> crate::error::Result<ExitCode> {
     // above); the scratch dir goes with `scratch` below.
     if let Some(sig) = interrupted.stop() {
         drop(scratch);
-        eprintln!(
-            "sifbox: error: the build was interrupted by {}; nothing was stored, and what it made is removed",
-            signal_name(sig)
-        );
-        return Ok(crate::exit_code(128 + sig));
+        return Err(crate::error::CliError::Interrupted {
+            signal: sig,
+            report: Some(format!(
+                "the build was interrupted by {}; nothing was stored, and what it made is removed",
+                signal_name(sig)
+            )),
+        });
     }
-    let built: Built = match result {
-        Ok(b) => b,
-        Err(e) => {
-            let step_failed = e.is_step_failure();
-            eprintln!("sifbox: error: {}", crate::error::CliError::from(e).line());
-            return Ok(ExitCode::from(if step_failed {
-                1
-            } else {
-                crate::EXIT_SIFBOX_ERROR
-            }));
-        }
-    };
+    let built: Built = result?;
     for t in &a.tags {
         let name = store
             .tag(t, &built.digest)

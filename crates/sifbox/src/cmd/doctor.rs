@@ -29,11 +29,10 @@ pub fn run(args: DoctorArgs) -> crate::error::Result<ExitCode> {
         "runtime dir",
     ];
     let broken = checks.iter().any(|c| !c.ok && essential.contains(&c.name));
-    Ok(if broken {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    if broken {
+        return Err(crate::error::CliError::ChecksFailed);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Doctor's recommendations name only flags that exist.

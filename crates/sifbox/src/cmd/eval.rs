@@ -599,15 +599,16 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         );
     }
     if outcome.interrupted {
-        let sig = cancel.signal();
-        return Ok(crate::exit_code(if sig > 0 { 128 + sig } else { 130 }));
+        return Err(crate::error::CliError::Interrupted {
+            signal: cancel.signal(),
+            report: None,
+        });
     }
     if outcome.summary.infra_errors > 0 {
-        eprintln!(
-            "sifbox: error: {} rollouts failed for reasons of sifbox or the host (see their result.json); `--job {} --resume` runs them again",
-            outcome.summary.infra_errors, outcome.summary.job
-        );
-        return Ok(ExitCode::from(1));
+        return Err(crate::error::CliError::RolloutsFailed {
+            count: outcome.summary.infra_errors,
+            job: outcome.summary.job.clone(),
+        });
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -30,13 +30,8 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
     let root = runtime::root()?;
     let removed = runtime::reap_dead(&root)?;
     let cgroups = stale_cgroups(&root)?;
-    let store_err = |e: sifbox_image::store::StoreError| sifbox_engine::Error::BadInput {
-        what: format!("image store {}", Store::default_root().display()),
-        why: e.to_string(),
-        fix: "set SIFBOX_CACHE to a writable directory".into(),
-    };
     let opened = crate::cmd::image::open_store()?;
-    let mut store = opened.gc().map_err(store_err)?;
+    let mut store = opened.gc()?;
     let mut pruned = Vec::new();
     if !store.unremovable.is_empty() || args.build_cache {
         // Build steps leave files of the caller's subordinate ids, which
@@ -61,7 +56,7 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
         &Store::default_root().join("scratch"),
     ));
     let blobs = if args.blobs {
-        Some(opened.gc_blobs().map_err(store_err)?)
+        Some(opened.gc_blobs()?)
     } else {
         None
     };

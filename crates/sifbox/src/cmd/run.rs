@@ -141,7 +141,10 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
     signal_handle.close();
     let sig = caught.load(Ordering::SeqCst);
     if sig != 0 {
-        return Ok(crate::exit_code(128 + sig));
+        return Err(crate::error::CliError::Interrupted {
+            signal: sig,
+            report: None,
+        });
     }
     stopped?;
     if let Some(logs) = &planned.logs {
