@@ -26,7 +26,7 @@ use serde::Serialize;
 
 use crate::dockerfile::{
     ArgDecl, Copy, Dockerfile, DockerfileError, Healthcheck, Instr, Instruction, KeyValue, Mount,
-    Source,
+    Source, Stage,
 };
 use crate::lex::{expand_heredoc, expand_word, expand_words, LexError, Lookup};
 
@@ -477,73 +477,14 @@ pub fn plan(df: &Dockerfile, opts: &PlanOptions) -> Result<Plan> {
     let builtins = builtin_args(opts);
 
     // The global scope.
-    let mut globals: Vec<(String, Option<String>)> = builtins
-        .iter()
-        .map(|(k, v)| (k.clone(), Some(v.clone())))
-        .collect();
     let mut declared: BTreeSet<String> = BTreeSet::new();
-    for arg in &df.args_before_from {
-        for d in &arg.decls {
-            declared.insert(d.name.clone());
-            let value = if let Some(v) = opts.build_args.get(&d.name) {
-                Some(v.clone())
-            } else if let Some(def) = &d.default {
-                let env = global_lookup(&globals);
-                Some(
-                    expand_word(def, &env, escape)
-                        .map_err(|e| DockerfileError::new(arg.line, "ARG", e.to_string()))?,
-                )
-            } else {
-                None
-            };
-            globals.retain(|(k, _)| *k != d.name);
-            globals.push((d.name.clone(), value));
-        }
-    }
+    let globals = global_args(df, opts, &builtins, &mut declared)?;
     let global_env = global_lookup(&globals);
 
     // Stages: bases.
     let mut planned: Vec<PlannedStage> = Vec::new();
     for stage in &df.stages {
-        let ferr = |e: LexError| DockerfileError::new(stage.line, "FROM", e.to_string());
-        let image = expand_word(&stage.from.image, &global_env, escape).map_err(ferr)?;
-        if image.is_empty() {
-            return Err(DockerfileError::new(
-                stage.line,
-                "FROM",
-                format!("base name ({}) should not be blank", stage.from.image),
-            )
-            .hint("set the ARG it uses (--build-arg or a default)"));
-        }
-        let platform = stage
-            .from
-            .platform
-            .as_deref()
-            .map(|p| expand_word(p, &global_env, escape))
-            .transpose()
-            .map_err(ferr)?;
-        let base = if image == "scratch" {
-            Base::Scratch
-        } else if let Some(prev) = df.stages[..stage.index].iter().find(|s| {
-            s.name
-                .as_deref()
-                .is_some_and(|n| n.eq_ignore_ascii_case(&image))
-        }) {
-            Base::Stage(prev.index)
-        } else {
-            Base::Image(image)
-        };
-        planned.push(PlannedStage {
-            index: stage.index,
-            name: stage.name.clone(),
-            line: stage.line,
-            original: stage.original.clone(),
-            base,
-            platform,
-            instructions: stage.instructions.clone(),
-            stage_deps: Vec::new(),
-            image_deps: Vec::new(),
-        });
+        planned.push(plan_stage(df, stage, &global_env, escape)?);
     }
 
     // Stages: `--from` dependencies, expanded with what the stage's own
@@ -614,24 +555,7 @@ pub fn plan(df: &Dockerfile, opts: &PlanOptions) -> Result<Plan> {
     }
 
     // The target.
-    let target = match &opts.target {
-        None => df.stages.len() - 1,
-        Some(t) => df
-            .stages
-            .iter()
-            .find(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(t)))
-            .map(|s| s.index)
-            .ok_or_else(|| {
-                let names: Vec<&str> = df.stages.iter().filter_map(|s| s.name.as_deref()).collect();
-                let hint = if names.is_empty() {
-                    "no stage has a name (FROM IMAGE AS NAME)".to_owned()
-                } else {
-                    format!("stages: {}", names.join(", "))
-                };
-                DockerfileError::new(0, "", format!("--target {t}: no stage has that name"))
-                    .hint(hint)
-            })?,
-    };
+    let target = target_index(df, opts)?;
 
     // What the target needs, dependencies first.
     let mut order = Vec::new();
@@ -672,6 +596,112 @@ pub fn plan(df: &Dockerfile, opts: &PlanOptions) -> Result<Plan> {
         target,
         unused_build_args,
         ..proto
+    })
+}
+
+/// The global scope: the builtin args, then the ARGs before the first
+/// FROM (a build arg's value, else the default expanded), each noted in
+/// `declared`.
+fn global_args(
+    df: &Dockerfile,
+    opts: &PlanOptions,
+    builtins: &[(String, String)],
+    declared: &mut BTreeSet<String>,
+) -> Result<Vec<(String, Option<String>)>> {
+    let escape = df.directives.escape;
+    let mut globals: Vec<(String, Option<String>)> = builtins
+        .iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    for arg in &df.args_before_from {
+        for d in &arg.decls {
+            declared.insert(d.name.clone());
+            let value = if let Some(v) = opts.build_args.get(&d.name) {
+                Some(v.clone())
+            } else if let Some(def) = &d.default {
+                let env = global_lookup(&globals);
+                Some(
+                    expand_word(def, &env, escape)
+                        .map_err(|e| DockerfileError::new(arg.line, "ARG", e.to_string()))?,
+                )
+            } else {
+                None
+            };
+            globals.retain(|(k, _)| *k != d.name);
+            globals.push((d.name.clone(), value));
+        }
+    }
+    Ok(globals)
+}
+
+/// A stage's base (scratch, an earlier stage or an image, expanded with
+/// the global args), without its dependencies yet.
+fn plan_stage(
+    df: &Dockerfile,
+    stage: &Stage,
+    global_env: &dyn Lookup,
+    escape: char,
+) -> Result<PlannedStage> {
+    let ferr = |e: LexError| DockerfileError::new(stage.line, "FROM", e.to_string());
+    let image = expand_word(&stage.from.image, global_env, escape).map_err(ferr)?;
+    if image.is_empty() {
+        return Err(DockerfileError::new(
+            stage.line,
+            "FROM",
+            format!("base name ({}) should not be blank", stage.from.image),
+        )
+        .hint("set the ARG it uses (--build-arg or a default)"));
+    }
+    let platform = stage
+        .from
+        .platform
+        .as_deref()
+        .map(|p| expand_word(p, global_env, escape))
+        .transpose()
+        .map_err(ferr)?;
+    let base = if image == "scratch" {
+        Base::Scratch
+    } else if let Some(prev) = df.stages[..stage.index].iter().find(|s| {
+        s.name
+            .as_deref()
+            .is_some_and(|n| n.eq_ignore_ascii_case(&image))
+    }) {
+        Base::Stage(prev.index)
+    } else {
+        Base::Image(image)
+    };
+    Ok(PlannedStage {
+        index: stage.index,
+        name: stage.name.clone(),
+        line: stage.line,
+        original: stage.original.clone(),
+        base,
+        platform,
+        instructions: stage.instructions.clone(),
+        stage_deps: Vec::new(),
+        image_deps: Vec::new(),
+    })
+}
+
+/// The target stage's index: `--target`'s, else the last.
+fn target_index(df: &Dockerfile, opts: &PlanOptions) -> Result<usize> {
+    Ok(match &opts.target {
+        None => df.stages.len() - 1,
+        Some(t) => df
+            .stages
+            .iter()
+            .find(|s| s.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(t)))
+            .map(|s| s.index)
+            .ok_or_else(|| {
+                let names: Vec<&str> = df.stages.iter().filter_map(|s| s.name.as_deref()).collect();
+                let hint = if names.is_empty() {
+                    "no stage has a name (FROM IMAGE AS NAME)".to_owned()
+                } else {
+                    format!("stages: {}", names.join(", "))
+                };
+                DockerfileError::new(0, "", format!("--target {t}: no stage has that name"))
+                    .hint(hint)
+            })?,
     })
 }
 

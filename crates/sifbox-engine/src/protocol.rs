@@ -17,6 +17,27 @@ use rustix::net::{
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// Name of the control socket in the sandbox's runtime dir.
+pub const CONTROL_SOCKET: &str = "control.sock";
+
+/// What a sandbox used so far, as the mechanisms that enforce its limits
+/// see it (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU time of all its processes, in nanoseconds.
+    pub cpu_ns: Option<u64>,
+    /// The most memory it held at once since it started or since
+    /// [`crate::Sandbox::reset_memory_peak`], in bytes (the cgroup's peak, or the
+    /// watchdog's sampled one).
+    pub memory_peak: Option<u64>,
+    /// Processes killed for going over the memory limit (by the kernel's
+    /// OOM killer in a cgroup, or by the watchdog).
+    pub oom_kills: u64,
+    /// How many times the watchdog started a new peak on request.
+    #[serde(default)]
+    pub peak_resets: u64,
+}
+
 /// Largest frame accepted (argv and env of an exec included).
 pub const MAX_FRAME: u32 = 64 << 20;
 /// Most descriptors carried by one frame.

@@ -450,6 +450,41 @@ pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>),
     let mut h = [0u8; 128];
     r.seek(SeekFrom::Start(0)).map_err(io("seek in"))?;
     r.read_exact(&mut h).map_err(io("read"))?;
+    let header = parse_header(&h, len)?;
+    let (desc_off, desc_size) = (header.descriptors_offset, header.descriptors_size);
+    // Checked not to overflow by `parse_header`.
+    let table_end = desc_off + desc_size;
+
+    // Bounded: at most MAX_DESCRIPTORS × 585 bytes, and inside the file.
+    let mut table = vec![
+        0u8;
+        usize::try_from(desc_size).map_err(|_| bad(
+            "descriptors size",
+            desc_size,
+            "too large"
+        ))?
+    ];
+    r.seek(SeekFrom::Start(desc_off)).map_err(io("seek in"))?;
+    r.read_exact(&mut table).map_err(io("read"))?;
+
+    let mut descriptors: Vec<Descriptor> = Vec::new();
+    for (slot, d) in table.chunks_exact(585).enumerate() {
+        if let Some(descriptor) = parse_descriptor(slot, d, &descriptors, len, table_end)? {
+            descriptors.push(descriptor);
+        }
+    }
+    check_objects(
+        &descriptors,
+        header.descriptors_free,
+        header.descriptors_total,
+    )?;
+    Ok((header, descriptors))
+}
+
+/// The global header (`h`, the file's first 128 bytes; `len`, the file's
+/// length), checked: the magic, the version, the descriptor table and the
+/// data inside the file.
+fn parse_header(h: &[u8; 128], len: u64) -> Result<Header, SifError> {
     if &h[32..42] != MAGIC {
         return Err(SifError::BadMagic {
             found: escaped(&h[32..42]),
@@ -469,12 +504,12 @@ pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>),
     })?;
     let mut id = [0u8; 16];
     id.copy_from_slice(&h[48..64]);
-    let free = count("descriptors free", le_i64(&h, 80))?;
-    let total = count("descriptors total", le_i64(&h, 88))?;
-    let desc_off = count("descriptors offset", le_i64(&h, 96))?;
-    let desc_size = count("descriptors size", le_i64(&h, 104))?;
-    let data_off = count("data offset", le_i64(&h, 112))?;
-    let data_size = count("data size", le_i64(&h, 120))?;
+    let free = count("descriptors free", le_i64(h, 80))?;
+    let total = count("descriptors total", le_i64(h, 88))?;
+    let desc_off = count("descriptors offset", le_i64(h, 96))?;
+    let desc_size = count("descriptors size", le_i64(h, 104))?;
+    let data_off = count("data offset", le_i64(h, 112))?;
+    let data_size = count("data size", le_i64(h, 120))?;
     if total == 0 {
         return Err(bad("descriptors total", total, "no descriptor slots"));
     }
@@ -532,8 +567,8 @@ pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>),
     let header = Header {
         arch,
         id,
-        created: le_i64(&h, 64),
-        modified: le_i64(&h, 72),
+        created: le_i64(h, 64),
+        modified: le_i64(h, 72),
         descriptors_free: free,
         descriptors_total: total,
         descriptors_offset: desc_off,
@@ -541,105 +576,107 @@ pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>),
         data_offset: data_off,
         data_size,
     };
+    Ok(header)
+}
 
-    // Bounded: at most MAX_DESCRIPTORS × 585 bytes, and inside the file.
-    let mut table = vec![
-        0u8;
-        usize::try_from(desc_size).map_err(|_| bad(
-            "descriptors size",
-            desc_size,
-            "too large"
-        ))?
-    ];
-    r.seek(SeekFrom::Start(desc_off)).map_err(io("seek in"))?;
-    r.read_exact(&mut table).map_err(io("read"))?;
-
-    let mut descriptors: Vec<Descriptor> = Vec::new();
-    for (slot, d) in table.chunks_exact(585).enumerate() {
-        let field = |name: &str| format!("descriptor {} {name}", slot + 1);
-        match d[4] {
-            0 => continue,
-            1 => {}
-            other => return Err(bad(field("used flag"), other, "not 0 or 1")),
-        }
-        let id = le_u32(d, 5);
-        if id == 0 {
-            return Err(bad(field("id"), 0, "ids start at 1"));
-        }
-        if descriptors.iter().any(|x| x.id == id) {
-            return Err(SifError::DuplicateId { id });
-        }
-        let data_type = DataType::from_code(le_i32(d, 0));
-        let group_raw = le_u32(d, 9);
-        let group = Some(group_raw & !GROUP_MASK).filter(|g| *g != 0);
-        let link_raw = le_u32(d, 13);
-        let link = if link_raw == 0 {
-            Link::None
-        } else if link_raw & GROUP_MASK == GROUP_MASK {
-            Link::Group(link_raw & !GROUP_MASK)
-        } else {
-            Link::Object(link_raw)
-        };
-        let offset = count(&field("offset"), le_i64(d, 17))?;
-        let size = count(&field("size"), le_i64(d, 25))?;
-        let size_with_padding = count(&field("size with padding"), le_i64(d, 33))?;
-        let outside = |why| SifError::ObjectOutside {
-            id,
-            offset,
-            size,
-            len,
-            why,
-        };
-        match offset.checked_add(size) {
-            Some(end) if end <= len => {}
-            _ => return Err(outside("past the end of the file")),
-        }
-        if size > 0 && offset < table_end {
-            return Err(outside("inside the header or descriptor table"));
-        }
-        if size_with_padding < size {
-            return Err(bad(
-                field("size with padding"),
-                size_with_padding,
-                "smaller than size",
-            ));
-        }
-        let name_raw = &d[73..73 + NAME_LEN];
-        let name_end = name_raw.iter().position(|b| *b == 0).unwrap_or(NAME_LEN);
-        let name = String::from_utf8_lossy(&name_raw[..name_end]).into_owned();
-        let extra = &d[201..201 + EXTRA_LEN];
-        let partition = if data_type == DataType::Partition {
-            let arch = Arch::decode(&extra[8..11]).ok_or_else(|| {
-                bad(
-                    field("partition arch"),
-                    format!("{:?}", escaped(&extra[8..11])),
-                    "not two digits and a NUL",
-                )
-            })?;
-            Some(Partition {
-                fs: FsType::from_code(le_i32(extra, 0)),
-                part_type: PartType::from_code(le_i32(extra, 4)),
-                arch,
-            })
-        } else {
-            None
-        };
-        descriptors.push(Descriptor {
-            data_type,
-            id,
-            group,
-            link,
-            offset,
-            size,
-            size_with_padding,
-            created: le_i64(d, 41),
-            modified: le_i64(d, 49),
-            uid: le_i64(d, 57),
-            gid: le_i64(d, 65),
-            name,
-            partition,
-        });
+/// The descriptor in `slot` (`d`, its 585 bytes), checked against the file
+/// (`len`, the end of the descriptor table) and the descriptors before it;
+/// None for an unused slot.
+fn parse_descriptor(
+    slot: usize,
+    d: &[u8],
+    descriptors: &[Descriptor],
+    len: u64,
+    table_end: u64,
+) -> Result<Option<Descriptor>, SifError> {
+    let field = |name: &str| format!("descriptor {} {name}", slot + 1);
+    match d[4] {
+        0 => return Ok(None),
+        1 => {}
+        other => return Err(bad(field("used flag"), other, "not 0 or 1")),
     }
+    let id = le_u32(d, 5);
+    if id == 0 {
+        return Err(bad(field("id"), 0, "ids start at 1"));
+    }
+    if descriptors.iter().any(|x| x.id == id) {
+        return Err(SifError::DuplicateId { id });
+    }
+    let data_type = DataType::from_code(le_i32(d, 0));
+    let group_raw = le_u32(d, 9);
+    let group = Some(group_raw & !GROUP_MASK).filter(|g| *g != 0);
+    let link_raw = le_u32(d, 13);
+    let link = if link_raw == 0 {
+        Link::None
+    } else if link_raw & GROUP_MASK == GROUP_MASK {
+        Link::Group(link_raw & !GROUP_MASK)
+    } else {
+        Link::Object(link_raw)
+    };
+    let offset = count(&field("offset"), le_i64(d, 17))?;
+    let size = count(&field("size"), le_i64(d, 25))?;
+    let size_with_padding = count(&field("size with padding"), le_i64(d, 33))?;
+    let outside = |why| SifError::ObjectOutside {
+        id,
+        offset,
+        size,
+        len,
+        why,
+    };
+    match offset.checked_add(size) {
+        Some(end) if end <= len => {}
+        _ => return Err(outside("past the end of the file")),
+    }
+    if size > 0 && offset < table_end {
+        return Err(outside("inside the header or descriptor table"));
+    }
+    if size_with_padding < size {
+        return Err(bad(
+            field("size with padding"),
+            size_with_padding,
+            "smaller than size",
+        ));
+    }
+    let name_raw = &d[73..73 + NAME_LEN];
+    let name_end = name_raw.iter().position(|b| *b == 0).unwrap_or(NAME_LEN);
+    let name = String::from_utf8_lossy(&name_raw[..name_end]).into_owned();
+    let extra = &d[201..201 + EXTRA_LEN];
+    let partition = if data_type == DataType::Partition {
+        let arch = Arch::decode(&extra[8..11]).ok_or_else(|| {
+            bad(
+                field("partition arch"),
+                format!("{:?}", escaped(&extra[8..11])),
+                "not two digits and a NUL",
+            )
+        })?;
+        Some(Partition {
+            fs: FsType::from_code(le_i32(extra, 0)),
+            part_type: PartType::from_code(le_i32(extra, 4)),
+            arch,
+        })
+    } else {
+        None
+    };
+    Ok(Some(Descriptor {
+        data_type,
+        id,
+        group,
+        link,
+        offset,
+        size,
+        size_with_padding,
+        created: le_i64(d, 41),
+        modified: le_i64(d, 49),
+        uid: le_i64(d, 57),
+        gid: le_i64(d, 65),
+        name,
+        partition,
+    }))
+}
+
+/// The used descriptors against the header's count of free slots, and the
+/// objects' spans: no two overlap, at most one primary partition.
+fn check_objects(descriptors: &[Descriptor], free: u64, total: u64) -> Result<(), SifError> {
     let used = descriptors.len() as u64;
     if free != total - used {
         return Err(bad(
@@ -672,7 +709,7 @@ pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>),
         }
         primary = Some(d.id);
     }
-    Ok((header, descriptors))
+    Ok(())
 }
 
 /// An open, validated SIF file.

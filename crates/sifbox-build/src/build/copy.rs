@@ -96,29 +96,10 @@ impl Builder<'_> {
             }
         }
         let (plan, from_key) = match &c.from {
-            None if heredocs.is_empty() && paths.is_empty() => {
-                let clean = clean_abs(&dest);
-                let into_dir = dest.ends_with('/') || dest_is_dir || fetched.len() > 1;
-                let dest_dir = if into_dir {
-                    clean.clone()
-                } else {
-                    Path::new(&clean)
-                        .parent()
-                        .map_or("/".into(), |p| p.display().to_string())
-                };
-                let entries = fetched
-                    .iter()
-                    .map(|f| {
-                        let name = if into_dir {
-                            PathBuf::from(&f.name)
-                        } else {
-                            PathBuf::from(Path::new(&clean).file_name().unwrap_or_default())
-                        };
-                        Entry::own_file(&f.path, name, chmod.unwrap_or(0o600), f.mtime)
-                    })
-                    .collect::<Result<_>>()?;
-                (CopyPlan { dest_dir, entries }, String::new())
-            }
+            None if heredocs.is_empty() && paths.is_empty() => (
+                Self::plan_urls(&dest, dest_is_dir, &fetched, chmod)?,
+                String::new(),
+            ),
             None if heredocs.is_empty() => {
                 let ctx = self.ctx.with_excludes(&c.exclude)?;
                 (
@@ -127,55 +108,16 @@ impl Builder<'_> {
                 )
             }
             None => {
-                let t = self.scratch_dir("sifbox-heredoc.")?;
-                let mut names = Vec::new();
-                for h in &heredocs {
-                    // The name becomes a file name here and in the image:
-                    // one plain component, never a path.
-                    if h.name.is_empty()
-                        || h.name == "."
-                        || h.name == ".."
-                        || h.name.contains(['/', '\0'])
-                    {
-                        return Err(self.err(
-                            inst,
-                            format!("heredoc <<{}: the name must be a file name", h.name),
-                        ));
-                    }
-                    let p = t.path().join(&h.name);
-                    std::fs::write(&p, &h.content).map_err(|e| BuildError::io(&p, e))?;
-                    names.push(h.name.clone());
-                }
-                let hctx = Context::open_plain(t.path())?;
-                let mut plan = hctx.plan_copy(&names, &dest, dest_is_dir, chmod.or(Some(0o644)))?;
-                if !paths.is_empty() {
-                    let ctx = self.ctx.with_excludes(&c.exclude)?;
-                    let more = ctx.plan_copy(&paths, &dest, true, chmod)?;
-                    plan.entries.extend(more.entries);
-                }
+                let (plan, t) =
+                    self.plan_heredocs(inst, c, &heredocs, &paths, &dest, dest_is_dir, chmod)?;
                 scratch.push(t);
                 (plan, String::new())
             }
             Some(from) => {
-                let st = self.state_of(inst, from, results)?;
-                let t = self.scratch_dir("sifbox-from.")?;
-                let sb = self.layers.reader(&st.state)?;
-                let mut names = Vec::new();
-                for (i, p) in paths.iter().enumerate() {
-                    let abs = clean_abs(p);
-                    let slot = t.path().join(i.to_string());
-                    std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
-                    // A private temp dir, copied on into the image: setuid
-                    // bits stay, as `COPY --from` keeps them.
-                    let name = Self::download_followed(&sb, &abs, &slot)
-                        .map_err(|e| self.err(inst, format!("{abs} in {from}: {e}")))?;
-                    names.push(format!("{i}/{name}"));
-                }
-                sb.stop(std::time::Duration::ZERO)?;
-                let fctx = Context::open_plain(t.path())?.with_excludes(&c.exclude)?;
-                let plan = fctx.plan_copy(&names, &dest, dest_is_dir, chmod)?;
+                let (plan, key, t) =
+                    self.plan_from(inst, c, from, &paths, &dest, dest_is_dir, chmod, results)?;
                 scratch.push(t);
-                (plan, st.state.key.clone())
+                (plan, key)
             }
         };
         let mut plan = plan;
@@ -246,6 +188,110 @@ impl Builder<'_> {
         drop(scratch);
         cur.state = state;
         Ok(cached)
+    }
+
+    /// ADD of URLs only: where they go follows the rules for local files.
+    fn plan_urls(
+        dest: &str,
+        dest_is_dir: bool,
+        fetched: &[crate::remote::Fetched],
+        chmod: Option<u32>,
+    ) -> Result<CopyPlan> {
+        let clean = clean_abs(dest);
+        let into_dir = dest.ends_with('/') || dest_is_dir || fetched.len() > 1;
+        let dest_dir = if into_dir {
+            clean.clone()
+        } else {
+            Path::new(&clean)
+                .parent()
+                .map_or("/".into(), |p| p.display().to_string())
+        };
+        let entries = fetched
+            .iter()
+            .map(|f| {
+                let name = if into_dir {
+                    PathBuf::from(&f.name)
+                } else {
+                    PathBuf::from(Path::new(&clean).file_name().unwrap_or_default())
+                };
+                Entry::own_file(&f.path, name, chmod.unwrap_or(0o600), f.mtime)
+            })
+            .collect::<Result<_>>()?;
+        Ok(CopyPlan { dest_dir, entries })
+    }
+
+    /// Heredoc sources (written into a scratch dir, returned to be kept
+    /// until the copy is done), with the context's paths beside them.
+    #[allow(clippy::too_many_arguments, reason = "the parts of one COPY")]
+    fn plan_heredocs(
+        &self,
+        inst: &Instruction,
+        c: &Copy,
+        heredocs: &[crate::dockerfile::Heredoc],
+        paths: &[String],
+        dest: &str,
+        dest_is_dir: bool,
+        chmod: Option<u32>,
+    ) -> Result<(CopyPlan, tempfile::TempDir)> {
+        let t = self.scratch_dir("sifbox-heredoc.")?;
+        let mut names = Vec::new();
+        for h in heredocs {
+            // The name becomes a file name here and in the image:
+            // one plain component, never a path.
+            if h.name.is_empty() || h.name == "." || h.name == ".." || h.name.contains(['/', '\0'])
+            {
+                return Err(self.err(
+                    inst,
+                    format!("heredoc <<{}: the name must be a file name", h.name),
+                ));
+            }
+            let p = t.path().join(&h.name);
+            std::fs::write(&p, &h.content).map_err(|e| BuildError::io(&p, e))?;
+            names.push(h.name.clone());
+        }
+        let hctx = Context::open_plain(t.path())?;
+        let mut plan = hctx.plan_copy(&names, dest, dest_is_dir, chmod.or(Some(0o644)))?;
+        if !paths.is_empty() {
+            let ctx = self.ctx.with_excludes(&c.exclude)?;
+            let more = ctx.plan_copy(paths, dest, true, chmod)?;
+            plan.entries.extend(more.entries);
+        }
+        Ok((plan, t))
+    }
+
+    /// `--from` a stage or image: the sources are downloaded from a
+    /// sandbox of it into a scratch dir (returned to be kept until the
+    /// copy is done), with the state's key for the step's.
+    #[allow(clippy::too_many_arguments, reason = "the parts of one COPY")]
+    fn plan_from(
+        &mut self,
+        inst: &Instruction,
+        c: &Copy,
+        from: &str,
+        paths: &[String],
+        dest: &str,
+        dest_is_dir: bool,
+        chmod: Option<u32>,
+        results: &HashMap<usize, StageResult>,
+    ) -> Result<(CopyPlan, String, tempfile::TempDir)> {
+        let st = self.state_of(inst, from, results)?;
+        let t = self.scratch_dir("sifbox-from.")?;
+        let sb = self.layers.reader(&st.state)?;
+        let mut names = Vec::new();
+        for (i, p) in paths.iter().enumerate() {
+            let abs = clean_abs(p);
+            let slot = t.path().join(i.to_string());
+            std::fs::create_dir(&slot).map_err(|e| BuildError::io(&slot, e))?;
+            // A private temp dir, copied on into the image: setuid
+            // bits stay, as `COPY --from` keeps them.
+            let name = Self::download_followed(&sb, &abs, &slot)
+                .map_err(|e| self.err(inst, format!("{abs} in {from}: {e}")))?;
+            names.push(format!("{i}/{name}"));
+        }
+        sb.stop(std::time::Duration::ZERO)?;
+        let fctx = Context::open_plain(t.path())?.with_excludes(&c.exclude)?;
+        let plan = fctx.plan_copy(&names, dest, dest_is_dir, chmod)?;
+        Ok((plan, st.state.key.clone(), t))
     }
 
     /// ADD: local tar archives (plain, gzip, zstd, bzip2, xz) named as

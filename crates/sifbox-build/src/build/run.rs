@@ -32,24 +32,7 @@ impl Builder<'_> {
         cur: &mut StageResult,
         results: &HashMap<usize, StageResult>,
     ) -> Result<bool> {
-        let argv = match (
-            &r.command,
-            r.script_heredoc(),
-            r.shell_script_with_heredocs(),
-        ) {
-            (Command::Exec(v), _, _) => v.clone(),
-            // `RUN <<EOF` alone: the body is the script.
-            (_, Some(h), _) => {
-                let mut v = Self::shell(cur);
-                v.push(h.content.clone());
-                v
-            }
-            (Command::Shell(s), None, script) => {
-                let mut v = Self::shell(cur);
-                v.push(script.unwrap_or_else(|| s.clone()));
-                v
-            }
-        };
+        let argv = Self::run_argv(r, cur);
         let mut run_env = env.run_env();
         if !run_env.iter().any(|(k, _)| k == "PATH") {
             run_env.push(("PATH".into(), sifbox_engine::spec::DEFAULT_PATH.into()));
@@ -68,21 +51,7 @@ impl Builder<'_> {
         let mut scratch: Vec<tempfile::TempDir> = Vec::new();
         for m in &r.mounts {
             if m.kind == MountType::Tmpfs {
-                // A real tmpfs of `size=` (the audit: a host dir took 300
-                // MiB past `size=1m`).
-                let t = m
-                    .effective_target()
-                    .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
-                let dst = if t.starts_with('/') {
-                    clean_abs(&t)
-                } else {
-                    clean_abs(&format!("{}/{t}", Self::workdir(cur)))
-                };
-                let t = TmpfsMount {
-                    dst: dst.into(),
-                    size: m.size.unwrap_or(DEFAULT_TMPFS_MOUNT_BYTES),
-                    mode: m.mode.unwrap_or(0o1777),
-                };
+                let t = self.tmpfs_mount(inst, m, cur)?;
                 mount_keys.push(format!("tmpfs:{}:{}", t.dst.display(), t.size));
                 tmpfs.push(t);
                 continue;
@@ -175,55 +144,111 @@ impl Builder<'_> {
                 cur.state = state;
                 Ok(cached)
             }
-            Err(BuildError::RunFailed { .. }) => {
-                let (status, lines) = tail.unwrap_or((
-                    ExecStatus::Failed {
-                        code: 125,
-                        message: "no status".into(),
-                    },
-                    Vec::new(),
-                ));
-                // sifbox could not start the command (an unknown USER, the
-                // host): an error of sifbox, not a failed step.
-                if let ExecStatus::Failed { code: 125, message } = &status {
-                    return Err(BuildError::StepFailed(Box::new(self.err_at(
-                        inst.line,
-                        &inst.original,
-                        message.clone(),
-                    ))));
-                }
-                let mut t = String::new();
-                if let ExecStatus::Failed { message, .. } = &status {
-                    let _ = write!(t, ": {message}");
-                }
-                if !lines.is_empty() {
-                    t.push_str("; its last lines of output:");
-                    for l in &lines {
-                        let _ = write!(t, "\n  | {l}");
-                    }
-                }
-                if self.opts.host_ca.is_none() && lines.iter().any(|l| tls_refused(l)) {
-                    t.push_str(
-                        "\n(the step could not verify a TLS certificate: where HTTPS goes through an \
-                         intercepting proxy, build with --host-ca to show the host's CA bundle to RUN steps)",
-                    );
-                }
-                if lines.iter().any(|l| l.contains("No space left on device")) {
-                    let _ = write!(
-                        t,
-                        "\n(a step's layer holds at most {} MiB: raise the bound with --layer-size, or write less in one step)",
-                        self.layers.layer_size() >> 20
-                    );
-                }
-                Err(BuildError::RunFailed {
-                    file: self.file.clone(),
-                    line: inst.line,
-                    instruction: inst.original.clone(),
-                    code: status.code(),
-                    tail: t,
-                })
-            }
+            Err(BuildError::RunFailed { .. }) => Err(self.run_failed(inst, tail)),
             Err(e) => Err(e),
+        }
+    }
+
+    /// The step's argv: an exec form as written; a shell form (or a
+    /// heredoc script) run by the stage's shell.
+    fn run_argv(r: &dockerfile::Run, cur: &StageResult) -> Vec<String> {
+        match (
+            &r.command,
+            r.script_heredoc(),
+            r.shell_script_with_heredocs(),
+        ) {
+            (Command::Exec(v), _, _) => v.clone(),
+            // `RUN <<EOF` alone: the body is the script.
+            (_, Some(h), _) => {
+                let mut v = Self::shell(cur);
+                v.push(h.content.clone());
+                v
+            }
+            (Command::Shell(s), None, script) => {
+                let mut v = Self::shell(cur);
+                v.push(script.unwrap_or_else(|| s.clone()));
+                v
+            }
+        }
+    }
+
+    /// A `RUN --mount=type=tmpfs` as the step's tmpfs mount.
+    fn tmpfs_mount(
+        &self,
+        inst: &Instruction,
+        m: &dockerfile::Mount,
+        cur: &StageResult,
+    ) -> Result<TmpfsMount> {
+        // A real tmpfs of `size=` (the audit: a host dir took 300
+        // MiB past `size=1m`).
+        let t = m
+            .effective_target()
+            .ok_or_else(|| self.err(inst, format!("--mount={}: no target", m.spec)))?;
+        let dst = if t.starts_with('/') {
+            clean_abs(&t)
+        } else {
+            clean_abs(&format!("{}/{t}", Self::workdir(cur)))
+        };
+        Ok(TmpfsMount {
+            dst: dst.into(),
+            size: m.size.unwrap_or(DEFAULT_TMPFS_MOUNT_BYTES),
+            mode: m.mode.unwrap_or(0o1777),
+        })
+    }
+
+    /// The error of a step whose command failed (`tail`: its status and
+    /// last lines of output): sifbox's own when it could not start the
+    /// command, else the step's exit code with its output and hints.
+    fn run_failed(
+        &self,
+        inst: &Instruction,
+        tail: Option<(ExecStatus, Vec<String>)>,
+    ) -> BuildError {
+        let (status, lines) = tail.unwrap_or((
+            ExecStatus::Failed {
+                code: 125,
+                message: "no status".into(),
+            },
+            Vec::new(),
+        ));
+        // sifbox could not start the command (an unknown USER, the
+        // host): an error of sifbox, not a failed step.
+        if let ExecStatus::Failed { code: 125, message } = &status {
+            return BuildError::StepFailed(Box::new(self.err_at(
+                inst.line,
+                &inst.original,
+                message.clone(),
+            )));
+        }
+        let mut t = String::new();
+        if let ExecStatus::Failed { message, .. } = &status {
+            let _ = write!(t, ": {message}");
+        }
+        if !lines.is_empty() {
+            t.push_str("; its last lines of output:");
+            for l in &lines {
+                let _ = write!(t, "\n  | {l}");
+            }
+        }
+        if self.opts.host_ca.is_none() && lines.iter().any(|l| tls_refused(l)) {
+            t.push_str(
+                "\n(the step could not verify a TLS certificate: where HTTPS goes through an \
+                 intercepting proxy, build with --host-ca to show the host's CA bundle to RUN steps)",
+            );
+        }
+        if lines.iter().any(|l| l.contains("No space left on device")) {
+            let _ = write!(
+                t,
+                "\n(a step's layer holds at most {} MiB: raise the bound with --layer-size, or write less in one step)",
+                self.layers.layer_size() >> 20
+            );
+        }
+        BuildError::RunFailed {
+            file: self.file.clone(),
+            line: inst.line,
+            instruction: inst.original.clone(),
+            code: status.code(),
+            tail: t,
         }
     }
 

@@ -541,18 +541,6 @@ pub(super) fn parse_instruction(
     line: usize,
     escape: char,
 ) -> Result<Instr> {
-    let upper = kw.to_ascii_uppercase();
-    let need = |what: &str| -> Result<()> {
-        if args.is_empty() {
-            Err(DockerfileError::new(
-                line,
-                kw,
-                format!("{upper} requires {what}"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
     let instr = match kw {
         "copy" | "add" => {
             let c = parse_copy(kw, flags, args, heredocs, line)?;
@@ -562,185 +550,223 @@ pub(super) fn parse_instruction(
                 Instr::Copy(c)
             });
         }
-        "run" => {
-            let mounts_raw = flags.strings("mount")?;
-            let network = match flags.string("network")?.as_deref() {
-                None => None,
-                Some("default") => Some(Network::Default),
-                Some("none") => Some(Network::None),
-                Some("host") => Some(Network::Host),
-                Some(other) => {
-                    return Err(DockerfileError::new(
-                        line,
-                        kw,
-                        format!("network mode {other:?} not supported"),
-                    )
-                    .hint("use --network=default, none or host"))
-                }
-            };
-            let security = match flags.string("security")?.as_deref() {
-                None => None,
-                Some("sandbox") => Some(Security::Sandbox),
-                Some("insecure") => Some(Security::Insecure),
-                Some(other) => {
-                    return Err(DockerfileError::new(
-                        line,
-                        kw,
-                        format!("security mode {other:?} not supported"),
-                    )
-                    .hint("use --security=sandbox or insecure"))
-                }
-            };
-            flags.finish(&["mount", "network", "security"])?;
-            let mut mounts = Vec::new();
-            for spec in mounts_raw {
-                // Values may hold variables: check the structure now, with
-                // values that have `$` left unparsed where they must be numbers.
-                let m = Mount::parse(&spec, &|s| Ok(s.to_owned())).or_else(|e| {
-                    if spec.contains('$') {
-                        Mount::parse(&spec, &|s| {
-                            Ok(if s.contains('$') {
-                                "0".to_owned()
-                            } else {
-                                s.to_owned()
-                            })
-                        })
-                    } else {
-                        Err(e)
-                    }
-                });
-                let m =
-                    m.map_err(|e| DockerfileError::new(line, kw, format!("--mount={spec}: {e}")))?;
-                mounts.push(m);
-            }
-            need("at least one argument")?;
-            Instr::Run(Run {
-                mounts,
-                network,
-                security,
-                command: parse_command(args),
-                heredocs,
-            })
-        }
+        "run" => Instr::Run(parse_run(kw, flags, args, heredocs, line)?),
         "healthcheck" => return Ok(Instr::Healthcheck(parse_healthcheck(flags, args, line)?)),
-        "onbuild" => {
-            flags.finish(&[])?;
-            need("at least one argument")?;
-            let (inner_kw, inner_rest) = split_keyword(args);
-            let inner = inner_kw.to_ascii_lowercase();
-            match inner.as_str() {
-                "onbuild" => {
-                    return Err(DockerfileError::new(
-                        line,
-                        kw,
-                        "chaining ONBUILD via `ONBUILD ONBUILD` isn't allowed",
-                    ))
-                }
-                "from" | "maintainer" => {
-                    return Err(DockerfileError::new(
-                        line,
-                        kw,
-                        format!(
-                            "{} isn't allowed as an ONBUILD trigger",
-                            inner.to_uppercase()
-                        ),
-                    ))
-                }
-                _ => {}
-            }
-            if !KEYWORDS.contains(&inner.as_str()) {
-                return Err(unknown_instruction(line, inner_kw));
-            }
-            let (fw, inner_args) =
-                extract_flags(inner_rest).map_err(|m| DockerfileError::new(line, &inner, m))?;
-            let mut inner_flags = Flags::new(fw, line, &inner)?;
-            let kind = parse_instruction(
-                &inner,
-                &mut inner_flags,
-                inner_args,
-                Vec::new(),
-                line,
-                escape,
-            )?;
-            Instr::Onbuild(Onbuild {
-                expression: args.to_owned(),
-                instruction: Box::new(Instruction {
-                    line,
-                    end_line: line,
-                    original: args.to_owned(),
-                    kind,
-                }),
-            })
-        }
+        "onbuild" => Instr::Onbuild(parse_onbuild(kw, flags, args, line, escape)?),
         _ => {
             flags.finish(&[])?;
-            match kw {
-                "arg" => Instr::Arg(parse_arg(args, line, escape)?),
-                "env" => Instr::Env(parse_name_val(args, kw, line, escape)?),
-                "label" => Instr::Label(parse_name_val(args, kw, line, escape)?),
-                "workdir" => {
-                    need("exactly one argument")?;
-                    Instr::Workdir(args.to_owned())
-                }
-                "user" => {
-                    need("exactly one argument")?;
-                    Instr::User(args.to_owned())
-                }
-                "cmd" => {
-                    need("at least one argument")?;
-                    Instr::Cmd(parse_command(args))
-                }
-                "entrypoint" => {
-                    need("at least one argument")?;
-                    Instr::Entrypoint(parse_command(args))
-                }
-                "shell" => match json_array(args) {
-                    Some(v) if !v.is_empty() => Instr::Shell(v),
-                    Some(_) => {
-                        return Err(DockerfileError::new(
-                            line,
-                            kw,
-                            "SHELL requires at least one argument",
-                        ))
-                    }
-                    None => {
-                        return Err(DockerfileError::new(
-                            line,
-                            kw,
-                            "SHELL requires the arguments to be in JSON form",
-                        )
-                        .hint("write SHELL [\"/bin/sh\", \"-c\"]"))
-                    }
-                },
-                "expose" => {
-                    need("at least one argument")?;
-                    Instr::Expose(split_whitespace(args))
-                }
-                "volume" => {
-                    need("at least one argument")?;
-                    let v = json_array(args).unwrap_or_else(|| split_whitespace(args));
-                    if v.is_empty() || v.iter().any(|p| p.trim().is_empty()) {
-                        return Err(DockerfileError::new(
-                            line,
-                            kw,
-                            "VOLUME specified can not be an empty string",
-                        ));
-                    }
-                    Instr::Volume(v)
-                }
-                "stopsignal" => {
-                    need("exactly one argument")?;
-                    Instr::StopSignal(args.to_owned())
-                }
-                "maintainer" => {
-                    need("exactly one argument")?;
-                    Instr::Maintainer(args.to_owned())
-                }
-                _ => return Err(unknown_instruction(line, kw)),
-            }
+            parse_plain(kw, args, line, escape)?
         }
     };
     Ok(instr)
+}
+
+/// An error unless the instruction has arguments: `KW requires WHAT`.
+fn require_args(kw: &str, args: &str, line: usize, what: &str) -> Result<()> {
+    if args.is_empty() {
+        Err(DockerfileError::new(
+            line,
+            kw,
+            format!("{} requires {what}", kw.to_ascii_uppercase()),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// RUN: its `--mount`s (checked now, variables left for the build),
+/// `--network` and `--security`, and the command.
+fn parse_run(
+    kw: &str,
+    flags: &mut Flags,
+    args: &str,
+    heredocs: Vec<Heredoc>,
+    line: usize,
+) -> Result<Run> {
+    let mounts_raw = flags.strings("mount")?;
+    let network = match flags.string("network")?.as_deref() {
+        None => None,
+        Some("default") => Some(Network::Default),
+        Some("none") => Some(Network::None),
+        Some("host") => Some(Network::Host),
+        Some(other) => {
+            return Err(DockerfileError::new(
+                line,
+                kw,
+                format!("network mode {other:?} not supported"),
+            )
+            .hint("use --network=default, none or host"))
+        }
+    };
+    let security = match flags.string("security")?.as_deref() {
+        None => None,
+        Some("sandbox") => Some(Security::Sandbox),
+        Some("insecure") => Some(Security::Insecure),
+        Some(other) => {
+            return Err(DockerfileError::new(
+                line,
+                kw,
+                format!("security mode {other:?} not supported"),
+            )
+            .hint("use --security=sandbox or insecure"))
+        }
+    };
+    flags.finish(&["mount", "network", "security"])?;
+    let mut mounts = Vec::new();
+    for spec in mounts_raw {
+        // Values may hold variables: check the structure now, with
+        // values that have `$` left unparsed where they must be numbers.
+        let m = Mount::parse(&spec, &|s| Ok(s.to_owned())).or_else(|e| {
+            if spec.contains('$') {
+                Mount::parse(&spec, &|s| {
+                    Ok(if s.contains('$') {
+                        "0".to_owned()
+                    } else {
+                        s.to_owned()
+                    })
+                })
+            } else {
+                Err(e)
+            }
+        });
+        let m = m.map_err(|e| DockerfileError::new(line, kw, format!("--mount={spec}: {e}")))?;
+        mounts.push(m);
+    }
+    require_args(kw, args, line, "at least one argument")?;
+    Ok(Run {
+        mounts,
+        network,
+        security,
+        command: parse_command(args),
+        heredocs,
+    })
+}
+
+/// ONBUILD: the trigger, parsed as an instruction of its own (not
+/// ONBUILD, FROM or MAINTAINER).
+fn parse_onbuild(
+    kw: &str,
+    flags: &mut Flags,
+    args: &str,
+    line: usize,
+    escape: char,
+) -> Result<Onbuild> {
+    flags.finish(&[])?;
+    require_args(kw, args, line, "at least one argument")?;
+    let (inner_kw, inner_rest) = split_keyword(args);
+    let inner = inner_kw.to_ascii_lowercase();
+    match inner.as_str() {
+        "onbuild" => {
+            return Err(DockerfileError::new(
+                line,
+                kw,
+                "chaining ONBUILD via `ONBUILD ONBUILD` isn't allowed",
+            ))
+        }
+        "from" | "maintainer" => {
+            return Err(DockerfileError::new(
+                line,
+                kw,
+                format!(
+                    "{} isn't allowed as an ONBUILD trigger",
+                    inner.to_uppercase()
+                ),
+            ))
+        }
+        _ => {}
+    }
+    if !KEYWORDS.contains(&inner.as_str()) {
+        return Err(unknown_instruction(line, inner_kw));
+    }
+    let (fw, inner_args) =
+        extract_flags(inner_rest).map_err(|m| DockerfileError::new(line, &inner, m))?;
+    let mut inner_flags = Flags::new(fw, line, &inner)?;
+    let kind = parse_instruction(
+        &inner,
+        &mut inner_flags,
+        inner_args,
+        Vec::new(),
+        line,
+        escape,
+    )?;
+    Ok(Onbuild {
+        expression: args.to_owned(),
+        instruction: Box::new(Instruction {
+            line,
+            end_line: line,
+            original: args.to_owned(),
+            kind,
+        }),
+    })
+}
+
+/// The instructions that take no flags.
+fn parse_plain(kw: &str, args: &str, line: usize, escape: char) -> Result<Instr> {
+    let need = |what: &str| require_args(kw, args, line, what);
+    Ok(match kw {
+        "arg" => Instr::Arg(parse_arg(args, line, escape)?),
+        "env" => Instr::Env(parse_name_val(args, kw, line, escape)?),
+        "label" => Instr::Label(parse_name_val(args, kw, line, escape)?),
+        "workdir" => {
+            need("exactly one argument")?;
+            Instr::Workdir(args.to_owned())
+        }
+        "user" => {
+            need("exactly one argument")?;
+            Instr::User(args.to_owned())
+        }
+        "cmd" => {
+            need("at least one argument")?;
+            Instr::Cmd(parse_command(args))
+        }
+        "entrypoint" => {
+            need("at least one argument")?;
+            Instr::Entrypoint(parse_command(args))
+        }
+        "shell" => match json_array(args) {
+            Some(v) if !v.is_empty() => Instr::Shell(v),
+            Some(_) => {
+                return Err(DockerfileError::new(
+                    line,
+                    kw,
+                    "SHELL requires at least one argument",
+                ))
+            }
+            None => {
+                return Err(DockerfileError::new(
+                    line,
+                    kw,
+                    "SHELL requires the arguments to be in JSON form",
+                )
+                .hint("write SHELL [\"/bin/sh\", \"-c\"]"))
+            }
+        },
+        "expose" => {
+            need("at least one argument")?;
+            Instr::Expose(split_whitespace(args))
+        }
+        "volume" => {
+            need("at least one argument")?;
+            let v = json_array(args).unwrap_or_else(|| split_whitespace(args));
+            if v.is_empty() || v.iter().any(|p| p.trim().is_empty()) {
+                return Err(DockerfileError::new(
+                    line,
+                    kw,
+                    "VOLUME specified can not be an empty string",
+                ));
+            }
+            Instr::Volume(v)
+        }
+        "stopsignal" => {
+            need("exactly one argument")?;
+            Instr::StopSignal(args.to_owned())
+        }
+        "maintainer" => {
+            need("exactly one argument")?;
+            Instr::Maintainer(args.to_owned())
+        }
+        _ => return Err(unknown_instruction(line, kw)),
+    })
 }
 
 #[cfg(test)]

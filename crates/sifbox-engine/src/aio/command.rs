@@ -1,6 +1,13 @@
 //! [`Command`]: an exec request built like `std::process::Command`.
 
-use super::*;
+use std::time::Duration;
+
+use super::process::{Process, SpawnStdio};
+use super::{AsyncSandbox, DEFAULT_MAX_OUTPUT};
+use crate::error::Result;
+use crate::protocol::ExecRequest;
+use crate::sandbox::ExecOutput;
+use crate::spec;
 
 /// A command being built for [`AsyncSandbox::command`], as
 /// `tokio::process::Command`: it starts from the sandbox's base environment

@@ -1,7 +1,21 @@
 //! Running commands in an [`AsyncSandbox`]: captured, or spawned with
 //! their stdio given as the caller asks.
 
-use super::*;
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::net::UnixStream;
+
+use super::process::{drain, read_opt, stdio_ends, Ends, Events, Process, SpawnStdio, Stdio};
+use super::{
+    blocking, connect, no_tty, proto, stopped_while_running, AioError, AsyncSandbox,
+    DEFAULT_MAX_OUTPUT,
+};
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::sandbox::{ExecOutput, ExecStatus, Tail};
 
 impl AsyncSandbox {
     /// Runs `req` with stdin from /dev/null and captures its output (the

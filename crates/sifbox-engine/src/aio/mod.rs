@@ -74,20 +74,14 @@
 //!   the control socket (a private Unix socket in the private runtime dir),
 //!   never in an argv; the base environment is the sandbox's 0600 `env.json`.
 
-use std::fs::OpenOptions;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rustix::pipe::{pipe_with, PipeFlags};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::pipe;
-use tokio::net::UnixStream;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{Error, Result};
 
 /// A misuse of the async API, or a sandbox it cannot reach.
 #[derive(Debug, thiserror::Error)]
@@ -134,9 +128,9 @@ impl AioError {
     }
 }
 use crate::idmap;
-use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
+use crate::protocol::{self, Event, ProtocolError, Request};
 use crate::runtime;
-use crate::sandbox::{self, ExecOutput, ExecStatus, Sandbox, StartOptions, Tail};
+use crate::sandbox::{self, Sandbox, StartOptions};
 use crate::spec::{self, SandboxSpec, UsernsMode};
 
 /// Captured output is limited to this much per stream unless asked otherwise
@@ -146,7 +140,6 @@ mod exec;
 mod process;
 
 pub use command::Command;
-use process::*;
 pub use process::{Process, SpawnStdio, Stdio};
 
 pub const DEFAULT_MAX_OUTPUT: usize = 16 << 20;
@@ -614,7 +607,11 @@ fn join<T>(r: std::result::Result<T, tokio::task::JoinError>, what: &str) -> Res
 
 #[cfg(test)]
 mod tests {
+    use tokio::net::UnixStream;
+
+    use super::process::Events;
     use super::*;
+    use crate::sandbox::{ExecStatus, Tail};
 
     #[test]
     fn tail_keeps_the_end() {

@@ -1,7 +1,22 @@
 //! [`Process`]: a running exec's stdio, events and exit, and how its
 //! stdio is wired ([`Stdio`], [`SpawnStdio`]).
 
-use super::*;
+use std::fs::OpenOptions;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::pipe::{pipe_with, PipeFlags};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::net::UnixStream;
+
+use super::{
+    blocking, connect, is_alive, proto, stopped_while_running, AioError, KILL_LIMIT, SIGKILL,
+};
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Event, ProtocolError, Request};
+use crate::sandbox::{ExecStatus, Tail};
 
 /// Where a command's stdin, stdout or stderr goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

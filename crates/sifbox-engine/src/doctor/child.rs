@@ -1,7 +1,14 @@
 //! Running the checks that need a fresh single-threaded process (`sifbox
 //! __doctor-child KIND`), bounded in time.
 
-use super::*;
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{io_text, last_line, CHILD_ARG, CHILD_TIMEOUT};
 
 /// What a finished (or killed) child left.
 #[derive(Debug)]

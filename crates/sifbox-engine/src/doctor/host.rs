@@ -1,6 +1,17 @@
 //! Host facilities: /dev/fuse, the runtime dir, Apptainer.
 
-use super::*;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::child::{run_bounded, status_text};
+use super::{
+    find_executable, fs_type_name, io_text, last_line, Check, SOCKET_PATH_MAX, VERSION_TIMEOUT,
+};
 
 pub(super) fn check_dev_fuse() -> Check {
     const NAME: &str = "/dev/fuse";

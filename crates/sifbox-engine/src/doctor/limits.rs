@@ -1,7 +1,9 @@
 //! Cgroups and the resource limits: which mechanism enforces each limit
 //! here and what it promises.
 
-use super::*;
+use std::path::Path;
+
+use super::Check;
 
 /// What to do to get a cgroup when the host has cgroup v2.
 const FIX_DELEGATE: &str = "sandboxes still run, with the fallbacks below.\nfor \

@@ -7,19 +7,13 @@
 //! because a namespace (and every mount in it) should vanish with the process that
 //! made it, leaving the caller untouched.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::fs::{self, DirBuilder, OpenOptions, Permissions};
-use std::io::{ErrorKind, Read, Write as _};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rustix::io::Errno;
-use rustix::thread::UnshareFlags;
 
 /// The hidden CLI argument that turns the sifbox binary into a doctor child.
 mod child;
@@ -29,7 +23,6 @@ mod overlay;
 mod subids;
 mod userns;
 
-use child::*;
 use host::*;
 pub use limits::limits_plan;
 use limits::*;
@@ -266,6 +259,8 @@ fn io_text(e: &std::io::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+
     use super::*;
 
     #[test]

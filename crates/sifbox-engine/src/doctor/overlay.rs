@@ -1,7 +1,17 @@
 //! Whether overlayfs mounts in a user namespace, tried in a child on the
 //! file systems sifbox uses.
 
-use super::*;
+use std::fs::{self, DirBuilder, Permissions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rustix::io::Errno;
+use rustix::thread::UnshareFlags;
+
+use super::child::{run_child, ChildVerdict};
+use super::userns::{map_self, unshare};
+use super::{errno_text, fs_type_name, io_text, Check, FIX_BROKEN_CHILD};
 
 /// The scratch dir of the overlay child with process id `pid`.
 fn overlay_scratch_dir(pid: u32) -> PathBuf {

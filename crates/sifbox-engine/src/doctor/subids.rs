@@ -1,7 +1,14 @@
 //! Subordinate id ranges and the newuidmap/newgidmap helpers (`--userns
 //! full`).
 
-use super::*;
+use std::fmt::Write as _;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use rustix::io::Errno;
+
+use super::{find_executable, io_text, Check};
 
 /// How an id-map helper gets its privilege.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,16 @@
 //! Whether unprivileged user namespaces work here, and the knobs that
 //! decide it (max_user_namespaces, Debian's and AppArmor's switches).
 
-use super::*;
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::Path;
+
+use rustix::io::Errno;
+use rustix::thread::UnshareFlags;
+
+use super::child::{run_child, ChildVerdict};
+use super::{errno_text, io_text, read_trimmed, Check, CHILD_ARG, FIX_BROKEN_CHILD};
 
 const MAX_USERNS: &str = "/proc/sys/user/max_user_namespaces";
 

@@ -1,6 +1,14 @@
 //! Attaching to a running sandbox by name (`sifbox exec`, `stop`, `cp`).
 
-use super::*;
+use std::cell::{Cell, RefCell};
+
+use rustix::process::Pid;
+
+use super::{Evidencing, Sandbox, SandboxError};
+use crate::error::Result;
+use crate::protocol::Request;
+use crate::runtime;
+use crate::spec::validate_name;
 
 impl Sandbox {
     /// A round trip through the control socket.

@@ -1,7 +1,14 @@
 //! Detached execs (`exec --detach`): started, then listed, waited for,
 //! signalled and read back from their files in the runtime dir.
 
-use super::*;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use super::{ExecStatus, Sandbox, SandboxError};
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Event, ExecRequest, Request};
 
 impl Sandbox {
     /// Starts a command that runs on after this call; its output and exit

@@ -2,7 +2,18 @@
 //! a timeout, a kill for memory), captured output and ptys. The worker
 //! side, inside the sandbox, is [`crate::worker`].
 
-use super::*;
+use super::exit::wait_exit;
+use std::fs::File;
+use std::io::BufRead;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::pipe::{pipe_with, PipeFlags};
+
+use super::{ExecStatus, Sandbox};
+use crate::denials::Denied;
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
 
 /// An exec with a pty: relay between the caller's terminal and `master`,
 /// then [`TtyExec::wait`].
@@ -154,38 +165,6 @@ fn read_until_exit(
     }
     let [out, err] = tails;
     (out.finish(), err.finish())
-}
-
-/// The exec's end: its status, the sandbox's clock then, and the calls the
-/// default seccomp policy denied during it.
-pub(super) fn wait_exit(conn: &UnixStream, name: &str) -> Result<(ExecStatus, u64, Vec<Denied>)> {
-    loop {
-        match protocol::recv::<Event>(conn) {
-            Ok((mut ev, _)) => {
-                let (t, denied) = match &mut ev {
-                    Event::Exit {
-                        time_ns, denied, ..
-                    } => (*time_ns, std::mem::take(denied)),
-                    _ => (0, Vec::new()),
-                };
-                if let Some(st) = ExecStatus::from_event(ev) {
-                    return Ok((st, t, denied));
-                }
-            }
-            Err(ProtocolError::Closed) => {
-                return Err(Error::Protocol {
-                    name: name.to_string(),
-                    why: "the command ended without an exit status: the sandbox stopped, or something in it killed the process that ran the command".into(),
-                })
-            }
-            Err(e) => {
-                return Err(Error::Protocol {
-                    name: name.to_string(),
-                    why: e.to_string(),
-                })
-            }
-        }
-    }
 }
 
 impl Sandbox {

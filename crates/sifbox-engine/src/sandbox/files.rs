@@ -3,7 +3,17 @@
 
 use std::path::Component;
 
-use super::*;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use rustix::pipe::{pipe_with, PipeFlags};
+
+use super::Sandbox;
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, Request};
+use crate::transfer;
 
 /// The outcome of a transfer: the sandbox's `reply` and what the host's
 /// side of the pipe (`local`) got. When the sandbox failed only because the

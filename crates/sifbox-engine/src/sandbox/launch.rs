@@ -2,7 +2,28 @@
 //! supervisor (forked, or executed from a multi-threaded client) and the
 //! wait for its "ready".
 
-use super::*;
+use std::cell::{Cell, RefCell};
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rustix::pipe::{pipe_with, PipeFlags};
+use rustix::process::Pid;
+
+use super::{read_status, Evidencing, OverlayProblem, Sandbox, SandboxError, StartOptions, Status};
+use crate::error::{Error, IoContext, Result};
+use crate::evidence::{self, ImageRef};
+use crate::idmap;
+use crate::protocol::{self, CONTROL_SOCKET};
+use crate::runtime::{self, State};
+use crate::spec::{SandboxSpec, Writable};
+use crate::supervisor::{self, Launch, SUPERVISOR_ARG};
 
 /// Plans how `spec`'s limits are enforced here and makes the sandbox's
 /// cgroup when one enforces them; a cgroup that cannot be made leaves the

@@ -4,29 +4,24 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use rustix::pipe::{pipe_with, PipeFlags};
-use rustix::process::{Pid, Signal, WaitOptions};
-use std::time::{SystemTime, UNIX_EPOCH};
+use rustix::process::{Pid, Signal};
 
 use crate::denials::Denied;
 use crate::error::{Error, IoContext, Result};
-use crate::evidence::{self, Evidence, ImageRef};
-use crate::idmap;
-use crate::protocol::{self, Event, ExecRequest, ProtocolError, Request};
-use crate::runtime::{self, State};
-use crate::spec::{validate_name, SandboxSpec, Writable};
-use crate::supervisor::{self, Launch, CONTROL_SOCKET, SUPERVISOR_ARG};
-use crate::transfer;
+use crate::evidence::{Evidence, ImageRef};
+pub use crate::protocol::Usage;
+use crate::protocol::{self, Event, ProtocolError, Request, CONTROL_SOCKET};
+use crate::runtime;
+use crate::spec::SandboxSpec;
 
 mod attach;
 mod detached;
 mod exec;
+mod exit;
 mod files;
 mod launch;
 mod relay;
@@ -193,24 +188,6 @@ enum Evidencing {
     },
     Written(PathBuf),
     None,
-}
-
-/// What a sandbox used so far, as the mechanisms that enforce its limits
-/// see it (see [`crate::limits`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
-    /// CPU time of all its processes, in nanoseconds.
-    pub cpu_ns: Option<u64>,
-    /// The most memory it held at once since it started or since
-    /// [`Sandbox::reset_memory_peak`], in bytes (the cgroup's peak, or the
-    /// watchdog's sampled one).
-    pub memory_peak: Option<u64>,
-    /// Processes killed for going over the memory limit (by the kernel's
-    /// OOM killer in a cgroup, or by the watchdog).
-    pub oom_kills: u64,
-    /// How many times the watchdog started a new peak on request.
-    #[serde(default)]
-    pub peak_resets: u64,
 }
 
 /// How an exec ended.

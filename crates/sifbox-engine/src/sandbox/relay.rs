@@ -12,8 +12,15 @@
 //! over as they are (as before, and at no cost): reopening them gives
 //! nothing more than the descriptor itself.
 
-use super::*;
-use crate::sandbox::exec::wait_exit;
+use super::exit::wait_exit;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::pipe::{pipe_with, PipeFlags};
+
+use super::{ExecStatus, Sandbox};
+use crate::error::{Error, IoContext, Result};
+use crate::protocol::{self, ExecRequest, Request};
 
 /// Whether the caller's `fd` must be relayed rather than handed over.
 fn needs_relay(fd: BorrowedFd<'_>) -> bool {
@@ -242,6 +249,8 @@ impl Sandbox {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::net::UnixStream;
+
     use super::*;
 
     #[test]

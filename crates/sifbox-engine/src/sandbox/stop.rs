@@ -1,7 +1,13 @@
 //! Stopping a sandbox: asking init, waiting for the supervisor, the kill
 //! handle eval's cancellation uses.
 
-use super::*;
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::{Sandbox, SandboxError};
+use crate::error::{Error, Result};
+use crate::evidence::Evidence;
+use crate::protocol::{self, Event, Request};
+use crate::runtime;
 
 /// Waits (up to `limit`) until process `pid`, not our child, has exited;
 /// returns whether it has.

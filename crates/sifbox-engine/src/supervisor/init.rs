@@ -3,7 +3,20 @@
 
 use sifbox_sys::syscall::{Prctl, Syscall};
 
-use super::*;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+
+use super::handoff::{Activity, KeptLayer, Nest};
+use super::serve::serve;
+use super::{errno, exit_now, Launch, Status};
+use crate::error::{Error, Result};
+use crate::protocol::{self, CONTROL_SOCKET};
+use crate::spec::{NetMode, SandboxSpec};
+use crate::{rootfs, worker};
 
 /// Why init could not set the sandbox up, where no system call of its
 /// own failed (those are [`Error::Syscall`]s naming the step).
@@ -242,12 +255,6 @@ fn watched_mounts(
     Ok(tmpfs)
 }
 
-/// A layer to keep when the sandbox stops: its upper dir and where to.
-pub(super) struct KeptLayer {
-    pub(super) upper: OwnedFd,
-    pub(super) dst: OwnedFd,
-}
-
 /// Starts making the guarded mount namespace (see
 /// [`crate::spec::GuardedBind`]); [`finish_guarded_namespace`] takes it.
 /// A child of init in the nested user namespace unshares a mount
@@ -318,44 +325,6 @@ fn finish_guarded_namespace((pid, mine): (Pid, UnixStream)) -> Result<OwnedFd> {
                 Err(e) => e.to_string(),
             };
             Err(InitError::GuardedNamespace { why }.into())
-        }
-    }
-}
-
-/// init's side of the watchdog's idle protocol. The sandbox is idle when
-/// nothing is in it but init and its idle workers: then nothing in it can
-/// allocate memory until init gives work out, and outer's watchdog need
-/// not wake at all. init says so (`I`) when it sees it, and says `B`
-/// before it gives work out again; a sandbox with a watchdog costs the
-/// host no wake-ups while it waits for its next command.
-///
-/// What is counted is every process of the sandbox's pid namespace (from
-/// its /proc), so nothing a command leaves running, detached or
-/// reparented to init, is missed; a command cannot write to the pipe.
-pub(super) struct Activity {
-    pipe: OwnedFd,
-    proc: rustix::fs::Dir,
-    idle: bool,
-}
-
-impl Activity {
-    /// Work starts (an exec, a transfer): the watchdog samples again.
-    pub(super) fn busy(&mut self) {
-        if self.idle {
-            self.idle = false;
-            let _ = rustix::io::write(&self.pipe, b"B");
-        }
-    }
-
-    /// Tells outer when the sandbox has become idle: no exec running, no
-    /// detached one, and no process but init and `workers` (all idle).
-    pub(super) fn check(&mut self, workers: &Pool, detached: &HashMap<String, Pid>) {
-        if self.idle || !detached.is_empty() || workers.any_busy() {
-            return;
-        }
-        if crate::limits::ns_pids(&mut self.proc).len() == 1 + workers.len() {
-            self.idle = true;
-            let _ = rustix::io::write(&self.pipe, b"I");
         }
     }
 }

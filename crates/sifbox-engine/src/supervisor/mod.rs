@@ -26,20 +26,18 @@
 //! `exited CODE`. Every parent-to-child link carries a parent-death signal, so
 //! a SIGKILLed client (one-shot) or outer takes the whole sandbox down.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
-use rustix::process::{Pid, Signal, WaitOptions};
-use rustix::thread::UnshareFlags;
 use serde::{Deserialize, Serialize};
 use sifbox_sys::syscall::Kernel;
 
 use crate::error::{Error, Result};
+use crate::protocol;
+use crate::spec::SandboxSpec;
 
 /// The supervisor's side of a launch, or the failure a supervisor reported
 /// (text: it crossed the status pipe).
@@ -57,13 +55,9 @@ pub enum SupervisorError {
     #[error("{message}")]
     Reported { message: String },
 }
-use crate::idmap;
-use crate::protocol::{self, Event, ExecRequest, Request};
-use crate::rootfs;
-use crate::spec::{Confinement, NetMode, SandboxSpec};
-use crate::{transfer, worker};
 
 /// The hidden first argument that turns the sifbox binary into a supervisor.
+mod handoff;
 mod init;
 mod outer;
 mod pool;
@@ -71,12 +65,8 @@ mod serve;
 mod watchdog;
 
 pub use init::InitError;
-use init::{init_main, Activity};
+use outer::outer;
 pub use outer::OuterError;
-use outer::{outer, Nest};
-use pool::{new_worker, NewWorker, Pool};
-use serve::serve;
-use watchdog::Watchdog;
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
 
@@ -132,9 +122,6 @@ pub fn is_supervisor_cmdline(cmdline: &[u8]) -> bool {
 
 /// Where a sandbox that outlives its client writes its diagnostics.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
-
-/// Name of the control socket in the sandbox's runtime dir.
-pub const CONTROL_SOCKET: &str = "control.sock";
 
 /// What the client hands the supervisor on its stdin (one JSON line).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,7 +5,21 @@
 
 use sifbox_sys::syscall::{Prctl, Syscall};
 
-use super::*;
+use std::fs::File;
+use std::io::BufReader;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::thread::UnshareFlags;
+
+use super::handoff::Nest;
+use super::init::init_main;
+use super::watchdog::Watchdog;
+use super::{errno, exit_now, read_line, Launch, Status};
+use crate::error::{Error, Result};
+use crate::{idmap, protocol};
 
 /// Why the outer supervisor could not set the sandbox up, where no system
 /// call of its own failed.
@@ -279,10 +293,6 @@ fn enter_limits(limits: &crate::limits::Enforcement) -> Result<()> {
 /// How long a sandbox runs before outer gives back the mapped pages of
 /// setting it up (`sifbox_sys::drop_clean_file_pages`).
 const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// init's side of the nested-namespace handshake: a request (with the fds
-/// of its tmpfs mounts for the watchdog), then outer's "mapped".
-pub(super) struct Nest(pub(super) UnixStream);
 
 /// Waits for init, and maps its nested user namespace when it asks;
 /// SIGTERM/SIGINT/SIGHUP to outer stop the sandbox at once. With a memory

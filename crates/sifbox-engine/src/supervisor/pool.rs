@@ -1,7 +1,13 @@
 //! init's exec workers: which is free, which finished, which stays warm.
 //! Decisions only; the forks are [`super::serve`]'s.
 
-use super::*;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
+
+use crate::protocol::{self, Request};
 
 /// A worker: a child of init that serves execs and transfers one after
 /// another, each to its end (an exec's command and everything it started),
@@ -186,7 +192,8 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
+    use crate::protocol::ExecRequest;
+    use std::io::{Read, Write};
 
     fn pid(n: i32) -> Pid {
         Pid::from_raw(n).expect("a valid pid")

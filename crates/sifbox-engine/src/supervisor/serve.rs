@@ -2,7 +2,23 @@
 //! to the worker pool (what would change a worker for good to a process of
 //! its own); init reaps every orphan.
 
-use super::*;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::exit_now;
+use super::handoff::{Activity, KeptLayer};
+use super::pool::{self, new_worker, NewWorker, Pool};
+use sifbox_sys::syscall::Kernel;
+
+use crate::protocol::{self, Event, ExecRequest, Request};
+use crate::spec::Confinement;
+use crate::{transfer, worker};
 
 /// A worker's life: jobs arrive on `chan`, each a request ([`pooled`])
 /// with the client's connection as the first fd and the request's own fds
@@ -102,25 +118,15 @@ pub(super) fn serve(
     listener: UnixListener,
     confinement: Confinement,
     mut activity: Option<Activity>,
-    mut keep: Option<super::init::KeptLayer>,
+    mut keep: Option<KeptLayer>,
     guarded: Option<OwnedFd>,
 ) -> ! {
-    use rustix::event::{poll, PollFd, PollFlags};
     // Before any worker is forked: they count the policy's denials into
     // what stop's reply reports.
     if confinement.seccomp != crate::spec::SeccompMode::Unconfined {
         crate::denials::share();
     }
-    // As PID 1 we reap every orphan of the sandbox: SIGCHLD wakes the loop.
-    let sigchld = rustix::pipe::pipe_with(
-        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
-    )
-    .ok()
-    .and_then(|(r, w)| {
-        signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, File::from(w))
-            .ok()
-            .map(|id| (r, id))
-    });
+    let sigchld = sigchld_pipe();
     let sigchld_id = sigchld.as_ref().map(|(_, id)| *id);
     let sigchld = sigchld.map(|(r, _)| r);
     // Detached execs by id, for `Signal`: the pid of the worker serving it.
@@ -133,10 +139,6 @@ pub(super) fn serve(
     // first trim comes after a shorter idle time (a sandbox waiting for
     // its first command holds nothing it needs).
     let mut busy_since_trim = true;
-    let timespec = |d: Duration| rustix::event::Timespec {
-        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(d.subsec_nanos()),
-    };
     let mut idle_after = FIRST_TRIM;
     loop {
         let reaped = reap_finished();
@@ -148,54 +150,16 @@ pub(super) fn serve(
         if let Some(a) = &mut activity {
             a.check(&workers, &detached);
         }
-        // What serves an exec past its time limit and more is rescued (see
-        // [`Pool::overdue`]), whatever else keeps init busy.
-        let now = Instant::now();
-        let mut overdue = workers.overdue(now);
-        for (p, d) in &mut oneoff {
-            if *d <= now {
-                *d = now + pool::RESCUE_AFTER;
-                overdue.push(*p);
-            }
-        }
-        for pid in overdue {
-            rescue(pid);
-        }
-        let (listener_ready, finished) = {
-            let mut fds = vec![PollFd::new(&listener, PollFlags::IN)];
-            if let Some(r) = &sigchld {
-                fds.push(PollFd::new(r, PollFlags::IN));
-            }
-            fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
-            // Woken for the next rescue too, when nothing else happens.
-            let rescue_in = workers
-                .next_deadline()
-                .into_iter()
-                .chain(oneoff.iter().map(|(_, d)| *d))
-                .min()
-                .map(|d| d.saturating_duration_since(Instant::now()));
-            let trim_in = busy_since_trim.then_some(idle_after);
-            let rescue_first = rescue_in.is_some_and(|r| trim_in.is_none_or(|t| r < t));
-            let wait = if rescue_first { rescue_in } else { trim_in };
-            match poll(&mut fds, wait.map(timespec).as_ref()) {
-                Ok(0) => {
-                    drop(fds);
-                    if !rescue_first {
-                        trim();
-                        busy_since_trim = false;
-                        idle_after = IDLE_TRIM;
-                    }
-                    continue;
-                }
-                Ok(_) => busy_since_trim = true,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => exit_now(125),
-            }
-            let base = 1 + usize::from(sigchld.is_some());
-            let finished: Vec<usize> = (0..workers.len())
-                .filter(|&i| !fds[base + i].revents().is_empty())
-                .collect();
-            (!fds[0].revents().is_empty(), finished)
+        rescue_overdue(&mut workers, &mut oneoff);
+        let Some((listener_ready, finished)) = wait_for_work(
+            &listener,
+            sigchld.as_ref(),
+            &workers,
+            &oneoff,
+            &mut busy_since_trim,
+            &mut idle_after,
+        ) else {
+            continue;
         };
         if let Some(r) = &sigchld {
             let mut drain = [0u8; 64];
@@ -237,42 +201,9 @@ pub(super) fn serve(
             Request::Ping => {
                 let _ = protocol::send(&conn, &ok(), &[]);
             }
-            Request::Stop { grace_ms } => {
-                stop_all(Duration::from_millis(grace_ms));
-                // The reply says no process of the sandbox is left but
-                // init, which only exits after it: the client may take the
-                // sandbox's outputs as final while the kernel unmounts.
-                kill_and_reap_all(Duration::from_secs(10));
-                let reply = Event::Ok {
-                    time_ns: worker::now_ns(),
-                    denied: crate::denials::sandbox_totals(),
-                };
-                let _ = protocol::send(&conn, &reply, &[]);
-                exit_now(0);
-            }
+            Request::Stop { grace_ms } => stop_and_exit(&conn, grace_ms),
             Request::StopKeepingLayer { grace_ms } => {
-                stop_all(Duration::from_millis(grace_ms));
-                kill_and_reap_all(Duration::from_secs(10));
-                let copied = match keep.take() {
-                    Some(k) => rustix::fs::openat(
-                        &k.upper,
-                        ".",
-                        rustix::fs::OFlags::RDONLY
-                            | rustix::fs::OFlags::DIRECTORY
-                            | rustix::fs::OFlags::CLOEXEC,
-                        rustix::fs::Mode::empty(),
-                    )
-                    .map_err(std::io::Error::from)
-                    .and_then(|upper| crate::layer_copy::copy_tree(upper, k.dst))
-                    .map_err(|e| format!("copying the writable layer out: {e}")),
-                    None => Err("this sandbox keeps no layer (no keep_layer)".to_string()),
-                };
-                let reply = match copied {
-                    Ok(()) => ok(),
-                    Err(message) => Event::Error { code: 125, message },
-                };
-                let _ = protocol::send(&conn, &reply, &[]);
-                exit_now(0);
+                stop_keeping_layer_and_exit(&conn, grace_ms, keep.take())
             }
             Request::Signal { exec_id, signal } => {
                 let reply = match detached.get(&exec_id) {
@@ -280,10 +211,7 @@ pub(super) fn serve(
                         signal_exec(*pid, signal);
                         ok()
                     }
-                    None => Event::Error {
-                        code: 125,
-                        message: format!("no running exec {exec_id:?} in this sandbox"),
-                    },
+                    None => no_such_exec(&exec_id),
                 };
                 let _ = protocol::send(&conn, &reply, &[]);
             }
@@ -296,14 +224,9 @@ pub(super) fn serve(
                 // which adopts whatever it leaves behind; then everything goes.
                 drop((listener, activity));
                 let exec = if exec.guarded {
-                    match enter_guarded(Request::Exec(exec), guarded.as_ref()) {
-                        Ok(Request::Exec(e)) => e,
-                        Ok(_) => exit_now(125),
-                        Err(message) => {
-                            let _ =
-                                protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
-                            exit_now(125)
-                        }
+                    match guarded_or_exit(Request::Exec(exec), guarded.as_ref(), &conn) {
+                        Request::Exec(e) => e,
+                        _ => exit_now(125),
                     }
                 } else {
                     exec
@@ -348,37 +271,13 @@ pub(super) fn serve(
                         break;
                     }
                 }
-                match outcome {
-                    Ok(pid) => {
-                        if let Request::Exec(ExecRequest {
-                            detach_id: Some(id),
-                            ..
-                        }) = req
-                        {
-                            detached.insert(id, pid);
-                        }
-                    }
-                    Err(e) => {
-                        let message = e.to_string();
-                        let _ = protocol::send(&conn, &Event::Error { code: 125, message }, &[]);
-                    }
-                }
+                note_dispatched(outcome, req, &conn, &mut detached);
             }
             other => match sifbox_sys::fork() {
                 Ok(sifbox_sys::Forked::Child) => {
                     drop((listener, workers, activity, keep));
                     let req = if is_guarded(&other) {
-                        match enter_guarded(other, guarded.as_ref()) {
-                            Ok(r) => r,
-                            Err(message) => {
-                                let _ = protocol::send(
-                                    &conn,
-                                    &Event::Error { code: 125, message },
-                                    &[],
-                                );
-                                exit_now(125)
-                            }
-                        }
+                        guarded_or_exit(other, guarded.as_ref(), &conn)
                     } else {
                         other
                     };
@@ -407,6 +306,184 @@ pub(super) fn serve(
                     );
                 }
             },
+        }
+    }
+}
+
+/// The pipe SIGCHLD writes to, and its registration: as PID 1 we reap
+/// every orphan of the sandbox, and SIGCHLD wakes the loop.
+fn sigchld_pipe() -> Option<(OwnedFd, signal_hook::SigId)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)
+        .ok()
+        .and_then(|(r, w)| {
+            signal_hook::low_level::pipe::register(signal_hook::consts::SIGCHLD, File::from(w))
+                .ok()
+                .map(|id| (r, id))
+        })
+}
+
+/// Rescues what serves an exec past its time limit and more (see
+/// [`Pool::overdue`]), whatever else keeps init busy.
+fn rescue_overdue(workers: &mut Pool, oneoff: &mut [(Pid, Instant)]) {
+    let now = Instant::now();
+    let mut overdue = workers.overdue(now);
+    for (p, d) in oneoff {
+        if *d <= now {
+            *d = now + pool::RESCUE_AFTER;
+            overdue.push(*p);
+        }
+    }
+    for pid in overdue {
+        rescue(pid);
+    }
+}
+
+/// Waits for a connection, a worker's end or SIGCHLD, and trims when
+/// idle long enough; None when woken for nothing to serve (a trim, a
+/// rescue, a signal). Returns whether the listener is ready and the
+/// workers that finished a job.
+fn wait_for_work(
+    listener: &UnixListener,
+    sigchld: Option<&OwnedFd>,
+    workers: &Pool,
+    oneoff: &[(Pid, Instant)],
+    busy_since_trim: &mut bool,
+    idle_after: &mut Duration,
+) -> Option<(bool, Vec<usize>)> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let timespec = |d: Duration| rustix::event::Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    };
+    let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
+    if let Some(r) = sigchld {
+        fds.push(PollFd::new(r, PollFlags::IN));
+    }
+    fds.extend(workers.channels().map(|c| PollFd::new(c, PollFlags::IN)));
+    // Woken for the next rescue too, when nothing else happens.
+    let rescue_in = workers
+        .next_deadline()
+        .into_iter()
+        .chain(oneoff.iter().map(|(_, d)| *d))
+        .min()
+        .map(|d| d.saturating_duration_since(Instant::now()));
+    let trim_in = busy_since_trim.then_some(*idle_after);
+    let rescue_first = rescue_in.is_some_and(|r| trim_in.is_none_or(|t| r < t));
+    let wait = if rescue_first { rescue_in } else { trim_in };
+    match poll(&mut fds, wait.map(timespec).as_ref()) {
+        Ok(0) => {
+            drop(fds);
+            if !rescue_first {
+                trim();
+                *busy_since_trim = false;
+                *idle_after = IDLE_TRIM;
+            }
+            return None;
+        }
+        Ok(_) => *busy_since_trim = true,
+        Err(rustix::io::Errno::INTR) => return None,
+        Err(_) => exit_now(125),
+    }
+    let base = 1 + usize::from(sigchld.is_some());
+    let finished: Vec<usize> = (0..workers.len())
+        .filter(|&i| !fds[base + i].revents().is_empty())
+        .collect();
+    Some((!fds[0].revents().is_empty(), finished))
+}
+
+/// `Stop`: every process of the sandbox ended, the reply sent, init's
+/// exit.
+fn stop_and_exit(conn: &UnixStream, grace_ms: u64) -> ! {
+    stop_all(Duration::from_millis(grace_ms));
+    // The reply says no process of the sandbox is left but
+    // init, which only exits after it: the client may take the
+    // sandbox's outputs as final while the kernel unmounts.
+    kill_and_reap_all(Duration::from_secs(10));
+    let reply = Event::Ok {
+        time_ns: worker::now_ns(),
+        denied: crate::denials::sandbox_totals(),
+    };
+    let _ = protocol::send(conn, &reply, &[]);
+    exit_now(0);
+}
+
+/// `StopKeepingLayer`: as [`stop_and_exit`], with the writable layer copied out
+/// once nothing runs.
+fn stop_keeping_layer_and_exit(conn: &UnixStream, grace_ms: u64, keep: Option<KeptLayer>) -> ! {
+    stop_all(Duration::from_millis(grace_ms));
+    kill_and_reap_all(Duration::from_secs(10));
+    let copied = copy_layer_out(keep);
+    let reply = match copied {
+        Ok(()) => Event::Ok {
+            time_ns: worker::now_ns(),
+            denied: Vec::new(),
+        },
+        Err(message) => Event::Error { code: 125, message },
+    };
+    let _ = protocol::send(conn, &reply, &[]);
+    exit_now(0);
+}
+
+/// `StopKeepingLayer`'s copy of the writable layer out.
+fn copy_layer_out(keep: Option<KeptLayer>) -> std::result::Result<(), String> {
+    match keep {
+        Some(k) => rustix::fs::openat(
+            &k.upper,
+            ".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(std::io::Error::from)
+        .and_then(|upper| crate::layer_copy::copy_tree(upper, k.dst))
+        .map_err(|e| format!("copying the writable layer out: {e}")),
+        None => Err("this sandbox keeps no layer (no keep_layer)".to_string()),
+    }
+}
+
+/// The reply to a `Signal` for an exec that is not running.
+fn no_such_exec(exec_id: &str) -> Event {
+    Event::Error {
+        code: 125,
+        message: format!("no running exec {exec_id:?} in this sandbox"),
+    }
+}
+
+/// The request unwrapped in the guarded mount namespace (see
+/// [`enter_guarded`]); where that is refused, the client is told and the
+/// process exits.
+fn guarded_or_exit(req: Request, guarded: Option<&OwnedFd>, conn: &UnixStream) -> Request {
+    match enter_guarded(req, guarded) {
+        Ok(r) => r,
+        Err(message) => {
+            let _ = protocol::send(conn, &Event::Error { code: 125, message }, &[]);
+            exit_now(125)
+        }
+    }
+}
+
+/// After a pooled request was handed to a worker: a detached exec is
+/// noted by id; a failure is the client's reply.
+fn note_dispatched(
+    outcome: std::result::Result<Pid, pool::PoolError>,
+    req: Request,
+    conn: &UnixStream,
+    detached: &mut HashMap<String, Pid>,
+) {
+    match outcome {
+        Ok(pid) => {
+            if let Request::Exec(ExecRequest {
+                detach_id: Some(id),
+                ..
+            }) = req
+            {
+                detached.insert(id, pid);
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            let _ = protocol::send(conn, &Event::Error { code: 125, message }, &[]);
         }
     }
 }

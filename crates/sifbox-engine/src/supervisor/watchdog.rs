@@ -1,7 +1,10 @@
 //! The memory watchdog of a sandbox without a memory cgroup (outer's):
 //! samples, kills above the limit, records `usage.json`.
 
-use super::*;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::process::{Pid, Signal};
 
 /// The memory watchdog of a sandbox without a memory cgroup: outer samples
 /// what the sandbox's processes hold alone (their private resident pages)
@@ -163,7 +166,7 @@ impl Watchdog {
 
     /// Writes usage.json (a new file renamed into place).
     pub(super) fn record(&self) {
-        let usage = crate::sandbox::Usage {
+        let usage = crate::protocol::Usage {
             cpu_ns: None,
             memory_peak: Some(self.peak),
             oom_kills: self.oom_kills,

@@ -231,28 +231,7 @@ pub fn run(
     cancel: &Cancel,
 ) -> Result<JobOutcome> {
     let started_ms = now_unix_ms();
-    if opts.attempts == 0 || opts.attempts > 100_000 {
-        return Err(EvalError::bad(
-            format!("--attempts {}", opts.attempts),
-            "must be 1 to 100000",
-            "pass e.g. --attempts 3",
-        ));
-    }
-    if opts.jobs == 0 || opts.jobs > 4096 {
-        return Err(EvalError::bad(
-            format!("--jobs {}", opts.jobs),
-            "must be 1 to 4096",
-            "pass e.g. --jobs 4",
-        ));
-    }
-    opts.limits.check()?;
-    if tasks.is_empty() {
-        return Err(EvalError::bad(
-            "sifbox eval",
-            "no task to run",
-            "pass task directories (check --filter)",
-        ));
-    }
+    check_input(tasks, opts)?;
     // Everything that can be wrong with the input is found before the job
     // dir exists: bad input leaves nothing behind.
     let envs: Vec<TaskEnv> = tasks
@@ -264,58 +243,10 @@ pub fn run(
     let (job, dir) = job_dir(opts)?;
     let _lock = lock_job(&dir)?;
     let agent_label = opts.agent.label();
-    let job_file = dir.join("job.json");
-    if opts.resume {
-        if let Some(prev) = std::fs::read(&job_file)
-            .ok()
-            .and_then(|d| serde_json::from_slice::<JobFile>(&d).ok())
-        {
-            if prev.agent != agent_label {
-                return Err(EvalError::bad(
-                    format!("--resume of job {job}"),
-                    format!("the job ran agent {:?}, not {agent_label:?}", prev.agent),
-                    "resume with the same --agent, or start another --job",
-                ));
-            }
-        }
-    }
-    write_json(
-        &job_file,
-        &JobFile {
-            job: job.clone(),
-            agent: agent_label.clone(),
-            attempts: opts.attempts,
-            tasks: tasks
-                .iter()
-                .map(|t| JobTask {
-                    name: t.name.clone(),
-                    dir: t.dir.clone(),
-                })
-                .collect(),
-            created_at: now_rfc3339(),
-            sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
-        },
-    )?;
+    write_job_file(&dir, &job, &agent_label, tasks, opts)?;
 
     // The plan: (task, attempt), with what an earlier run finished.
-    let mut results: Vec<Vec<Option<RolloutResult>>> = Vec::with_capacity(tasks.len());
-    let mut todo: Vec<(usize, u32)> = Vec::new();
-    for (ti, t) in tasks.iter().enumerate() {
-        let mut row = Vec::new();
-        for attempt in 1..=opts.attempts {
-            let kept = if opts.resume {
-                rollout_dir::load_result(&dir.join(rollout_dir_name(&t.name, attempt)))
-                    .filter(|r| r.status.is_final() && r.agent == agent_label)
-            } else {
-                None
-            };
-            if kept.is_none() {
-                todo.push((ti, attempt));
-            }
-            row.push(kept);
-        }
-        results.push(row);
-    }
+    let (mut results, todo) = plan(tasks, opts, &dir, &agent_label);
     let workers = opts.jobs.min(todo.len()).max(1);
     let total = tasks.len() * opts.attempts as usize;
     observer.job_started(&JobInfo {
@@ -423,4 +354,104 @@ pub fn run(
         dir,
         interrupted: cancel.is_cancelled(),
     })
+}
+
+/// The options and tasks, checked before anything is made.
+fn check_input(tasks: &[Task], opts: &EvalOptions) -> Result<()> {
+    if opts.attempts == 0 || opts.attempts > 100_000 {
+        return Err(EvalError::bad(
+            format!("--attempts {}", opts.attempts),
+            "must be 1 to 100000",
+            "pass e.g. --attempts 3",
+        ));
+    }
+    if opts.jobs == 0 || opts.jobs > 4096 {
+        return Err(EvalError::bad(
+            format!("--jobs {}", opts.jobs),
+            "must be 1 to 4096",
+            "pass e.g. --jobs 4",
+        ));
+    }
+    opts.limits.check()?;
+    if tasks.is_empty() {
+        return Err(EvalError::bad(
+            "sifbox eval",
+            "no task to run",
+            "pass task directories (check --filter)",
+        ));
+    }
+    Ok(())
+}
+
+/// Writes the job dir's `job.json`; a resumed job must run the agent it
+/// ran before.
+fn write_job_file(
+    dir: &Path,
+    job: &str,
+    agent_label: &str,
+    tasks: &[Task],
+    opts: &EvalOptions,
+) -> Result<()> {
+    let job_file = dir.join("job.json");
+    if opts.resume {
+        if let Some(prev) = std::fs::read(&job_file)
+            .ok()
+            .and_then(|d| serde_json::from_slice::<JobFile>(&d).ok())
+        {
+            if prev.agent != agent_label {
+                return Err(EvalError::bad(
+                    format!("--resume of job {job}"),
+                    format!("the job ran agent {:?}, not {agent_label:?}", prev.agent),
+                    "resume with the same --agent, or start another --job",
+                ));
+            }
+        }
+    }
+    write_json(
+        &job_file,
+        &JobFile {
+            job: job.to_string(),
+            agent: agent_label.to_string(),
+            attempts: opts.attempts,
+            tasks: tasks
+                .iter()
+                .map(|t| JobTask {
+                    name: t.name.clone(),
+                    dir: t.dir.clone(),
+                })
+                .collect(),
+            created_at: now_rfc3339(),
+            sifbox_version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+    )
+}
+
+/// The plan: (task, attempt) to run, with what an earlier run finished
+/// (kept when resuming), by task and attempt.
+#[allow(clippy::type_complexity, reason = "the job's table of results")]
+fn plan(
+    tasks: &[Task],
+    opts: &EvalOptions,
+    dir: &Path,
+    agent_label: &str,
+) -> (Vec<Vec<Option<RolloutResult>>>, Vec<(usize, u32)>) {
+    let mut results: Vec<Vec<Option<RolloutResult>>> = Vec::with_capacity(tasks.len());
+    let mut todo: Vec<(usize, u32)> = Vec::new();
+    for (ti, t) in tasks.iter().enumerate() {
+        let mut row = Vec::new();
+        for attempt in 1..=opts.attempts {
+            let kept = if opts.resume {
+                rollout_dir::load_result(&dir.join(rollout_dir_name(&t.name, attempt)))
+                    .filter(|r| r.status.is_final() && r.agent == agent_label)
+            } else {
+                None
+            };
+            if kept.is_none() {
+                todo.push((ti, attempt));
+            }
+            row.push(kept);
+        }
+        results.push(row);
+    }
+    (results, todo)
 }

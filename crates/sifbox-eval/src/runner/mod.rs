@@ -34,9 +34,11 @@ mod phases;
 mod reaper;
 mod rollout;
 mod schedule;
+mod setup;
+mod usage;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -47,7 +49,7 @@ use sifbox_image::store::{Digest, Store};
 
 use crate::cancel::Cancel;
 use crate::error::{EvalError, Result};
-use crate::result::{RolloutResult, Summary};
+use crate::result::{now_unix_ms, RolloutResult, Status, Summary};
 use crate::task::{Overrides, Task};
 use environment::Slot;
 pub use job::run;
@@ -304,6 +306,37 @@ fn set_env(env: &mut Vec<(String, String)>, k: &str, v: &str) {
         Some(e) => e.1 = v.to_string(),
         None => env.push((k.to_string(), v.to_string())),
     }
+}
+
+/// A rollout's dir, fresh: what an earlier, unfinished run left is
+/// removed (or, when a sandbox left files this user cannot remove, moved
+/// to `.trash/`).
+fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
+        let trash = job_dir.join(".trash");
+        std::fs::create_dir_all(&trash)?;
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        std::fs::rename(dir, trash.join(format!("{name}.{}", now_unix_ms())))?;
+    }
+    Ok(())
+}
+
+/// Marks `r` interrupted when the job was cancelled; returns whether.
+fn interrupted(ctx: &Ctx<'_>, r: &mut RolloutResult) -> bool {
+    if ctx.cancel.is_cancelled() {
+        r.status = Status::Interrupted;
+        true
+    } else {
+        false
+    }
+}
+
+/// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).
+fn how_name(h: sifbox_engine::limits::How) -> String {
+    serde_json::to_value(h)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{h:?}"))
 }
 
 #[cfg(test)]

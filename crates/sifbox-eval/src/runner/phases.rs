@@ -12,17 +12,18 @@ use std::time::{Duration, Instant};
 use sifbox_engine::evidence::LogsDir;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::spec::NetMode;
-use sifbox_engine::{ExecStatus, Sandbox, Usage};
+use sifbox_engine::{ExecStatus, Sandbox};
 
 use crate::result::{one_line, ErrorClass, Phase, RolloutResult, StepResult};
 use crate::reward::{self, Reward};
 use crate::rollout_dir;
-use crate::task::{NetworkMode, RewardStrategy, RolloutLimits, Task};
+use crate::task::{NetworkMode, RewardStrategy, Task};
 
 use super::environment::Image;
 use super::error::{HostAction, RolloutError};
-use super::rollout::{how_name, interrupted};
-use super::{ms, set_env, Agent, Ctx, TaskEnv};
+use super::setup::{host_lock, last_lines, pause_unless_cancelled, short, SetupError, SETUP_LOG};
+use super::usage::{killed_for_memory, note_oom_survived, oom_message, PhaseUsage, KILLED};
+use super::{interrupted, ms, set_env, Agent, Ctx, TaskEnv};
 
 /// Everything a rollout needs once its sandbox runs.
 pub(super) struct Running<'a> {
@@ -148,10 +149,7 @@ pub(super) fn phases(
         .or_else(|| image.meta.user.clone().filter(|u| !u.is_empty()));
     let agent_user = c.agent_user.clone().or_else(|| image_user.clone());
     let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
-        if !interrupted(ctx, r) {
-            r.fail(ErrorClass::Infra, format!("{what}: {e}"));
-        }
-        false
+        infra_failure(ctx, r, what, e)
     };
     // The agent's log, made while agent/ is still the caller's (after the
     // chown below, an unprivileged caller could not create files there).
@@ -193,53 +191,8 @@ pub(super) fn phases(
 
     // Set-up: the task's workdir, the healthcheck, the instruction.
     let t = Instant::now();
-    if let Some(w) = &c.workdir {
-        if image.meta.workdir.as_deref() != Some(w.as_str()) {
-            match run.exec(
-                "/",
-                vec!["mkdir".into(), "-p".into(), w.clone()],
-                run.base_env.clone(),
-                None,
-                Duration::from_secs(30),
-                (env_net, false),
-                &run.null,
-            ) {
-                Ok((ExecStatus::Exited { code: 0, .. }, _)) => {}
-                Ok((st, _)) => {
-                    r.fail(
-                        ErrorClass::StartFailed,
-                        format!(
-                            "creating the workdir {w}: mkdir -p exited with code {}",
-                            st.code()
-                        ),
-                    );
-                    return false;
-                }
-                Err(e) => return infra(r, "creating the workdir", &e),
-            }
-        }
-    }
-    // A compose service's own command, as its container's main process:
-    // started detached, it runs until the sandbox stops.
-    let service = c
-        .service
-        .as_ref()
-        .and_then(|s| s.argv(image.meta.entrypoint.as_deref()));
-    if let Some(argv) = service {
-        let req = ExecRequest::command(argv.clone())
-            .env_scripts(run.env_scripts)
-            .base_env(run.base_env.clone())
-            .cwd(Some(run.cwd.clone()))
-            .user(image_user.clone())
-            .isolate_net(run.sandbox_net == NetMode::Host && env_net == NetMode::None)
-            .build();
-        if let Err(e) = sb.exec_detached(req) {
-            return infra(r, "starting the compose service's command", &e);
-        }
-        r.notes.push(format!(
-            "the compose service's command runs detached in the sandbox: {}",
-            argv.join(" ")
-        ));
+    if !set_up(ctx, run, image, c, &image_user, env_net, r) {
+        return false;
     }
     r.timings_ms.setup += ms(t.elapsed());
     if let Some(h) = &c.healthcheck {
@@ -260,26 +213,8 @@ pub(super) fn phases(
         return false;
     }
     if let Some(out) = &setup_out {
-        let t = Instant::now();
-        let done = setup_commands(ctx, task, env, run, &image_user, env_net, out);
-        r.timings_ms.setup += ms(t.elapsed());
-        match done {
-            Ok(()) => {}
-            Err(SetupError::Infra(e)) => return infra(r, "running a setup command", &e),
-            Err(SetupError::Failed(e)) => {
-                if !interrupted(ctx, r) {
-                    let tail = rollout_dir::read_small(logs.dir.as_fd(), SETUP_LOG, 1 << 16)
-                        .map(|d| last_lines(&String::from_utf8_lossy(&d), 5))
-                        .filter(|t| !t.is_empty())
-                        .map(|t| format!("; its output ends: {t}"))
-                        .unwrap_or_default();
-                    r.fail(
-                        ErrorClass::SetupFailed,
-                        format!("{e} (see {SETUP_LOG}){tail}"),
-                    );
-                }
-                return false;
-            }
+        if !run_setup_commands(ctx, task, env, logs, run, &image_user, env_net, out, r) {
+            return false;
         }
     }
     if interrupted(ctx, r) {
@@ -335,6 +270,127 @@ pub(super) fn phases(
         &task_verifier(task, env),
     );
     false
+}
+
+/// What a rollout that sifbox failed to run records (unless the job was
+/// cancelled, which is why it failed then); false, to end the phases.
+fn infra_failure(
+    ctx: &Ctx<'_>,
+    r: &mut RolloutResult,
+    what: &str,
+    e: &dyn std::fmt::Display,
+) -> bool {
+    if !interrupted(ctx, r) {
+        r.fail(ErrorClass::Infra, format!("{what}: {e}"));
+    }
+    false
+}
+
+/// Set-up: the task's workdir made, and a compose service's own command
+/// started; false when the rollout ends here (recorded in `r`).
+fn set_up(
+    ctx: &Ctx<'_>,
+    run: &Running<'_>,
+    image: &Image,
+    c: &crate::task::TaskConfig,
+    image_user: &Option<String>,
+    env_net: NetMode,
+    r: &mut RolloutResult,
+) -> bool {
+    let sb = run.sandbox;
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        infra_failure(ctx, r, what, e)
+    };
+    if let Some(w) = &c.workdir {
+        if image.meta.workdir.as_deref() != Some(w.as_str()) {
+            match run.exec(
+                "/",
+                vec!["mkdir".into(), "-p".into(), w.clone()],
+                run.base_env.clone(),
+                None,
+                Duration::from_secs(30),
+                (env_net, false),
+                &run.null,
+            ) {
+                Ok((ExecStatus::Exited { code: 0, .. }, _)) => {}
+                Ok((st, _)) => {
+                    r.fail(
+                        ErrorClass::StartFailed,
+                        format!(
+                            "creating the workdir {w}: mkdir -p exited with code {}",
+                            st.code()
+                        ),
+                    );
+                    return false;
+                }
+                Err(e) => return infra(r, "creating the workdir", &e),
+            }
+        }
+    }
+    // A compose service's own command, as its container's main process:
+    // started detached, it runs until the sandbox stops.
+    let service = c
+        .service
+        .as_ref()
+        .and_then(|s| s.argv(image.meta.entrypoint.as_deref()));
+    if let Some(argv) = service {
+        let req = ExecRequest::command(argv.clone())
+            .env_scripts(run.env_scripts)
+            .base_env(run.base_env.clone())
+            .cwd(Some(run.cwd.clone()))
+            .user(image_user.clone())
+            .isolate_net(run.sandbox_net == NetMode::Host && env_net == NetMode::None)
+            .build();
+        if let Err(e) = sb.exec_detached(req) {
+            return infra(r, "starting the compose service's command", &e);
+        }
+        r.notes.push(format!(
+            "the compose service's command runs detached in the sandbox: {}",
+            argv.join(" ")
+        ));
+    }
+    true
+}
+
+/// Runs the setup commands, with their output in `out` ([`SETUP_LOG`]);
+/// false when the rollout ends here (recorded in `r`).
+#[allow(clippy::too_many_arguments, reason = "the rollout's parts, once")]
+fn run_setup_commands(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    env: &TaskEnv,
+    logs: &LogsDir,
+    run: &Running<'_>,
+    image_user: &Option<String>,
+    env_net: NetMode,
+    out: &File,
+    r: &mut RolloutResult,
+) -> bool {
+    let infra = |r: &mut RolloutResult, what: &str, e: &dyn std::fmt::Display| {
+        infra_failure(ctx, r, what, e)
+    };
+    let t = Instant::now();
+    let done = setup_commands(ctx, task, env, run, image_user, env_net, out);
+    r.timings_ms.setup += ms(t.elapsed());
+    match done {
+        Ok(()) => {}
+        Err(SetupError::Infra(e)) => return infra(r, "running a setup command", &e),
+        Err(SetupError::Failed(e)) => {
+            if !interrupted(ctx, r) {
+                let tail = rollout_dir::read_small(logs.dir.as_fd(), SETUP_LOG, 1 << 16)
+                    .map(|d| last_lines(&String::from_utf8_lossy(&d), 5))
+                    .filter(|t| !t.is_empty())
+                    .map(|t| format!("; its output ends: {t}"))
+                    .unwrap_or_default();
+                r.fail(
+                    ErrorClass::SetupFailed,
+                    format!("{e} (see {SETUP_LOG}){tail}"),
+                );
+            }
+            return false;
+        }
+    }
+    true
 }
 
 /// What the agent of a rollout (or of one step) runs with.
@@ -672,7 +728,7 @@ fn steps_archive(ctx: &Ctx<'_>, rollout: &str) -> std::result::Result<OwnedFd, R
     let root = ctx.dir.join(STEPS_ARCHIVE);
     std::fs::create_dir_all(&root).map_err(at(&root))?;
     let dir = root.join(rollout);
-    super::rollout::fresh_dir(&ctx.dir, &dir).map_err(at(&dir))?;
+    super::fresh_dir(&ctx.dir, &dir).map_err(at(&dir))?;
     let fd = rollout_dir::open_dir_nofollow(&root).map_err(at(&root))?;
     rollout_dir::make_subdir(fd.as_fd(), rollout).map_err(at(&dir))
 }
@@ -924,103 +980,6 @@ fn phase(
     }
 }
 
-/// What the sandbox used while one phase's command ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct PhaseUsage {
-    /// CPU time of the phase (None: the host could not tell).
-    cpu_ns: Option<u64>,
-    /// The phase's memory peak.
-    memory_peak: Option<u64>,
-    /// Processes killed for memory during the phase.
-    oom_kills: u64,
-    /// ... and since the sandbox started.
-    oom_total: u64,
-}
-
-impl PhaseUsage {
-    fn between(before: &Usage, after: &Usage) -> PhaseUsage {
-        PhaseUsage {
-            cpu_ns: after
-                .cpu_ns
-                .zip(before.cpu_ns)
-                .map(|(a, b)| a.saturating_sub(b)),
-            memory_peak: after.memory_peak,
-            oom_kills: after.oom_kills.saturating_sub(before.oom_kills),
-            oom_total: after.oom_kills,
-        }
-    }
-}
-
-/// The exit code of a command killed by SIGKILL.
-const KILLED: i32 = 128 + 9;
-
-/// Whether a phase's command died of the memory limit: it failed after a
-/// process of the sandbox was killed for memory during the phase, or it
-/// was itself killed (SIGKILL) in a sandbox that has had such kills. A
-/// command that carried on to exit 0, or ran into its time limit, did not
-/// (a note says what was killed).
-fn killed_for_memory(st: &ExecStatus, used: &PhaseUsage) -> bool {
-    match st {
-        ExecStatus::Exited {
-            timed_out: true, ..
-        }
-        | ExecStatus::Exited { code: 0, .. } => false,
-        ExecStatus::Exited { code, .. } => {
-            used.oom_kills > 0 || (*code == KILLED && used.oom_total > 0)
-        }
-        ExecStatus::Failed { .. } => used.oom_kills > 0,
-    }
-}
-
-/// The error of a phase killed for memory: the limit, what enforced it,
-/// what was killed, what to do.
-fn oom_message(
-    phase: &str,
-    st: &ExecStatus,
-    used: &PhaseUsage,
-    limits: &RolloutLimits,
-    e: &sifbox_engine::limits::Enforcement,
-) -> String {
-    let limit = limits
-        .memory_mb
-        .map_or_else(|| "its".to_string(), |m| format!("its {m} MiB"));
-    let how = e
-        .how("memory")
-        .map(|h| format!(", enforced by {}", how_name(h)))
-        .unwrap_or_default();
-    let peak = used
-        .memory_peak
-        .map(|p| format!(", peak {} MiB", p.div_ceil(1 << 20)))
-        .unwrap_or_default();
-    let ended = match st {
-        ExecStatus::Exited { code, .. } if *code == KILLED => "it was killed (SIGKILL)".to_string(),
-        ExecStatus::Exited { code, .. } => format!("it exited with code {code}"),
-        ExecStatus::Failed { code, message } => format!("it could not start ({code}): {message}"),
-    };
-    let killed = if used.oom_kills > 0 {
-        format!("{} process(es) of the sandbox killed", used.oom_kills)
-    } else {
-        format!(
-            "{} process(es) of the sandbox killed so far",
-            used.oom_total
-        )
-    };
-    format!(
-        "the {phase} went over {limit} memory limit{how}: {killed}{peak}, and {ended}; give the task more memory ([environment] memory_mb, or --override-memory-mb)"
-    )
-}
-
-/// A note when processes were killed for memory during a phase whose
-/// command carried on.
-fn note_oom_survived(r: &mut RolloutResult, phase: &str, used: &PhaseUsage) {
-    if used.oom_kills > 0 {
-        r.notes.push(format!(
-            "{} process(es) of the sandbox were killed for going over the memory limit during the {phase}, which carried on",
-            used.oom_kills
-        ));
-    }
-}
-
 /// Runs the healthcheck until it passes, as Harbor 0.26 does: a check
 /// that starts within the start period does not count when it fails (the
 /// next comes `start_interval` later); after it, `retries` failures in a
@@ -1079,29 +1038,6 @@ fn healthcheck(
         };
         pause_unless_cancelled(ctx, pause);
     }
-}
-
-/// Sleeps `d`, waking early when the job is cancelled.
-fn pause_unless_cancelled(ctx: &Ctx<'_>, d: Duration) {
-    let until = Instant::now() + d;
-    while !ctx.cancel.is_cancelled() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return;
-        }
-        std::thread::sleep(left.min(Duration::from_millis(100)));
-    }
-}
-
-/// The file of a rollout dir that holds the setup commands' output.
-const SETUP_LOG: &str = "setup.txt";
-
-/// How the setup commands failed.
-enum SetupError {
-    /// A command failed or ran past its time limit: the task's.
-    Failed(String),
-    /// sifbox could not run it.
-    Infra(String),
 }
 
 /// Runs the task's setup commands in order (BenchFlow's `setup_commands`:
@@ -1167,62 +1103,6 @@ fn setup_commands(
         }
     }
     Ok(())
-}
-
-/// `s` cut to 80 characters, on one line.
-fn short(s: &str) -> String {
-    let line = one_line(s);
-    if line.chars().count() > 80 {
-        format!("{}...", line.chars().take(80).collect::<String>())
-    } else {
-        line
-    }
-}
-
-/// The last `n` non-empty lines of `text`, on one line.
-fn last_lines(text: &str, n: usize) -> String {
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("# setup_commands["))
-        .collect();
-    one_line(&lines[lines.len().saturating_sub(n)..].join("\n"))
-}
-
-/// Holds a lock of this host (an flock on `locks/eval-NAME` in the image
-/// store, shared by every sifbox of the store) while it lives: BenchFlow's
-/// `host_lock`, so that setup commands of that name run one at a time.
-fn host_lock(ctx: &Ctx<'_>, name: &str) -> std::result::Result<File, RolloutError> {
-    let dir = ctx.store.root().join("locks");
-    std::fs::create_dir_all(&dir).map_err(RolloutError::host(HostAction::Creating, &dir))?;
-    let safe: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let path = dir.join(format!("eval-{safe}"));
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(RolloutError::host(HostAction::Opening, &path))?;
-    loop {
-        match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(f),
-            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
-                if ctx.cancel.is_cancelled() {
-                    return Err(RolloutError::LockInterrupted);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => return Err(RolloutError::host(HostAction::Locking, &path)(e.into())),
-        }
-    }
 }
 
 /// Uploads the task's `dir` to `dst` (see `Sandbox::upload`) and makes
@@ -1346,6 +1226,7 @@ fn upload_script(
 mod tests {
     use super::*;
     use sifbox_engine::limits::{Applied, Enforcement, How};
+    use sifbox_engine::Usage;
 
     use crate::task::Overrides;
 

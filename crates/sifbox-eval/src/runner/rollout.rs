@@ -17,15 +17,15 @@ use sifbox_engine::{Sandbox, StartOptions};
 use sifbox_launch::{Layer, LimitsFrom, SandboxOptions};
 
 use crate::result::{
-    now_rfc3339, now_unix_ms, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status,
-    VerifierSandbox, RESULT_FILE,
+    now_rfc3339, AppliedLimit, ErrorClass, ImageInfo, RolloutResult, Status, VerifierSandbox,
+    RESULT_FILE,
 };
 use crate::rollout_dir;
-use crate::task::{NetworkMode, Task};
+use crate::task::{NetworkMode, SeparateVerifier, Task};
 
 use super::environment::Image;
 use super::phases::{phases, remake_verifier, task_verifier, verify, Running, STEPS_ARCHIVE};
-use super::{ms, Agent, Ctx, TaskEnv};
+use super::{fresh_dir, how_name, interrupted, ms, Agent, Ctx, TaskEnv};
 
 /// The network of a phase: `--net`, else what the task says.
 fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
@@ -33,19 +33,6 @@ fn phase_net(cli: Option<NetMode>, mode: NetworkMode) -> NetMode {
         NetworkMode::NoNetwork => NetMode::None,
         NetworkMode::Public | NetworkMode::Allowlist | NetworkMode::Denylist => NetMode::Host,
     })
-}
-
-/// A rollout's dir, fresh: what an earlier, unfinished run left is
-/// removed (or, when a sandbox left files this user cannot remove, moved
-/// to `.trash/`).
-pub(super) fn fresh_dir(job_dir: &Path, dir: &Path) -> std::io::Result<()> {
-    if std::fs::symlink_metadata(dir).is_ok() && std::fs::remove_dir_all(dir).is_err() {
-        let trash = job_dir.join(".trash");
-        std::fs::create_dir_all(&trash)?;
-        let name = dir.file_name().unwrap_or_default().to_string_lossy();
-        std::fs::rename(dir, trash.join(format!("{name}.{}", now_unix_ms())))?;
-    }
-    Ok(())
 }
 
 /// One rollout of `task`, start to end; never fails (what went wrong is in
@@ -118,16 +105,6 @@ fn finish(
     r
 }
 
-/// Marks `r` interrupted when the job was cancelled; returns whether.
-pub(super) fn interrupted(ctx: &Ctx<'_>, r: &mut RolloutResult) -> bool {
-    if ctx.cancel.is_cancelled() {
-        r.status = Status::Interrupted;
-        true
-    } else {
-        false
-    }
-}
-
 fn run_rollout(
     ctx: &Ctx<'_>,
     task: &Task,
@@ -138,54 +115,12 @@ fn run_rollout(
     if interrupted(ctx, r) {
         return;
     }
-    // What cannot be honoured ends the rollout before anything runs.
-    if !task.config.unsupported.is_empty() {
-        r.fail(ErrorClass::Unsupported, task.config.unsupported.join("; "));
-        return;
-    }
-    let no_solution = if task.steps.is_empty() {
-        task.solve_script().is_none()
-    } else {
-        task.steps.iter().any(|s| {
-            s.solution
-                .as_ref()
-                .is_none_or(|d| !d.join("solve.sh").is_file())
-        })
-    };
-    if ctx.opts.agent == Agent::Oracle && no_solution {
-        r.fail(
-            ErrorClass::Unsupported,
-            "--agent oracle: the task has no solution/solve.sh (or oracle/solve.sh) to run; add one, or run the task with another --agent",
-        );
+    if !runnable(ctx, task, r) {
         return;
     }
     // The image.
-    let t = Instant::now();
-    let image = ctx.image(task);
-    r.timings_ms.build = ms(t.elapsed());
-    let log = match &image {
-        Ok(i) => i.log.clone(),
-        Err(e) => e.log.clone(),
-    };
-    if let Some(log) = log {
-        if rollout_dir::copy_in(logs.dir.as_fd(), "build.log", &log).is_ok() {
-            r.build_log = Some("build.log".into());
-        }
-    }
-    let image = match image {
-        Ok(i) => i,
-        Err(e) => {
-            if e.interrupted || interrupted(ctx, r) {
-                r.status = Status::Interrupted;
-            } else {
-                r.fail(ErrorClass::BuildFailed, e.message);
-            }
-            return;
-        }
-    };
-    r.image = ImageInfo {
-        reference: image.reference.clone(),
-        digest: Some(image.digest.to_string()),
+    let Some(image) = task_image(ctx, task, logs, r) else {
+        return;
     };
     if interrupted(ctx, r) {
         return;
@@ -196,47 +131,10 @@ fn run_rollout(
     // agent run on it.
     let verifier_image = match &task.separate_verifier {
         None => None,
-        Some(v) => {
-            let t = Instant::now();
-            let made = ctx.verifier_image(task, v);
-            let build_ms = ms(t.elapsed());
-            r.timings_ms.build += build_ms;
-            let mut vs = VerifierSandbox {
-                build_ms,
-                ..VerifierSandbox::default()
-            };
-            let log = match &made {
-                Ok(i) => i.log.clone(),
-                Err(e) => e.log.clone(),
-            };
-            if let Some(log) = log {
-                if rollout_dir::copy_in(logs.dir.as_fd(), VERIFIER_BUILD_LOG, &log).is_ok() {
-                    vs.build_log = Some(VERIFIER_BUILD_LOG.into());
-                }
-            }
-            match made {
-                Ok(i) => {
-                    vs.image = ImageInfo {
-                        reference: i.reference.clone(),
-                        digest: Some(i.digest.to_string()),
-                    };
-                    r.verifier_sandbox = Some(vs);
-                    Some(i)
-                }
-                Err(e) => {
-                    r.verifier_sandbox = Some(vs);
-                    if e.interrupted || interrupted(ctx, r) {
-                        r.status = Status::Interrupted;
-                    } else {
-                        r.fail(
-                            ErrorClass::BuildFailed,
-                            format!("the verifier's image: {}", e.message),
-                        );
-                    }
-                    return;
-                }
-            }
-        }
+        Some(v) => match verifier_image(ctx, task, v, logs, r) {
+            Some(i) => Some(i),
+            None => return,
+        },
     };
     if interrupted(ctx, r) {
         return;
@@ -341,6 +239,124 @@ fn run_rollout(
     }
     if let (true, Some(vimage)) = (verify_apart, verifier_image) {
         separate_verifier(ctx, task, env, logs, &vimage, r, verifier_net);
+    }
+}
+
+/// Whether the task can run at all: what cannot be honoured, or an
+/// oracle run without a solution, ends the rollout (`unsupported`) before
+/// anything runs.
+fn runnable(ctx: &Ctx<'_>, task: &Task, r: &mut RolloutResult) -> bool {
+    // What cannot be honoured ends the rollout before anything runs.
+    if !task.config.unsupported.is_empty() {
+        r.fail(ErrorClass::Unsupported, task.config.unsupported.join("; "));
+        return false;
+    }
+    let no_solution = if task.steps.is_empty() {
+        task.solve_script().is_none()
+    } else {
+        task.steps.iter().any(|s| {
+            s.solution
+                .as_ref()
+                .is_none_or(|d| !d.join("solve.sh").is_file())
+        })
+    };
+    if ctx.opts.agent == Agent::Oracle && no_solution {
+        r.fail(
+            ErrorClass::Unsupported,
+            "--agent oracle: the task has no solution/solve.sh (or oracle/solve.sh) to run; add one, or run the task with another --agent",
+        );
+        return false;
+    }
+    true
+}
+
+/// The task's image (its build log kept in the rollout dir); None when it
+/// could not be made (recorded in `r`).
+fn task_image(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    logs: &LogsDir,
+    r: &mut RolloutResult,
+) -> Option<std::sync::Arc<Image>> {
+    let t = Instant::now();
+    let image = ctx.image(task);
+    r.timings_ms.build = ms(t.elapsed());
+    let log = match &image {
+        Ok(i) => i.log.clone(),
+        Err(e) => e.log.clone(),
+    };
+    if let Some(log) = log {
+        if rollout_dir::copy_in(logs.dir.as_fd(), "build.log", &log).is_ok() {
+            r.build_log = Some("build.log".into());
+        }
+    }
+    let image = match image {
+        Ok(i) => i,
+        Err(e) => {
+            if e.interrupted || interrupted(ctx, r) {
+                r.status = Status::Interrupted;
+            } else {
+                r.fail(ErrorClass::BuildFailed, e.message);
+            }
+            return None;
+        }
+    };
+    r.image = ImageInfo {
+        reference: image.reference.clone(),
+        digest: Some(image.digest.to_string()),
+    };
+    Some(image)
+}
+
+/// A separate verifier's image, made before the agent runs (its build log
+/// kept in the rollout dir): None when it cannot be made, which fails the
+/// rollout (build_failed, recorded in `r`) without spending an agent run
+/// on it.
+fn verifier_image(
+    ctx: &Ctx<'_>,
+    task: &Task,
+    v: &SeparateVerifier,
+    logs: &LogsDir,
+    r: &mut RolloutResult,
+) -> Option<std::sync::Arc<Image>> {
+    let t = Instant::now();
+    let made = ctx.verifier_image(task, v);
+    let build_ms = ms(t.elapsed());
+    r.timings_ms.build += build_ms;
+    let mut vs = VerifierSandbox {
+        build_ms,
+        ..VerifierSandbox::default()
+    };
+    let log = match &made {
+        Ok(i) => i.log.clone(),
+        Err(e) => e.log.clone(),
+    };
+    if let Some(log) = log {
+        if rollout_dir::copy_in(logs.dir.as_fd(), VERIFIER_BUILD_LOG, &log).is_ok() {
+            vs.build_log = Some(VERIFIER_BUILD_LOG.into());
+        }
+    }
+    match made {
+        Ok(i) => {
+            vs.image = ImageInfo {
+                reference: i.reference.clone(),
+                digest: Some(i.digest.to_string()),
+            };
+            r.verifier_sandbox = Some(vs);
+            Some(i)
+        }
+        Err(e) => {
+            r.verifier_sandbox = Some(vs);
+            if e.interrupted || interrupted(ctx, r) {
+                r.status = Status::Interrupted;
+            } else {
+                r.fail(
+                    ErrorClass::BuildFailed,
+                    format!("the verifier's image: {}", e.message),
+                );
+            }
+            None
+        }
     }
 }
 
@@ -659,14 +675,6 @@ fn stop(
     }
     r.timings_ms.stop += ms(t.elapsed());
     ctx.reaper.finish_later(stopping, layer);
-}
-
-/// The engine's name of a mechanism (`cgroup_v2`, `watchdog`...).
-pub(super) fn how_name(h: sifbox_engine::limits::How) -> String {
-    serde_json::to_value(h)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{h:?}"))
 }
 
 /// Records, after the sandbox started, exactly what of the rollout's

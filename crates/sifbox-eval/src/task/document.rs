@@ -23,7 +23,8 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::{bad, check_config, keys, yaml, TaskConfig};
+use super::check::check_config;
+use super::{bad, keys, yaml, TaskConfig};
 use crate::error::Result;
 
 /// The file name.

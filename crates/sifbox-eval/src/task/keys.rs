@@ -212,7 +212,7 @@ fn walk(
         let Some((_, key)) = keys.iter().find(|(name, _)| name == k) else {
             // BenchFlow's shorthand: `[solution] NAME = "value"` is env.
             let solution = path == "solution" || path == "oracle";
-            if solution && v.is_str() && super::is_env_shorthand(k) {
+            if solution && v.is_str() && is_env_shorthand(k) {
                 continue;
             }
             let hint = did_you_mean(k, keys)
@@ -281,6 +281,14 @@ fn edit_distance(a: &str, b: &str) -> usize {
         prev = row;
     }
     prev[b.len()]
+}
+
+/// Whether `k`, a key of `[solution]` with a string, is an env entry by
+/// BenchFlow's shorthand (`[A-Z_][A-Z0-9_]*`).
+pub(super) fn is_env_shorthand(k: &str) -> bool {
+    let mut b = k.bytes();
+    matches!(b.next(), Some(c) if c.is_ascii_uppercase() || c == b'_')
+        && b.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use cap_std::fs::Dir;
 use rustix::fs::{self as rfs, Mode};
 use rustix::io::Errno;
 
-use super::source::{is_hex64, SourceKind};
+use super::model::{is_hex64, SourceKind};
 use super::ImportOptions;
 use crate::layer::apply::{normalize, remove_tree, Applier};
 use crate::layer::compress::Decoder;

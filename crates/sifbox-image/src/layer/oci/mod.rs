@@ -18,9 +18,10 @@ use std::path::PathBuf;
 
 use super::ApplyOptions;
 pub use model::{
-    BlobDescriptor, ImageConfig, Manifest, Platform, MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES,
+    BlobDescriptor, ImageConfig, Manifest, Platform, SourceKind, MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
 };
-pub use source::{unpack_image, Image, LayerBlob, SourceKind, Unpacked};
+pub use source::{unpack_image, Image, LayerBlob, Unpacked};
 
 /// How an import goes.
 #[derive(Debug, Clone, Default)]

@@ -576,6 +576,38 @@ pub(super) struct DockerManifest {
     pub(super) layers: Vec<String>,
 }
 
+/// The kind of an image source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceKind {
+    /// A tarball of a root file system (plain, gzip or zstd): one layer.
+    RootfsTar,
+    /// A directory holding an OCI image layout.
+    OciLayout,
+    /// A tar of an OCI image layout.
+    OciArchive,
+    /// A `docker save` tar (`manifest.json` with `Config`, `Layers`).
+    DockerArchive,
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::RootfsTar => "rootfs tarball",
+            SourceKind::OciLayout => "OCI image layout",
+            SourceKind::OciArchive => "oci-archive",
+            SourceKind::DockerArchive => "docker-archive",
+        })
+    }
+}
+
+/// Whether `b` is 64 lowercase hex digits (a sha256 digest's hex).
+pub(super) fn is_hex64(b: &[u8]) -> bool {
+    b.len() == 64
+        && b.iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,19 +2,17 @@
 //! extracted archive, opened as an [`Image`] whose layer blobs are
 //! verified against their digests and applied in order.
 
-use std::fmt;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
-use serde::{Deserialize, Serialize};
 
 use super::archive::{extract_archive, ScratchDir};
 use super::model::{
-    check_config_desc, check_layer_desc, choose, parse_digest, parse_json, reference_matches,
-    ConfigJson, Descriptor, DockerManifest, ImageConfig, IndexOrManifest, LayoutJson, Platform,
-    MAX_CONFIG, MAX_MANIFEST,
+    check_config_desc, check_layer_desc, choose, is_hex64, parse_digest, parse_json,
+    reference_matches, ConfigJson, Descriptor, DockerManifest, ImageConfig, IndexOrManifest,
+    LayoutJson, Platform, SourceKind, MAX_CONFIG, MAX_MANIFEST,
 };
 use super::ImportOptions;
 use crate::layer::apply::{normalize, Applier};
@@ -25,31 +23,6 @@ use crate::layer::{ApplyOptions, DeviceNode, Error, LayerReport, Result};
 
 /// Nesting of image indexes followed.
 const MAX_INDEX_DEPTH: usize = 4;
-
-/// The kind of an image source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SourceKind {
-    /// A tarball of a root file system (plain, gzip or zstd): one layer.
-    RootfsTar,
-    /// A directory holding an OCI image layout.
-    OciLayout,
-    /// A tar of an OCI image layout.
-    OciArchive,
-    /// A `docker save` tar (`manifest.json` with `Config`, `Layers`).
-    DockerArchive,
-}
-
-impl fmt::Display for SourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SourceKind::RootfsTar => "rootfs tarball",
-            SourceKind::OciLayout => "OCI image layout",
-            SourceKind::OciArchive => "oci-archive",
-            SourceKind::DockerArchive => "docker-archive",
-        })
-    }
-}
 
 #[derive(Debug, Clone)]
 enum Location {
@@ -644,12 +617,6 @@ fn safe_rel(p: &str, what: &str) -> Result<PathBuf> {
         out.push(String::from_utf8_lossy(c).as_ref());
     }
     Ok(out)
-}
-
-pub(super) fn is_hex64(b: &[u8]) -> bool {
-    b.len() == 64
-        && b.iter()
-            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
 /// `blobs/sha256/<hex>` or `<hex>.json` (docker-archive configs).
