@@ -6,7 +6,7 @@
 //! tree, on an image made by mksquashfs, and on random trees with random
 //! edits (property test).
 
-mod sif_util;
+use crate::sif_util;
 
 use std::fs::{self, File};
 use std::io::Write;

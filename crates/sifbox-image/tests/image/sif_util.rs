@@ -1,4 +1,4 @@
-//! Shared by the sif_* tests: build a tricky tree, snapshot a tree, compare.
+//! Shared by the SIF and squashfs suites: build a tricky tree, snapshot a tree, compare.
 
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! Helpers shared by the `layer_*` tests (included with `#[path]`): tar
+//! Helpers shared by the `layer_*` suites: tar
 //! layers built in memory with the `tar` crate, hostile names included.
 #![allow(dead_code, missing_debug_implementations)]
 
