@@ -364,13 +364,7 @@ impl Image {
         opts: &ImportOptions,
     ) -> Result<Image> {
         let what = |item: &str| format!("{kind} {}: {item}", source.display());
-        let layout = read_capped(
-            &root,
-            Path::new("oci-layout"),
-            64 << 10,
-            &what("oci-layout"),
-        )?;
-        let layout: LayoutJson = parse_json(&layout, &what("oci-layout"))?;
+        let layout: LayoutJson = read_json(&root, "oci-layout", 64 << 10, &what)?;
         if !layout.image_layout_version.starts_with("1.") {
             return Err(Error::Image {
                 what: what("oci-layout"),
@@ -380,13 +374,7 @@ impl Image {
                 ),
             });
         }
-        let index = read_capped(
-            &root,
-            Path::new("index.json"),
-            MAX_MANIFEST,
-            &what("index.json"),
-        )?;
-        let mut node: IndexOrManifest = parse_json(&index, &what("index.json"))?;
+        let mut node: IndexOrManifest = read_json(&root, "index.json", MAX_MANIFEST, &what)?;
         let mut node_name = "index.json".to_string();
         let mut manifest_digest = None;
         let mut depth = 0;
@@ -463,13 +451,7 @@ impl Image {
     ) -> Result<Image> {
         let kind = SourceKind::DockerArchive;
         let what = |item: &str| format!("{kind} {}: {item}", source.display());
-        let bytes = read_capped(
-            &root,
-            Path::new("manifest.json"),
-            MAX_MANIFEST,
-            &what("manifest.json"),
-        )?;
-        let entries: Vec<DockerManifest> = parse_json(&bytes, &what("manifest.json"))?;
+        let entries: Vec<DockerManifest> = read_json(&root, "manifest.json", MAX_MANIFEST, &what)?;
         let entry = match (entries.as_slice(), &opts.reference) {
             ([], _) => {
                 return Err(Error::Image {
@@ -572,6 +554,18 @@ fn check_size(blob: &str, want: Option<u64>, got: u64) -> Result<()> {
         }),
         _ => Ok(()),
     }
+}
+
+/// Reads and parses the JSON document `name` of at most `cap` bytes at the
+/// top of `root`; `what` names a file for messages.
+fn read_json<T: serde::de::DeserializeOwned>(
+    root: &Dir,
+    name: &str,
+    cap: u64,
+    what: &dyn Fn(&str) -> String,
+) -> Result<T> {
+    let bytes = read_capped(root, Path::new(name), cap, &what(name))?;
+    parse_json(&bytes, &what(name))
 }
 
 /// Reads a whole file of at most `cap` bytes from `root`.
