@@ -140,6 +140,31 @@ pub fn unpack_image(source: &Path, dest: &Path, opts: &ImportOptions) -> Result<
 }
 
 impl Image {
+    /// An image of layers in `root` (a layout or an extracted archive),
+    /// described by `config`; `digests`: its manifest's and its config's,
+    /// where the source names them.
+    fn layered(
+        kind: SourceKind,
+        source: &Path,
+        config: &ConfigJson,
+        layers: Vec<LayerBlob>,
+        digests: (Option<Digest>, Option<Digest>),
+        root: Dir,
+        scratch: Option<ScratchDir>,
+    ) -> Image {
+        Image {
+            kind,
+            source: source.to_path_buf(),
+            platform: config.platform(),
+            config: config.image_config(),
+            layers,
+            manifest_digest: digests.0,
+            config_digest: digests.1,
+            root: Some(root),
+            _scratch: scratch,
+        }
+    }
+
     /// Opens an image source: a directory with an `oci-layout` file, or a
     /// file that is an oci-archive, a docker-archive or a rootfs tarball
     /// (each plain, gzip or zstd).
@@ -430,17 +455,9 @@ impl Image {
                 size: Some(size),
             });
         }
-        Ok(Image {
-            kind,
-            source: source.to_path_buf(),
-            platform: config.platform(),
-            config: config.image_config(),
-            layers,
-            manifest_digest,
-            config_digest: Some(parse_digest(&config_desc.digest, &what(&config_name))?),
-            root: Some(root),
-            _scratch: scratch,
-        })
+        let config_digest = parse_digest(&config_desc.digest, &what(&config_name))?;
+        let digests = (manifest_digest, Some(config_digest));
+        Ok(Image::layered(kind, source, &config, layers, digests, root, scratch))
     }
 
     fn from_docker(
@@ -507,17 +524,8 @@ impl Image {
                 location: Location::InRoot(path),
             });
         }
-        Ok(Image {
-            kind,
-            source: source.to_path_buf(),
-            platform: config.platform(),
-            config: config.image_config(),
-            layers,
-            manifest_digest: None,
-            config_digest: digest_in_path(&entry.config),
-            root: Some(root),
-            _scratch: Some(scratch),
-        })
+        let digests = (None, digest_in_path(&entry.config));
+        Ok(Image::layered(kind, source, &config, layers, digests, root, Some(scratch)))
     }
 }
 
