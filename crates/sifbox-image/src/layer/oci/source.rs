@@ -457,7 +457,9 @@ impl Image {
         }
         let config_digest = parse_digest(&config_desc.digest, &what(&config_name))?;
         let digests = (manifest_digest, Some(config_digest));
-        Ok(Image::layered(kind, source, &config, layers, digests, root, scratch))
+        Ok(Image::layered(
+            kind, source, &config, layers, digests, root, scratch,
+        ))
     }
 
     fn from_docker(
@@ -525,7 +527,15 @@ impl Image {
             });
         }
         let digests = (None, digest_in_path(&entry.config));
-        Ok(Image::layered(kind, source, &config, layers, digests, root, Some(scratch)))
+        Ok(Image::layered(
+            kind,
+            source,
+            &config,
+            layers,
+            digests,
+            root,
+            Some(scratch),
+        ))
     }
 }
 
