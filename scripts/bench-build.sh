@@ -13,6 +13,7 @@
 # The apt case needs the network to the Debian mirror.
 #
 #   ROUNDS=3  BENCH_DIR=target/bench-build  scripts/bench-build.sh
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

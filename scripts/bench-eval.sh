@@ -10,6 +10,7 @@
 #   e.g. scripts/bench-eval.sh --rollouts 100 --jobs 2 --json target/bench-eval.json
 #        scripts/bench-eval.sh --rollouts 96 --layers tmpfs,disk   (as root: the two writable layers)
 #        scripts/bench-eval.sh --examples examples/tasks           (the suite, cold store, -j 1 vs -j 2, -k 3)
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -15,6 +15,7 @@
 # installs them.
 #
 #   ROUNDS=5  BENCH_DIR=target/bench-pull  TREE=<dir>  scripts/bench-pull.sh
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

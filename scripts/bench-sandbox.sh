@@ -7,6 +7,7 @@
 #
 # Usage: scripts/bench-sandbox.sh [RUNS] [bench-sandbox.py options...]
 #   RUNS defaults to 50; e.g. scripts/bench-sandbox.sh 100 --idle 200 --json target/bench-sandbox.json
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -10,6 +10,7 @@
 # squashfs-tools and siftool.
 #
 #   ROUNDS=5  BENCH_DIR=target/bench-sif  TREE=<dir>  scripts/bench-sif.sh
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

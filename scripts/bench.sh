@@ -6,6 +6,7 @@
 #
 # Usage: scripts/bench.sh [RUNS] [bench.py options...]   (RUNS defaults to 50)
 #   e.g. scripts/bench.sh 100 --json target/bench.json
+# Figures measured so far, and what the design rests on: docs/benchmarks.md.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

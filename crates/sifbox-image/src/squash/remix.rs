@@ -42,6 +42,23 @@ const FLAG_COMP_OPT: u16 = 1 << 10;
 const NEW_DIR_MODE: u16 = 0o755;
 const NEW_EMPTY_FILE_MODE: u16 = 0o644;
 
+/// A directory of the new image with no entries yet, below `parent`.
+fn empty_dir(parent: Ino) -> Kind {
+    Kind::Dir {
+        entries: Vec::new(),
+        parent,
+        path: PathBuf::new(),
+    }
+}
+
+/// An edit that goes through what is not a directory in the base.
+fn not_a_dir(shown: &Path) -> SquashError {
+    unsupported(format!(
+        "{} is not a directory in the base image",
+        shown.display()
+    ))
+}
+
 fn unsupported(what: impl Into<String>) -> SquashError {
     SquashError::Unsupported { what: what.into() }
 }
@@ -68,22 +85,10 @@ fn read_tree(img: &Image<'_>) -> Result<Base, SquashError> {
     let sb = &img.sb;
     let data_end = sb.inode_table;
     let mut meta = Meta::new(img);
-    let root = img.inode(&mut meta, sb.root_inode)?;
-    let InodeKind::Dir {
-        block,
-        offset,
-        size,
-    } = root.kind
-    else {
-        return Err(corrupt("the root inode is not a directory"));
-    };
+    let (root, (block, offset, size)) = img.root_dir(&mut meta)?;
     let mut tree = Tree::default();
     tree.inodes.push(Inode {
-        kind: Kind::Dir {
-            entries: Vec::new(),
-            parent: 0,
-            path: PathBuf::new(),
-        },
+        kind: empty_dir(0),
         mode: root.mode,
         uid: root.uid,
         gid: root.gid,
@@ -130,11 +135,7 @@ fn read_tree(img: &Image<'_>) -> Result<Base, SquashError> {
                         )));
                     }
                     pending.push((ino, path, block, offset, size));
-                    Kind::Dir {
-                        entries: Vec::new(),
-                        parent: dir,
-                        path: PathBuf::new(),
-                    }
+                    empty_dir(dir)
                 }
                 InodeKind::File(f) => {
                     let mut stored = 0u64;
@@ -276,16 +277,9 @@ impl Editor<'_> {
     fn dir(&mut self, dir: Ino, name: &[u8], shown: &Path) -> Result<Ino, SquashError> {
         match self.find(dir, name) {
             Some(ino) if self.tree.is_dir(ino) => Ok(ino),
-            Some(_) => Err(unsupported(format!(
-                "{} is not a directory in the base image",
-                shown.display()
-            ))),
+            Some(_) => Err(not_a_dir(shown)),
             None => {
-                let kind = Kind::Dir {
-                    entries: Vec::new(),
-                    parent: dir,
-                    path: PathBuf::new(),
-                };
+                let kind = empty_dir(dir);
                 Ok(self.add(dir, name, kind, NEW_DIR_MODE))
             }
         }
@@ -300,12 +294,7 @@ impl Editor<'_> {
             at.push(String::from_utf8_lossy(name).as_ref());
             match self.find(dir, name) {
                 Some(ino) if self.tree.is_dir(ino) => dir = ino,
-                Some(_) => {
-                    return Err(unsupported(format!(
-                        "{} is not a directory in the base image",
-                        at.display()
-                    )))
-                }
+                Some(_) => return Err(not_a_dir(&at)),
                 None => {
                     return Err(unsupported(format!(
                         "{} is missing (an edit with attributes makes no parents)",
@@ -345,18 +334,9 @@ impl Editor<'_> {
                 }
                 node.mtime = attrs.mtime.min(self.opts.time);
             }
-            Some(_) => {
-                return Err(unsupported(format!(
-                    "{} is not a directory in the base image",
-                    shown.display()
-                )))
-            }
+            Some(_) => return Err(not_a_dir(shown)),
             None => {
-                let kind = Kind::Dir {
-                    entries: Vec::new(),
-                    parent: dir,
-                    path: PathBuf::new(),
-                };
+                let kind = empty_dir(dir);
                 let name = names.last().copied().unwrap_or_default();
                 self.add_as(dir, name, kind, *attrs);
             }

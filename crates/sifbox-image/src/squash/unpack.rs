@@ -453,6 +453,24 @@ impl Image<'_> {
     }
 
     /// Reads the inode at reference `r` ((block << 16) | offset).
+    /// The root inode, and where its directory listing is (block, offset,
+    /// size); a root that is not a directory is corrupt.
+    pub(super) fn root_dir(
+        &self,
+        meta: &mut Meta<'_, '_>,
+    ) -> Result<(InodeInfo, (u32, u16, u32)), SquashError> {
+        let root = self.inode(meta, self.sb.root_inode)?;
+        let InodeKind::Dir {
+            block,
+            offset,
+            size,
+        } = root.kind
+        else {
+            return Err(corrupt("the root inode is not a directory"));
+        };
+        Ok((root, (block, offset, size)))
+    }
+
     pub(super) fn inode(&self, meta: &mut Meta<'_, '_>, r: u64) -> Result<InodeInfo, SquashError> {
         let block = self
             .sb
@@ -775,30 +793,45 @@ fn open_dest(dest: &Path) -> Result<Dir, SquashError> {
     Ok(dir)
 }
 
-pub(super) fn unpack(
-    file: &File,
-    base: u64,
-    len: u64,
-    dest: &Path,
-    opts: &UnpackOptions,
-) -> Result<UnpackStats, SquashError> {
-    let img = Image::open(file, base, len)?;
-    let root = open_dest(dest)?;
-    let threads = match opts.threads {
+/// Refuses the directory inode `r` (at `shown`) when the walk has met it
+/// before: a loop.
+pub(super) fn first_visit(
+    seen: &mut HashSet<u64>,
+    r: u64,
+    shown: &Path,
+) -> Result<(), SquashError> {
+    if seen.insert(r) {
+        return Ok(());
+    }
+    Err(corrupt(format!(
+        "{}: directory appears twice (a loop)",
+        shown.display()
+    )))
+}
+
+/// Runs `walk` on this thread while `threads` others (0: one per CPU) take
+/// the batches of jobs it sends and call `work` on each, with a state
+/// `worker` makes per thread. The first error, of the walk or of a job,
+/// stops both sides and is the result; dropping the sender the walk is
+/// given ends the threads once they have drained the queue.
+pub(super) fn in_batches<J: Send, S, T>(
+    threads: usize,
+    worker: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, &J) -> Result<(), SquashError> + Sync,
+    walk: impl FnOnce(mpsc::Sender<Vec<J>>, &AtomicBool) -> Result<T, SquashError>,
+) -> Result<T, SquashError> {
+    let threads = match threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
     };
-    // The walk (this thread) creates directories, symlinks and special files
-    // and hands regular files, in batches, to writer threads as it goes; a
-    // file's directory always exists before its batch is sent.
-    let (tx, rx) = mpsc::channel::<Vec<FileJob>>();
+    let (tx, rx) = mpsc::channel::<Vec<J>>();
     let rx = Mutex::new(rx);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<SquashError>> = Mutex::new(None);
     let walked = std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
-                let mut w = FileWriter::new(&img);
+                let mut state = worker();
                 loop {
                     let batch = match rx.lock() {
                         Ok(guard) => guard.recv(),
@@ -809,7 +842,7 @@ pub(super) fn unpack(
                         if failed.load(Ordering::Relaxed) {
                             return;
                         }
-                        if let Err(e) = w.write(&root, dest, job, opts) {
+                        if let Err(e) = work(&mut state, job) {
                             failed.store(true, Ordering::Relaxed);
                             if let Ok(mut slot) = first_error.lock() {
                                 slot.get_or_insert(e);
@@ -820,36 +853,56 @@ pub(super) fn unpack(
                 }
             });
         }
-        let walk = Walk {
-            img: &img,
-            root: &root,
-            dest,
-            opts,
-            send: tx,
-            failed: &failed,
-            batch: Vec::new(),
-            batch_bytes: 0,
-            stats: UnpackStats::default(),
-        };
-        let result = walk.run();
-        // Dropping the sender ends the writers once they drain the queue.
-        let Walked {
-            stats,
-            links,
-            dirs,
-            root_attrs,
-        } = match result {
-            Ok(done) => done,
-            Err(e) => {
-                failed.store(true, Ordering::Relaxed);
-                return Err(e);
-            }
-        };
-        Ok((stats, links, dirs, root_attrs))
+        let result = walk(tx, &failed);
+        if result.is_err() {
+            failed.store(true, Ordering::Relaxed);
+        }
+        result
     });
     if let Ok(Some(e)) = first_error.into_inner() {
         return Err(e);
     }
+    walked
+}
+
+pub(super) fn unpack(
+    file: &File,
+    base: u64,
+    len: u64,
+    dest: &Path,
+    opts: &UnpackOptions,
+) -> Result<UnpackStats, SquashError> {
+    let img = Image::open(file, base, len)?;
+    let root = open_dest(dest)?;
+    // The walk (this thread) creates directories, symlinks and special files
+    // and hands regular files, in batches, to writer threads as it goes; a
+    // file's directory always exists before its batch is sent.
+    let walked = in_batches(
+        opts.threads,
+        || FileWriter::new(&img),
+        |w, job: &FileJob| w.write(&root, dest, job, opts),
+        |send, failed| {
+            let walk = Walk {
+                img: &img,
+                root: &root,
+                dest,
+                opts,
+                send,
+                failed,
+                batch: Vec::new(),
+                batch_bytes: 0,
+                stats: UnpackStats::default(),
+            };
+            // Dropping the sender ends the writers once they drain the queue.
+            let Walked {
+                stats,
+                links,
+                dirs,
+                root_attrs,
+            } = walk.run()?;
+            Ok((stats, links, dirs, root_attrs))
+        },
+    );
     let (mut stats, links, dirs, root_attrs) = walked?;
     for (src, dst) in &links {
         root.hard_link(src, &root, dst)
@@ -907,15 +960,7 @@ impl Walk<'_, '_> {
         let img = self.img;
         let (root, dest, opts) = (self.root, self.dest, self.opts);
         let mut meta = Meta::new(img);
-        let root_info = img.inode(&mut meta, img.sb.root_inode)?;
-        let InodeKind::Dir {
-            block,
-            offset,
-            size,
-        } = root_info.kind
-        else {
-            return Err(corrupt("the root inode is not a directory"));
-        };
+        let (root_info, (block, offset, size)) = img.root_dir(&mut meta)?;
         let root_attrs = Attrs {
             mode: root_info.mode,
             uid: root_info.uid,
@@ -966,12 +1011,7 @@ impl Walk<'_, '_> {
                     size,
                 } = info.kind
                 {
-                    if !seen_dirs.insert(r) {
-                        return Err(corrupt(format!(
-                            "{}: directory appears twice (a loop)",
-                            full.display()
-                        )));
-                    }
+                    first_visit(&mut seen_dirs, r, &full)?;
                     dir.create_dir(name)
                         .map_err(io_at("create directory", &full))?;
                     self.stats.dirs += 1;

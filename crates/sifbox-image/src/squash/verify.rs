@@ -16,9 +16,11 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Mutex};
+use std::sync::mpsc;
 
-use super::unpack::{check_name, corrupt, FileInfo, FileWriter, Image, InodeKind, Meta};
+use super::unpack::{
+    check_name, corrupt, first_visit, in_batches, FileInfo, FileWriter, Image, InodeKind, Meta,
+};
 use super::{SquashError, VerifyStats};
 
 /// Regular files per batch handed to a checking thread, and bytes.
@@ -41,54 +43,17 @@ pub(super) fn verify(
     threads: usize,
 ) -> Result<VerifyStats, SquashError> {
     let img = Image::open(file, base, len)?;
-    let threads = match threads {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
-        n => n,
-    };
-    let (tx, rx) = mpsc::channel::<Vec<Job>>();
-    let rx = Mutex::new(rx);
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<SquashError>> = Mutex::new(None);
     let bytes = AtomicU64::new(0);
-    let walked = std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                let mut reader = FileWriter::new(&img);
-                loop {
-                    let batch = match rx.lock() {
-                        Ok(guard) => guard.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(batch) = batch else { return };
-                    for job in &batch {
-                        if failed.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        match reader.read_file(&job.info, &job.path, |_, _| Ok(())) {
-                            Ok(_) => {
-                                bytes.fetch_add(job.info.size, Ordering::Relaxed);
-                            }
-                            Err(e) => {
-                                failed.store(true, Ordering::Relaxed);
-                                if let Ok(mut slot) = first_error.lock() {
-                                    slot.get_or_insert(e);
-                                }
-                                return;
-                            }
-                        }
-                    }
-                }
-            });
-        }
-        let result = walk(&img, tx, &failed);
-        if result.is_err() {
-            failed.store(true, Ordering::Relaxed);
-        }
-        result
-    });
-    if let Ok(Some(e)) = first_error.into_inner() {
-        return Err(e);
-    }
+    let walked = in_batches(
+        threads,
+        || FileWriter::new(&img),
+        |reader, job: &Job| {
+            reader.read_file(&job.info, &job.path, |_, _| Ok(()))?;
+            bytes.fetch_add(job.info.size, Ordering::Relaxed);
+            Ok(())
+        },
+        |send, failed| walk(&img, send, failed),
+    );
     let mut stats = walked?;
     stats.bytes = bytes.into_inner();
     if stats.inodes > u64::from(img.sb.inode_count) {
@@ -114,15 +79,7 @@ fn walk(
     failed: &AtomicBool,
 ) -> Result<VerifyStats, SquashError> {
     let mut meta = Meta::new(img);
-    let root = img.inode(&mut meta, img.sb.root_inode)?;
-    let InodeKind::Dir {
-        block,
-        offset,
-        size,
-    } = root.kind
-    else {
-        return Err(corrupt("the root inode is not a directory"));
-    };
+    let (_, (block, offset, size)) = img.root_dir(&mut meta)?;
     let mut stats = VerifyStats {
         inodes: 1,
         ..VerifyStats::default()
@@ -164,12 +121,7 @@ fn walk(
                 size,
             } = info.kind
             {
-                if !seen_dirs.insert(r) {
-                    return Err(corrupt(format!(
-                        "{}: directory appears twice (a loop)",
-                        shown(&path).display()
-                    )));
-                }
+                first_visit(&mut seen_dirs, r, &shown(&path))?;
                 stats.dirs += 1;
                 stats.inodes += 1;
                 pending.push((path, block, offset, size));

@@ -66,12 +66,17 @@ impl Env {
         self.sifbox(&all)
     }
 
+    /// Asserts that the store lists `n` images.
+    #[track_caller]
+    fn assert_images(&self, n: usize) {
+        let ls = self.sifbox(&["image", "ls", "--json"]).json();
+        assert_eq!(ls["images"].as_array().map(Vec::len), Some(n), "{ls}");
+    }
+
     /// Builds with `dockerfile` and returns the digest.
     fn build_ok(&self, dockerfile: &str, args: &[&str]) -> String {
         self.file("Dockerfile", dockerfile);
-        let out = self.build(args);
-        out.success();
-        digest_of(&out)
+        self.build(args).digest()
     }
 
     /// Runs `sh -c script` in `image`; returns stdout.
@@ -664,21 +669,10 @@ RUN --mount=type=cache,id=count,target=/c wc -l < /c/n > /runs\n",
     let running: Vec<_> = (0..4)
         .map(|_| env.cmd(&["build", "--progress", "plain", &ctx]).spawn())
         .collect();
-    let digests: Vec<String> = running
-        .into_iter()
-        .map(|r| {
-            let out = r.wait();
-            out.success();
-            digest_of(&out)
-        })
-        .collect();
+    let digests: Vec<String> = running.into_iter().map(|r| r.wait().digest()).collect();
     assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
     assert_eq!(env.sh(&digests[0], "cat /runs"), "1\n");
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 #[test]
@@ -704,11 +698,7 @@ fn failing_run_reports_and_publishes_nothing() {
         .stderr_has("line2");
     let after = digests(env.sifbox(&["image", "ls", "--json"]).json());
     assert_eq!(before, after, "a failed build published an image");
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 #[test]
@@ -745,11 +735,7 @@ fn bad_input_is_one_clear_error() {
         .code_is(1)
         .stderr_has("Dockerfile:2")
         .stderr_has("code 127");
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 #[test]
@@ -1273,12 +1259,10 @@ fn example_task_images_are_reproducible() {
         let digests: Vec<String> = stores
             .iter()
             .map(|s| {
-                let out = s
-                    .cmd(["build", "-q", &ctx.display().to_string()])
+                s.cmd(["build", "-q", &ctx.display().to_string()])
                     .timeout(BUILD_TIMEOUT)
-                    .output();
-                out.success();
-                digest_of(&out)
+                    .output()
+                    .digest()
             })
             .collect();
         assert_eq!(digests[0], digests[1], "{name}");
@@ -1488,11 +1472,7 @@ test \"$(cat /run/secrets/token)\" = hunter2 && grep -q data /data.txt \
         .output()
         .success();
     assert_nothing_in_tmpdir(tmp.path());
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "left in the store's tmp/: {:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 #[test]
@@ -1548,14 +1528,9 @@ mkdir -p /home/user/d /scratch/d && touch /home/user/d/f /scratch/d/f \
         "the build's scratch is not in the store's tmp/: {left:?}"
     );
     env.sifbox(&["gc"]).success();
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
     env.store.sb.assert_clean();
-    let ls = env.sifbox(&["image", "ls", "--json"]).json();
-    assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
+    env.assert_images(1);
 }
 
 /// Ctrl-C, SIGTERM or SIGHUP during a build: it says it was interrupted,
@@ -1622,15 +1597,10 @@ fn interrupted_build_removes_what_it_made() {
         );
         let left: Vec<_> = std::fs::read_dir(tmp.path()).expect("tmpdir").collect();
         assert!(left.is_empty(), "{left:?}");
-        assert!(
-            env.store.tmp_entries().is_empty(),
-            "{:?}",
-            env.store.tmp_entries()
-        );
+        env.store.assert_tmp_empty();
         env.store.sb.assert_clean();
     }
-    let ls = env.sifbox(&["image", "ls", "--json"]).json();
-    assert_eq!(ls["images"].as_array().map(Vec::len), Some(1), "{ls}");
+    env.assert_images(1);
 }
 
 #[test]
@@ -1751,11 +1721,7 @@ fn a_non_root_user_owns_what_the_build_gave_it() {
     // Removing the image and collecting leaves nothing of its tree.
     env.sifbox(&["image", "rm", "owned"]).success();
     env.sifbox(&["gc"]).success();
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
     let rootfs = env.store.tree_of(&d);
     assert!(!rootfs.exists(), "{} is left", rootfs.display());
 }
@@ -2083,11 +2049,7 @@ ln -s {d} /s/dir && ln -s {d}/e /s/file && ln -s {d}/x/keep /s/keep \
         "a host file was removed"
     );
     assert!(decoy.path().join("e").is_file(), "a host file was removed");
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "left in the store's tmp/: {:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 /// A built image's tree shares the files it did not change with the tree

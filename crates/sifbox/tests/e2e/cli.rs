@@ -30,7 +30,8 @@ use serde_json::Value;
 use crate::harness::{
     self, copy_rootfs, descendants, eventually, host_namespace, map_count, mount_at, mounts,
     my_ids, path_exists, path_kind, processes_with_arg, rootfs, snapshot, snapshot_diff,
-    still_running, tempdir, unique, unique_number, writable, Sifbox, Started, DEFAULT_PATH,
+    still_running, tempdir, unique, unique_number, writable, Proc, Running, Sifbox, Started,
+    DEFAULT_PATH,
 };
 
 // ===========================================================================
@@ -1198,11 +1199,12 @@ fn teardown_kills_background_processes() {
     assert!(left.is_empty(), "sandbox processes survived: {left:?}");
 }
 
-/// SIGTERM / SIGINT to `sifbox run`: it exits 128+N within seconds, with
-/// no sandbox process and no runtime dir left.
-fn teardown_on_signal(sig: Signal, code: i32) {
-    let sb = Sifbox::new();
-    let marker = format!("/{}", unique("e2e-sig"));
+/// `sifbox run` of a probe that sleeps 60 s with a marker path (named
+/// after `prefix`) in its arguments, once the probe has reported: the
+/// marker, the run, and the run's process tree (at least the supervisor's
+/// processes and the probe's).
+fn sleeping_probe(sb: &Sifbox, prefix: &str) -> (String, Running, Vec<Proc>) {
+    let marker = format!("/{}", unique(prefix));
     let mut running = sb
         .run([
             "--",
@@ -1219,6 +1221,14 @@ fn teardown_on_signal(sig: Signal, code: i32) {
         tree.len() >= 3,
         "expected supervisor and probe processes, got {tree:?}"
     );
+    (marker, running, tree)
+}
+
+/// SIGTERM / SIGINT to `sifbox run`: it exits 128+N within seconds, with
+/// no sandbox process and no runtime dir left.
+fn teardown_on_signal(sig: Signal, code: i32) {
+    let sb = Sifbox::new();
+    let (marker, running, tree) = sleeping_probe(&sb, "e2e-sig");
     assert!(
         !processes_with_arg(&marker).is_empty(),
         "probe not found on the host"
@@ -1254,23 +1264,7 @@ fn teardown_on_sigint() {
 /// Starts a sandbox that sleeps, SIGKILLs `sifbox run`, and asserts that
 /// every process of the sandbox dies within seconds.
 fn sigkill_a_run(sb: &Sifbox) {
-    let marker = format!("/{}", unique("e2e-kill"));
-    let mut running = sb
-        .run([
-            "--",
-            "sifbox-probe",
-            "--check-path",
-            marker.as_str(),
-            "--sleep",
-            "60",
-        ])
-        .spawn();
-    running.wait_for_line(|l| l.starts_with('{'));
-    let tree = descendants(running.pid());
-    assert!(
-        tree.len() >= 3,
-        "expected supervisor and probe processes, got {tree:?}"
-    );
+    let (marker, running, tree) = sleeping_probe(sb, "e2e-kill");
     running.signal(Signal::KILL);
     let out = running.wait();
     assert_eq!(

@@ -42,12 +42,17 @@ impl Env {
         let env = Env::new();
         let base = env.path("evalbase");
         make_evalbase(&base);
-        env.store
-            .import(&base, "evalbase")
+        env.import(&base, "evalbase");
+        env
+    }
+
+    /// Imports the tree `root` into the store as `name`.
+    fn import(&self, root: &Path, name: &str) {
+        self.store
+            .import(root, name)
             .timeout(EVAL_TIMEOUT)
             .output()
             .success();
-        env
     }
 
     pub(crate) fn path(&self, rel: &str) -> PathBuf {
@@ -87,6 +92,24 @@ impl Env {
         self.write(&format!("tasks/{name}/solution/solve.sh"), solve);
         self.write(&format!("tasks/{name}/tests/test.sh"), test);
         self.path(&format!("tasks/{name}"))
+    }
+
+    /// A task `tasks/good` that would pass: what a malformed task beside
+    /// it must not let run.
+    fn good_task(&self) -> PathBuf {
+        self.task(
+            "good",
+            "",
+            "#!/bin/sh\ntrue\n",
+            "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
+        )
+    }
+
+    /// `sifbox eval --out OUT tasks/`: the whole `tasks/` dir as one job.
+    fn eval_all(&self) -> harness::Output {
+        let tasks = self.path("tasks").display().to_string();
+        let out_dir = self.out().display().to_string();
+        self.cmd(&["eval", "--out", &out_dir, &tasks]).output()
     }
 
     fn cmd(&self, args: &[&str]) -> harness::Invocation<'_> {
@@ -2114,11 +2137,7 @@ fn separate_verifier_runs_in_its_own_sandbox_and_image() {
     let env = Env::new();
     let base = env.path("busybox-rootfs");
     copy_rootfs(&base);
-    env.store
-        .import(&base, "busybox")
-        .timeout(EVAL_TIMEOUT)
-        .output()
-        .success();
+    env.import(&base, "busybox");
     // A grader image of the store, its tests in it.
     let grader = env.path("grader-rootfs");
     copy_rootfs(&grader);
@@ -2129,11 +2148,7 @@ fn separate_verifier_runs_in_its_own_sandbox_and_image() {
         "#!/bin/sh\n[ \"$(cat /etc/image-of)\" = grader ] && [ \"$(cat /logs/artifacts/result)\" = handed ] && [ ! -e /logs/agent/secret ] && echo 1 > /logs/verifier/reward.txt\n",
     )
     .expect("write");
-    env.store
-        .import(&grader, "grader")
-        .timeout(EVAL_TIMEOUT)
-        .output()
-        .success();
+    env.import(&grader, "grader");
     let tasks = env.path("tasks");
     std::fs::create_dir_all(&tasks).expect("mkdir");
     for t in [
@@ -2282,11 +2297,7 @@ fn multi_step_tasks_run_their_steps_and_combine_their_rewards() {
     let env = Env::new();
     let base = env.path("busybox-rootfs");
     copy_rootfs(&base);
-    env.store
-        .import(&base, "busybox")
-        .timeout(EVAL_TIMEOUT)
-        .output()
-        .success();
+    env.import(&base, "busybox");
     let tasks = env.path("tasks");
     std::fs::create_dir_all(&tasks).expect("mkdir");
     for t in ["multi-step", "multi-step-min-reward"] {
@@ -2380,11 +2391,7 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
         !base.join("bin/bash").exists() && !base.join("usr/bin/bash").exists(),
         "the test rootfs must have no bash"
     );
-    env.store
-        .import(&base, "busybox")
-        .timeout(EVAL_TIMEOUT)
-        .output()
-        .success();
+    env.import(&base, "busybox");
     // The corpus, copied: its scripts 0644, and a SIF beside sif-image's
     // task.toml, exported from another store (so that this one has it only
     // by importing the file), plus the same SIF named by an absolute path.
@@ -2621,12 +2628,7 @@ fn task_corpus_gives_each_field_its_reward_and_class() {
 #[test]
 fn a_malformed_task_md_refuses_the_whole_job() {
     let env = Env::new();
-    let good = env.task(
-        "good",
-        "",
-        "#!/bin/sh\ntrue\n",
-        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
-    );
+    let good = env.good_task();
     let cases = [
         (
             "---\nagent:\n  timeout_sec: [1,\n---\n## prompt\nx\n",
@@ -2645,9 +2647,7 @@ fn a_malformed_task_md_refuses_the_whole_job() {
     for (md, at, needle) in cases {
         env.write("tasks/bad/task.md", md);
         env.write("tasks/bad/tests/test.sh", "#!/bin/sh\n");
-        let tasks = env.path("tasks").display().to_string();
-        let out_dir = env.out().display().to_string();
-        let out = env.cmd(&["eval", "--out", &out_dir, &tasks]).output();
+        let out = env.eval_all();
         out.sifbox_error().stderr_has(needle).stderr_has(at);
         assert!(!env.out().exists(), "{md:?} left {}", env.out().display());
     }
@@ -2657,12 +2657,7 @@ fn a_malformed_task_md_refuses_the_whole_job() {
 #[test]
 fn a_malformed_task_toml_refuses_the_whole_job() {
     let env = Env::new();
-    let good = env.task(
-        "good",
-        "",
-        "#!/bin/sh\ntrue\n",
-        "#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n",
-    );
+    let good = env.good_task();
     let cases = [
         ("[agent]\nuser = 1.5\n", "expected a user"),
         ("[agent]\nuser = -1\n", "[agent] user = -1"),
@@ -2676,9 +2671,7 @@ fn a_malformed_task_toml_refuses_the_whole_job() {
     for (toml, needle) in cases {
         env.write("tasks/bad/task.toml", toml);
         env.write("tasks/bad/instruction.md", "x");
-        let tasks = env.path("tasks").display().to_string();
-        let out_dir = env.out().display().to_string();
-        let out = env.cmd(&["eval", "--out", &out_dir, &tasks]).output();
+        let out = env.eval_all();
         out.sifbox_error()
             .stderr_has(needle)
             .stderr_has("bad/task.toml");

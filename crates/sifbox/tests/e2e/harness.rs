@@ -706,6 +706,14 @@ impl Output {
         self
     }
 
+    /// Asserts exit code 0, and gives the image digest the command printed
+    /// alone on stdout (`image import`, `pull`, `build`): [`digest_of`].
+    #[track_caller]
+    pub fn digest(&self) -> String {
+        self.success();
+        digest_of(self)
+    }
+
     /// Asserts exit code 0.
     #[track_caller]
     pub fn success(&self) -> &Self {

@@ -57,6 +57,14 @@ impl Env {
     fn stored(&self) -> Vec<String> {
         self.store.entries("images")
     }
+
+    /// Asserts that the store holds no image and no unpacked tree.
+    #[track_caller]
+    fn assert_no_image(&self) {
+        assert!(self.stored().is_empty(), "{:?}", self.stored());
+        let trees = self.store.entries("rootfs");
+        assert!(trees.is_empty(), "{trees:?}");
+    }
 }
 
 #[test]
@@ -308,11 +316,7 @@ fn concurrent_imports_store_one_copy() {
     for r in runs {
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     }
-    assert!(
-        env2.store.tmp_entries().is_empty(),
-        "{:?}",
-        env2.store.tmp_entries()
-    );
+    env2.store.assert_tmp_empty();
 }
 
 #[test]
@@ -362,11 +366,7 @@ fn killed_importers_leave_the_store_consistent() {
     }
     // gc reclaims what the killed ones left; then a clean import works.
     env.sifbox(&["gc"]).success();
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
     env.sifbox(&["image", "import", &t, "--name", "big:1"])
         .success();
     let out = env.sifbox(&["run", "big:1", "sh", "-c", "ls / | grep -c blob"]);
@@ -401,11 +401,7 @@ fn bad_images_are_clear_errors() {
     let out = env.sifbox(&["image", "tag", "ok", "bad name"]);
     out.sifbox_error();
     // Nothing half-made stayed behind.
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 // ---------------------------------------------------------------------------
@@ -534,11 +530,7 @@ fn a_damaged_sif_is_refused_at_import_and_leaves_nothing() {
     env.store.import(&foreign, "foreign").output().success();
     let out = env.sifbox(&["run", "foreign", "cat", "/etc/sifbox-test-rootfs"]);
     out.success();
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
 }
 
 // ---------------------------------------------------------------------------
@@ -597,6 +589,41 @@ fn only_tree(store: &Path) -> PathBuf {
         .collect();
     assert_eq!(trees.len(), 1, "{trees:?}");
     trees[0].clone()
+}
+
+/// A lab group's shared store under `top`: `store.shared = true` in a
+/// config file of its own, the store dir in sbtest's group (as root).
+struct LabStore {
+    store: PathBuf,
+    config: PathBuf,
+}
+
+impl LabStore {
+    fn new(top: &Path) -> LabStore {
+        let config = top.join("config");
+        std::fs::create_dir_all(config.join("sifbox")).expect("mkdir");
+        std::fs::write(
+            config.join("sifbox/config.toml"),
+            "[store]\nshared = true\n",
+        )
+        .expect("config");
+        let store = top.join("lab-store");
+        std::fs::create_dir(&store).expect("mkdir");
+        if is_root() {
+            // The lab's group: sbtest's.
+            std::os::unix::fs::chown(&store, None, Some(sbtest_ids().1)).expect("chgrp");
+        }
+        LabStore { store, config }
+    }
+
+    /// `sifbox ARGS` on the shared store, with its config file.
+    fn cmd(&self, sb: &Sifbox, args: &[&str]) -> Output {
+        sb.cmd(args)
+            .env("SIFBOX_CACHE", &self.store)
+            .env("XDG_CONFIG_HOME", &self.config)
+            .env_remove("SIFBOX_STORE_SHARED")
+            .output()
+    }
 }
 
 fn store_cmd(sb: &Sifbox, store: &Path, args: &[&str]) -> Output {
@@ -708,25 +735,9 @@ fn a_shared_stores_trees_are_not_writable_by_its_group() {
     let image = top.path().join("tree");
     copy_rootfs(&image);
     set_mode(&image.join("tmp"), 0o1777);
-    let config = top.path().join("config");
-    std::fs::create_dir_all(config.join("sifbox")).expect("mkdir");
-    std::fs::write(
-        config.join("sifbox/config.toml"),
-        "[store]\nshared = true\n",
-    )
-    .expect("config");
-    let store = top.path().join("lab-store");
-    std::fs::create_dir(&store).expect("mkdir");
-    if is_root() {
-        std::os::unix::fs::chown(&store, None, Some(sbtest_ids().1)).expect("chgrp");
-    }
-    let shared = |args: &[&str]| {
-        sb.cmd(args)
-            .env("SIFBOX_CACHE", &store)
-            .env("XDG_CONFIG_HOME", &config)
-            .env_remove("SIFBOX_STORE_SHARED")
-            .output()
-    };
+    let lab = LabStore::new(top.path());
+    let store = lab.store.clone();
+    let shared = |args: &[&str]| lab.cmd(&sb, args);
     let img = image.to_str().unwrap_or_default();
     shared(&["image", "import", img, "--name", "tmp:1"]).success();
     let out = shared(&[
@@ -769,26 +780,9 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
     let top = open_top("sifbox-e2e-shared.");
     let image = setid_image(top.path());
     let img = image.to_str().unwrap_or_default();
-    let config = top.path().join("config");
-    std::fs::create_dir_all(config.join("sifbox")).expect("mkdir");
-    std::fs::write(
-        config.join("sifbox/config.toml"),
-        "[store]\nshared = true\n",
-    )
-    .expect("config");
-    let store = top.path().join("lab-store");
-    std::fs::create_dir(&store).expect("mkdir");
-    if is_root() {
-        // The lab's group: sbtest's.
-        std::os::unix::fs::chown(&store, None, Some(sbtest_ids().1)).expect("chgrp");
-    }
-    let shared = |args: &[&str]| {
-        sb.cmd(args)
-            .env("SIFBOX_CACHE", &store)
-            .env("XDG_CONFIG_HOME", &config)
-            .env_remove("SIFBOX_STORE_SHARED")
-            .output()
-    };
+    let lab = LabStore::new(top.path());
+    let store = lab.store.clone();
+    let shared = |args: &[&str]| lab.cmd(&sb, args);
     // Private first: the tree has its bits.
     store_cmd(&sb, &store, &["image", "import", img, "--name", "setid:1"]).success();
     store_cmd(&sb, &store, &["run", "setid:1", "true"]).success();
@@ -996,7 +990,7 @@ fn a_shared_store_has_no_setid_files_and_its_group_runs_images() {
     // The environment wins over the config file; nonsense is an error.
     sb.cmd(["image", "ls"])
         .env("SIFBOX_CACHE", &store)
-        .env("XDG_CONFIG_HOME", &config)
+        .env("XDG_CONFIG_HOME", &lab.config)
         .env("SIFBOX_STORE_SHARED", "0")
         .output()
         .success();
@@ -1111,7 +1105,7 @@ fn a_full_image_store_says_so_and_what_to_do() {
     .expect("read");
     std::fs::write(tree.join("noise.bin"), &noise).expect("write");
     full(&store.import(&tree, "big").output());
-    assert!(store.tmp_entries().is_empty(), "{:?}", store.tmp_entries());
+    store.assert_tmp_empty();
     // A build whose step fits but whose image does not.
     store.import(rootfs(), "busybox").output().success();
     let ctx = Tree::temp("sifbox-full-ctx.");
@@ -1123,7 +1117,7 @@ fn a_full_image_store_says_so_and_what_to_do() {
         .cmd(["build", "-q", &ctx.path().display().to_string()])
         .output();
     full(&out);
-    assert!(store.tmp_entries().is_empty(), "{:?}", store.tmp_entries());
+    store.assert_tmp_empty();
 }
 
 /// `image ls` prints sizes for people (decimal units, as Docker: `148 MB`)
@@ -1300,12 +1294,7 @@ fn image_rm_is_refused_while_a_sandbox_uses_the_image() {
     run.wait().success();
 
     env.sifbox(&["image", "rm", "inuse:1"]).success();
-    assert!(env.stored().is_empty(), "{:?}", env.stored());
-    assert!(
-        env.store.entries("rootfs").is_empty(),
-        "{:?}",
-        env.store.entries("rootfs")
-    );
+    env.assert_no_image();
 }
 
 /// `image rm --force` of an image in use removes its name at once; the
@@ -1347,12 +1336,7 @@ fn image_rm_force_removes_the_name_now_and_the_image_after_the_last_stop() {
     // The last user stops: the image goes with it.
     env.store.cmd(["stop", &name]).output().success();
     sandbox.disarm();
-    assert!(env.stored().is_empty(), "{:?}", env.stored());
-    assert!(
-        env.store.entries("rootfs").is_empty(),
-        "{:?}",
-        env.store.entries("rootfs")
-    );
+    env.assert_no_image();
 }
 
 /// A supervisor killed with SIGKILL holds its image no more: `image rm`
@@ -1439,11 +1423,7 @@ fn gc_removes_lock_files_nobody_holds() {
         "{:?}",
         env.store.entries("locks")
     );
-    assert!(
-        env.store.tmp_entries().is_empty(),
-        "{:?}",
-        env.store.tmp_entries()
-    );
+    env.store.assert_tmp_empty();
     env.sifbox(&["run", "locks:1", "true"]).success();
 }
 

@@ -363,6 +363,14 @@ struct Layout {
 }
 
 impl Layout {
+    /// A layout holding the image `tag`, its base layer added.
+    fn with_base(tag: &str) -> Layout {
+        let mut layout = Layout::new();
+        layout.new_image(tag);
+        layout.add_base(tag);
+        layout
+    }
+
     fn new() -> Layout {
         require("umoci", "umoci");
         let scratch = tempdir("sifbox-e2e-oci.");
@@ -596,9 +604,7 @@ impl Env {
     }
 
     fn pull(&self, reference: &str) -> String {
-        let out = self.sifbox(&["pull", reference]);
-        out.success();
-        digest_of(&out)
+        self.sifbox(&["pull", reference]).digest()
     }
 }
 
@@ -782,9 +788,8 @@ fn manifest_list_with_two_platforms() {
     let reference = format!("{}/test/list:1", reg.host());
     let host = env.pull(&reference);
     let arm = {
-        let out = env.sifbox(&["pull", "--platform", "linux/arm64", &reference]);
-        out.success();
-        digest_of(&out)
+        env.sifbox(&["pull", "--platform", "linux/arm64", &reference])
+            .digest()
     };
     assert_ne!(host, arm);
     let cat = |d: &str| {
@@ -795,14 +800,13 @@ fn manifest_list_with_two_platforms() {
     assert_eq!(cat(&host), host_arch());
     assert_eq!(cat(&arm), "arm64");
     let docker_arm = {
-        let out = env.sifbox(&[
+        env.sifbox(&[
             "pull",
             "--platform",
             "linux/arm64/v8",
             &format!("{}/test/list:docker", reg.host()),
-        ]);
-        out.success();
-        digest_of(&out)
+        ])
+        .digest()
     };
     assert_eq!(cat(&docker_arm), "arm64");
     // By digest of the index, for the host: the image pulled first.
@@ -873,9 +877,7 @@ fn zstd_layers() {
 #[test]
 fn a_second_image_downloads_only_its_own_layers() {
     let reg = Registry::start();
-    let mut layout = Layout::new();
-    layout.new_image("a");
-    layout.add_base("a");
+    let mut layout = Layout::with_base("a");
     layout.add_layer("a", &[Entry::File("a.txt", b"a\n")]);
     layout.push("a", &reg, "test/a:1", &[]);
     layout.add_layer("a", &[Entry::File("b.txt", b"b\n")]);
@@ -912,9 +914,7 @@ fn a_second_image_downloads_only_its_own_layers() {
 #[test]
 fn private_registry_behind_basic_auth() {
     let reg = Registry::with_auth("alice", "s3cret pass");
-    let mut layout = Layout::new();
-    layout.new_image("p");
-    layout.add_base("p");
+    let mut layout = Layout::with_base("p");
     layout.add_layer("p", &[Entry::File("secret.txt", b"private\n")]);
     layout.push(
         "p",
@@ -1085,9 +1085,7 @@ fn layers_ending_right_after_an_entry_pull_and_run() {
     // or the end-of-archive blocks (what umoci 0.4.7 writes for small
     // trees); another stops at an entry boundary without the end blocks.
     let reg = Registry::start();
-    let mut layout = Layout::new();
-    layout.new_image("t");
-    layout.add_base("t");
+    let mut layout = Layout::with_base("t");
     let stage = Tree::at(layout.scratch.path().join("stage-cut"));
     stage.file("cut/big", [b'b'; 700]);
     stage.file("cut/last", b"hello, umoci\n");
@@ -1127,9 +1125,7 @@ fn layers_ending_right_after_an_entry_pull_and_run() {
 #[test]
 fn a_layer_cut_inside_an_entry_body_is_refused() {
     let reg = Registry::start();
-    let mut layout = Layout::new();
-    layout.new_image("t");
-    layout.add_base("t");
+    let mut layout = Layout::with_base("t");
     let stage = Tree::at(layout.scratch.path().join("stage-short"));
     stage.file("short/big", [b'b'; 700]);
     let (tar, ends) = ustar(stage.path(), &["short", "short/big"]);
@@ -1194,9 +1190,7 @@ fn a_blob_corrupted_on_the_registry_is_rejected() {
 #[test]
 fn registry_stopped_mid_pull_then_the_next_pull_resumes() {
     let mut reg = Registry::start();
-    let mut layout = Layout::new();
-    layout.new_image("big");
-    layout.add_base("big");
+    let mut layout = Layout::with_base("big");
     // 24 MiB that do not compress.
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let big: Vec<u8> = (0..24 << 20)
@@ -1283,14 +1277,7 @@ fn four_concurrent_pulls_download_each_blob_once() {
     let running: Vec<_> = (0..4)
         .map(|_| env.cmd(&["pull", &reference]).spawn())
         .collect();
-    let digests: Vec<String> = running
-        .into_iter()
-        .map(|r| {
-            let out = r.wait();
-            out.success();
-            digest_of(&out)
-        })
-        .collect();
+    let digests: Vec<String> = running.into_iter().map(|r| r.wait().digest()).collect();
     assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
     let mut gets = reg.blob_gets();
     let n = gets.len();

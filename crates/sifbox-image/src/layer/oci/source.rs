@@ -113,6 +113,31 @@ pub fn unpack_image(source: &Path, dest: &Path, opts: &ImportOptions) -> Result<
 }
 
 impl Image {
+    /// An image of layers in `root` (a layout or an extracted archive),
+    /// described by `config`; `digests`: its manifest's and its config's,
+    /// where the source names them.
+    fn layered(
+        kind: SourceKind,
+        source: &Path,
+        config: &ConfigJson,
+        layers: Vec<LayerBlob>,
+        digests: (Option<Digest>, Option<Digest>),
+        root: Dir,
+        scratch: Option<ScratchDir>,
+    ) -> Image {
+        Image {
+            kind,
+            source: source.to_path_buf(),
+            platform: config.platform(),
+            config: config.image_config(),
+            layers,
+            manifest_digest: digests.0,
+            config_digest: digests.1,
+            root: Some(root),
+            _scratch: scratch,
+        }
+    }
+
     /// Opens an image source: a directory with an `oci-layout` file, or a
     /// file that is an oci-archive, a docker-archive or a rootfs tarball
     /// (each plain, gzip or zstd).
@@ -337,13 +362,7 @@ impl Image {
         opts: &ImportOptions,
     ) -> Result<Image> {
         let what = |item: &str| format!("{kind} {}: {item}", source.display());
-        let layout = read_capped(
-            &root,
-            Path::new("oci-layout"),
-            64 << 10,
-            &what("oci-layout"),
-        )?;
-        let layout: LayoutJson = parse_json(&layout, &what("oci-layout"))?;
+        let layout: LayoutJson = read_json(&root, "oci-layout", 64 << 10, &what)?;
         if !layout.image_layout_version.starts_with("1.") {
             return Err(Error::Image {
                 what: what("oci-layout"),
@@ -353,13 +372,7 @@ impl Image {
                 ),
             });
         }
-        let index = read_capped(
-            &root,
-            Path::new("index.json"),
-            MAX_MANIFEST,
-            &what("index.json"),
-        )?;
-        let mut node: IndexOrManifest = parse_json(&index, &what("index.json"))?;
+        let mut node: IndexOrManifest = read_json(&root, "index.json", MAX_MANIFEST, &what)?;
         let mut node_name = "index.json".to_string();
         let mut manifest_digest = None;
         let mut depth = 0;
@@ -415,17 +428,11 @@ impl Image {
                 size: Some(size),
             });
         }
-        Ok(Image {
-            kind,
-            source: source.to_path_buf(),
-            platform: config.platform(),
-            config: config.image_config(),
-            layers,
-            manifest_digest,
-            config_digest: Some(parse_digest(&config_desc.digest, &what(&config_name))?),
-            root: Some(root),
-            _scratch: scratch,
-        })
+        let config_digest = parse_digest(&config_desc.digest, &what(&config_name))?;
+        let digests = (manifest_digest, Some(config_digest));
+        Ok(Image::layered(
+            kind, source, &config, layers, digests, root, scratch,
+        ))
     }
 
     fn from_docker(
@@ -436,13 +443,7 @@ impl Image {
     ) -> Result<Image> {
         let kind = SourceKind::DockerArchive;
         let what = |item: &str| format!("{kind} {}: {item}", source.display());
-        let bytes = read_capped(
-            &root,
-            Path::new("manifest.json"),
-            MAX_MANIFEST,
-            &what("manifest.json"),
-        )?;
-        let entries: Vec<DockerManifest> = parse_json(&bytes, &what("manifest.json"))?;
+        let entries: Vec<DockerManifest> = read_json(&root, "manifest.json", MAX_MANIFEST, &what)?;
         let entry = match (entries.as_slice(), &opts.reference) {
             ([], _) => {
                 return Err(Error::Image {
@@ -498,17 +499,16 @@ impl Image {
                 location: Location::InRoot(path),
             });
         }
-        Ok(Image {
+        let digests = (None, digest_in_path(&entry.config));
+        Ok(Image::layered(
             kind,
-            source: source.to_path_buf(),
-            platform: config.platform(),
-            config: config.image_config(),
+            source,
+            &config,
             layers,
-            manifest_digest: None,
-            config_digest: digest_in_path(&entry.config),
-            root: Some(root),
-            _scratch: Some(scratch),
-        })
+            digests,
+            root,
+            Some(scratch),
+        ))
     }
 }
 
@@ -545,6 +545,18 @@ fn check_size(blob: &str, want: Option<u64>, got: u64) -> Result<()> {
         }),
         _ => Ok(()),
     }
+}
+
+/// Reads and parses the JSON document `name` of at most `cap` bytes at the
+/// top of `root`; `what` names a file for messages.
+fn read_json<T: serde::de::DeserializeOwned>(
+    root: &Dir,
+    name: &str,
+    cap: u64,
+    what: &dyn Fn(&str) -> String,
+) -> Result<T> {
+    let bytes = read_capped(root, Path::new(name), cap, &what(name))?;
+    parse_json(&bytes, &what(name))
 }
 
 /// Reads a whole file of at most `cap` bytes from `root`.

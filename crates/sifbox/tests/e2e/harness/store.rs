@@ -73,6 +73,13 @@ impl Store {
         self.entries("tmp")
     }
 
+    /// Asserts that nothing is left in the store's `tmp/`.
+    #[track_caller]
+    pub fn assert_tmp_empty(&self) {
+        let left = self.tmp_entries();
+        assert!(left.is_empty(), "left in the store's tmp/: {left:?}");
+    }
+
     /// Whether the blob `digest` (`sha256:...`) is in the blob cache.
     pub fn has_blob(&self, digest: &str) -> bool {
         self.path()

@@ -1,8 +1,7 @@
 //! Applying layers: whiteouts, links, modes, devices, owners, compression,
 //! and hostile entries that must not escape the target.
 
-#[path = "layer_util.rs"]
-mod util;
+use crate::layer_util as util;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 

@@ -4,7 +4,7 @@
 //! past the partition are refused as corrupt; random damage never panics
 //! it, and an image it passes always unpacks.
 
-mod sif_util;
+use crate::sif_util;
 
 use std::fs::File;
 use std::io::Write;

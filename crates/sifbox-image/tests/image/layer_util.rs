@@ -1,4 +1,4 @@
-//! Helpers shared by the `layer_*` tests (included with `#[path]`): tar
+//! Helpers shared by the `layer_*` suites: tar
 //! layers built in memory with the `tar` crate, hostile names included.
 #![allow(dead_code, missing_debug_implementations)]
 
@@ -49,14 +49,14 @@ impl Layer {
         data: &[u8],
     ) -> Self {
         let mut h = tar::Header::new_gnu();
+        h.set_entry_type(ty);
+        h.set_mode(mode);
+        h.set_uid(self.uid);
+        h.set_gid(self.gid);
+        h.set_mtime(MTIME);
+        h.set_size(data.len() as u64);
         if path.len() > 100 {
             // Let the tar crate write a GNU long name.
-            h.set_entry_type(ty);
-            h.set_mode(mode);
-            h.set_uid(self.uid);
-            h.set_gid(self.gid);
-            h.set_mtime(MTIME);
-            h.set_size(data.len() as u64);
             self.b
                 .append_data(
                     &mut h,
@@ -68,12 +68,6 @@ impl Layer {
         }
         h.as_old_mut().name[..path.len()].copy_from_slice(path);
         h.as_old_mut().linkname[..link.len()].copy_from_slice(link);
-        h.set_entry_type(ty);
-        h.set_mode(mode);
-        h.set_uid(self.uid);
-        h.set_gid(self.gid);
-        h.set_mtime(MTIME);
-        h.set_size(data.len() as u64);
         h.set_cksum();
         self.b.append(&h, data).expect("append");
         self

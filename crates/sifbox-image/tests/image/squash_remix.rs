@@ -6,7 +6,7 @@
 //! tree, on an image made by mksquashfs, and on random trees with random
 //! edits (property test).
 
-mod sif_util;
+use crate::sif_util;
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use proptest::prelude::*;
-use sif_util::{assert_same, have, is_root, make_tree, run, snapshot, without_suid, Snapshot};
+use sif_util::{
+    assert_same, have, is_root, make_tree, run, set_mtime, snapshot, without_suid, Snapshot,
+};
 use sifbox_image::relink;
 use sifbox_image::squash::{
     self, Attrs, Edit, FileSource, OpenFile, PackOptions, RemixOptions, RemixStats, SquashError,
@@ -83,23 +85,6 @@ fn assert_same_read(sifbox: &Snapshot, unsquashfs: &Snapshot) {
 /// The final times of the model's directories that its edits changed
 /// (set once every edit is applied: making entries moves them).
 type DirTimes = std::collections::BTreeMap<PathBuf, i64>;
-
-fn set_time(p: &Path, t: i64) {
-    let t = rustix::fs::Timespec {
-        tv_sec: t,
-        tv_nsec: 0,
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        p,
-        &rustix::fs::Timestamps {
-            last_access: t,
-            last_modification: t,
-        },
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .expect("utimensat");
-}
 
 /// Remembers the time `dir` has now as its final one, unless an edit gave
 /// it one: an entry is about to be made in it by an edit that leaves its
@@ -190,7 +175,7 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
                 chown(&cur);
                 fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(attrs.mode)))
                     .expect("chmod");
-                set_time(&cur, mtime);
+                set_mtime(&cur, mtime);
             }
             _ => unreachable!(),
         }
@@ -257,7 +242,7 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
                 own(&cur);
                 fs::set_permissions(&cur, fs::Permissions::from_mode(0o644)).expect("chmod");
                 made_in(&dir, times);
-                set_time(&cur, i64::from(time));
+                set_mtime(&cur, i64::from(time));
             }
             true
         }
@@ -275,7 +260,7 @@ fn apply_model(root: &Path, edit: &Edit, time: u32, times: &mut DirTimes) -> boo
                 own(&cur);
             }
             fs::set_permissions(&cur, fs::Permissions::from_mode(u32::from(*mode))).expect("chmod");
-            set_time(&cur, i64::from(time));
+            set_mtime(&cur, i64::from(time));
             true
         }
         Edit::DirAs { .. } | Edit::NewFile { .. } => unreachable!(),
@@ -308,7 +293,7 @@ fn check_against_model(
         .all(|e| apply_model(&model, e, time, &mut times));
     for (dir, t) in &times {
         if supported {
-            set_time(dir, *t);
+            set_mtime(dir, *t);
         }
     }
     let out = tmp.join("remix.sqfs");
@@ -800,20 +785,7 @@ fn make_random_tree(root: &Path, nodes: &[(String, Node)], times: &[u32]) {
     made.sort();
     made.push(root.to_path_buf());
     for (i, p) in made.iter().rev().enumerate() {
-        let t = rustix::fs::Timespec {
-            tv_sec: i64::from(times[i % times.len()]),
-            tv_nsec: 0,
-        };
-        rustix::fs::utimensat(
-            rustix::fs::CWD,
-            p,
-            &rustix::fs::Timestamps {
-                last_access: t,
-                last_modification: t,
-            },
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .expect("utimensat");
+        set_mtime(p, i64::from(times[i % times.len()]));
     }
 }
 
@@ -835,6 +807,19 @@ fn config() -> ProptestConfig {
     }
 }
 
+/// A random tree made of `nodes` (times from `times`), packed with small
+/// blocks, then remixed with `edits` at `time`: checked against the model.
+fn check_random_tree(nodes: &[(String, Node)], times: &[u32], edits: &[Edit], time: u32) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("src");
+    make_random_tree(&src, nodes, times);
+    let pack = PackOptions {
+        block_size: 4096,
+        ..PackOptions::default()
+    };
+    check_against_model(tmp.path(), &src, edits, time, &pack);
+}
+
 proptest! {
     #![proptest_config(config())]
 
@@ -848,14 +833,7 @@ proptest! {
         times in proptest::collection::vec(1_500_000_000u32..1_700_000_000, 1..6),
         time in 1_500_000_000u32..1_700_000_000,
     ) {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let src = tmp.path().join("src");
-        make_random_tree(&src, &nodes, &times);
-        let pack = PackOptions {
-            block_size: 4096,
-            ..PackOptions::default()
-        };
-        check_against_model(tmp.path(), &src, &edits, time, &pack);
+        check_random_tree(&nodes, &times, &edits, time);
     }
 
     /// Random trees with what a build's layers add (dirs and new files
@@ -871,15 +849,8 @@ proptest! {
         times in proptest::collection::vec(1_500_000_000u32..1_700_000_000, 1..6),
         time in 1_500_000_000u32..1_700_000_000,
     ) {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let src = tmp.path().join("src");
-        make_random_tree(&src, &nodes, &times);
-        let pack = PackOptions {
-            block_size: 4096,
-            ..PackOptions::default()
-        };
         let edits: Vec<Edit> = added.into_iter().flatten().chain(layout).collect();
-        check_against_model(tmp.path(), &src, &edits, time, &pack);
+        check_random_tree(&nodes, &times, &edits, time);
     }
 }
 

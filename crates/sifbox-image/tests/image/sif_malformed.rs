@@ -1,6 +1,6 @@
 //! Malformed SIF and squashfs input: each gives a clear error, never a panic.
 
-mod sif_util;
+use crate::sif_util;
 
 use std::fs::{self, File};
 use std::io::Cursor;

@@ -4,8 +4,7 @@
 //! what `umoci unpack` produces. Skips (loudly) when a tool is missing:
 //! `apt-get install umoci skopeo`.
 
-#[path = "layer_util.rs"]
-mod util;
+use crate::layer_util as util;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

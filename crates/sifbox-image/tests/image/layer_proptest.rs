@@ -1,8 +1,7 @@
 //! Property tests: random bytes and mutated valid layers never make the
 //! applier panic, and never change anything outside the target.
 
-#[path = "layer_util.rs"]
-mod util;
+use crate::layer_util as util;
 
 use proptest::prelude::*;
 use sifbox_image::layer::ApplyOptions;

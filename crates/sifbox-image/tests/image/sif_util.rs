@@ -1,4 +1,4 @@
-//! Shared by the sif_* tests: build a tricky tree, snapshot a tree, compare.
+//! Shared by the SIF and squashfs suites: build a tricky tree, snapshot a tree, compare.
 
 #![allow(dead_code)]
 
@@ -25,7 +25,9 @@ pub fn have(tool: &str) -> bool {
     ok
 }
 
-fn set_mtime(path: &Path, secs: i64) {
+/// Sets `path`'s access and modification times to `secs`, not following a
+/// symlink.
+pub fn set_mtime(path: &Path, secs: i64) {
     let t = rustix::fs::Timespec {
         tv_sec: secs,
         tv_nsec: 0,
@@ -123,22 +125,25 @@ pub fn make_tree(root: &Path, many: usize) {
             rustix::fs::makedev(1, 3),
         )
         .expect("mknod");
-        rustix::fs::chownat(
-            rustix::fs::CWD,
-            p("etc/hostname"),
-            Some(rustix::fs::Uid::from_raw(1234)),
-            Some(rustix::fs::Gid::from_raw(5678)),
-            rustix::fs::AtFlags::empty(),
-        )
-        .expect("chown");
-        rustix::fs::chownat(
-            rustix::fs::CWD,
-            p("etc/abs-link"),
-            Some(rustix::fs::Uid::from_raw(42)),
-            Some(rustix::fs::Gid::from_raw(43)),
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .expect("lchown");
+        // The file's owner, and the symlink's own (not followed).
+        for (name, uid, gid, flags) in [
+            ("etc/hostname", 1234, 5678, rustix::fs::AtFlags::empty()),
+            (
+                "etc/abs-link",
+                42,
+                43,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            ),
+        ] {
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                p(name),
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                flags,
+            )
+            .unwrap_or_else(|e| panic!("chown {name}: {e}"));
+        }
     }
     for i in 0..many {
         let dir = p(&format!("many/d{:03}", i % 100));

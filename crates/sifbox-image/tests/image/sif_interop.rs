@@ -4,7 +4,7 @@
 //! The interop tests skip (saying so loudly) only when `siftool` or
 //! `mksquashfs`/`unsquashfs` is missing; CI installs them.
 
-mod sif_util;
+use crate::sif_util;
 
 use std::fs::{self, File};
 use std::path::Path;

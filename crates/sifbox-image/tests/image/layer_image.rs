@@ -1,8 +1,7 @@
 //! Image sources: OCI layouts (one and two platforms, nested indexes),
 //! oci-archives, docker-archives, rootfs tarballs; digest checks.
 
-#[path = "layer_util.rs"]
-mod util;
+use crate::layer_util as util;
 
 use std::path::Path;
 

@@ -5,8 +5,7 @@
 //! layers; a body shorter than its header says, or a header cut short,
 //! is an error. Plain, gzip and zstd streams alike.
 
-#[path = "layer_util.rs"]
-mod util;
+use crate::layer_util as util;
 
 use proptest::prelude::*;
 use sifbox_image::layer::{ApplyOptions, Error};
