@@ -9,7 +9,7 @@
 //!
 //! - A name is resolved once, from a directory fd, and what is used is
 //!   the fd it gave: never the path again.
-//! - One name at a time ([`open_dir`], [`open_dir_path`], [`reach_dir`],
+//! - One name at a time ([`open_dir`], [`open_subdir`], [`reach_dir`],
 //!   [`walk`]): `openat(O_NOFOLLOW)`, so a symlink is never followed; a
 //!   component that is not a real directory ends the lookup.
 //! - A path of several names ([`open_beneath`]): `openat2` with
@@ -189,14 +189,21 @@ pub fn reach_dir(
                 made.push(so_far.clone());
             }
         }
-        let next = open_dir_path(base, n).map_err(|e| named(not_a_dir(e)))?;
-        is_dir(&next).map_err(named)?;
-        cur = Some(next);
+        cur = Some(open_subdir(base, n).map_err(named)?);
     }
     match cur {
         Some(fd) => Ok(fd),
         None => rustix::fs::openat(root, ".", DIR_PATH, Mode::empty()).map_err(Into::into),
     }
+}
+
+/// The directory `name` in `dir` as an `O_PATH` handle, not followed, and
+/// checked by its fd to be a directory; errors say what is there instead
+/// (callers name the path).
+pub fn open_subdir(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<OwnedFd> {
+    let fd = open_dir_path(dir, name).map_err(not_a_dir)?;
+    is_dir(&fd)?;
+    Ok(fd)
 }
 
 /// Whether the open `fd` is a directory (an error saying it is not).
@@ -209,17 +216,25 @@ pub fn is_dir(fd: impl AsFd) -> io::Result<()> {
     }
 }
 
-/// The names in the directory `dir` (any fd of it, `O_PATH` too), sorted,
-/// without `.` and `..`.
+/// The names in the directory `dir`, sorted, without `.` and `..`. A
+/// readable fd is read as it is (a directory removed meanwhile has no
+/// names); an `O_PATH` one is opened again as `.` for reading.
 pub fn names(dir: impl AsFd) -> io::Result<Vec<OsString>> {
-    let fd = rustix::fs::openat(
-        dir,
-        ".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let dir = dir.as_fd();
+    let fd = if rustix::fs::fcntl_getfl(dir)?.contains(OFlags::PATH) {
+        rustix::fs::openat(
+            dir,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?
+    } else {
+        dir.try_clone_to_owned()?
+    };
+    let mut entries = rustix::fs::Dir::new(fd)?;
+    entries.rewind();
     let mut out = Vec::new();
-    for e in rustix::fs::Dir::new(fd)? {
+    for e in entries {
         let e = e?;
         let n = e.file_name().to_bytes();
         if n != b"." && n != b".." {
