@@ -31,13 +31,14 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, CWD};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 use rustix::mount::{
     fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen, mount_change,
     move_mount, open_tree, unmount, FsMountFlags, FsOpenFlags, MountAttrFlags,
     MountPropagationFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
 };
+use sifbox_sys::beneath;
 
 use crate::error::{Error, Result};
 use crate::spec::{NetMode, SandboxSpec, Writable};
@@ -510,7 +511,7 @@ impl NewRoot {
                 ensure_in_root(base, &at.path, kind, 0).map(Some)
             }
             Lookup::RealDir => real_dir(base, at).map(Some),
-            Lookup::IfPresent => match open_beneath(base, &at.path, OFlags::empty()) {
+            Lookup::IfPresent => match beneath::open_beneath(base, &at.path, OFlags::PATH) {
                 Ok(fd) => Ok(Some(fd)),
                 Err(Errno::NOENT) => Ok(None),
                 Err(e) => Err(sys_err(format!("opening {}", at.shown()))(e)),
@@ -534,31 +535,12 @@ impl NewRoot {
                     .map(drop),
                 }
                 .map_err(sys_err(format!("creating {}", at.shown())))?;
-                open_beneath(&parent, Path::new(name), OFlags::empty())
+                beneath::open_beneath(&parent, Path::new(name), OFlags::PATH)
                     .map(Some)
                     .map_err(sys_err(format!("opening {}", at.shown())))
             }
         }
     }
-}
-
-/// `openat2(base, path, O_PATH | extra, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`:
-/// exactly that path, following nothing (a symlink anywhere, the last
-/// component included, is ELOOP: no O_NOFOLLOW, which would open the link
-/// itself).
-fn open_beneath<Fd: AsFd>(base: Fd, path: &Path, extra: OFlags) -> rustix::io::Result<OwnedFd> {
-    let path = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path
-    };
-    rustix::fs::openat2(
-        base,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC | extra,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
 }
 
 /// The directory a step's entry is made in: the base itself for a name
@@ -590,7 +572,7 @@ fn split_beneath<'a, 'b>(
     if parent.as_os_str().is_empty() {
         return Ok((Parent::Base(base), name));
     }
-    let fd = open_beneath(base, parent, OFlags::DIRECTORY)
+    let fd = beneath::open_beneath(base, parent, OFlags::PATH | OFlags::DIRECTORY)
         .map_err(sys_err(format!("opening the parent of {}", at.shown())))?;
     Ok((Parent::Opened(fd), name))
 }
@@ -598,7 +580,7 @@ fn split_beneath<'a, 'b>(
 /// The image's own directory at `at` (no symlink on the way), made when
 /// missing; a symlink or a non-directory fails the start, naming it.
 fn real_dir(base: BorrowedFd<'_>, at: &At) -> Result<OwnedFd> {
-    match open_beneath(base, &at.path, OFlags::DIRECTORY) {
+    match beneath::open_beneath(base, &at.path, OFlags::PATH | OFlags::DIRECTORY) {
         Ok(fd) => return Ok(fd),
         Err(Errno::NOENT) => {}
         Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => return Err(refuse(base, at)),
@@ -609,9 +591,11 @@ fn real_dir(base: BorrowedFd<'_>, at: &At) -> Result<OwnedFd> {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(sys_err(format!("creating {}", at.shown()))(e)),
     }
-    open_beneath(&parent, Path::new(name), OFlags::DIRECTORY).map_err(|e| match e {
-        Errno::LOOP | Errno::NOTDIR => refuse(base, at),
-        e => sys_err(format!("opening {}", at.shown()))(e),
+    beneath::open_beneath(&parent, Path::new(name), OFlags::PATH | OFlags::DIRECTORY).map_err(|e| {
+        match e {
+            Errno::LOOP | Errno::NOTDIR => refuse(base, at),
+            e => sys_err(format!("opening {}", at.shown()))(e),
+        }
     })
 }
 
@@ -636,7 +620,10 @@ fn refuse(base: BorrowedFd<'_>, at: &At) -> Error {
                 what = "is not a directory".into();
                 break;
             }
-            Ok(_) => dir = open_beneath(d, Path::new(part), OFlags::DIRECTORY).ok(),
+            Ok(_) => {
+                dir =
+                    beneath::open_beneath(d, Path::new(part), OFlags::PATH | OFlags::DIRECTORY).ok()
+            }
             Err(_) => break,
         }
     }
@@ -670,13 +657,7 @@ fn ensure_in_root(root: BorrowedFd<'_>, rel: &Path, kind: Create, links: u32) ->
         } else {
             p
         };
-        rustix::fs::openat2(
-            root,
-            p,
-            OFlags::PATH | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-        )
+        beneath::open_in_root(root, p, OFlags::PATH)
     };
     match open(rel) {
         Ok(fd) => return Ok(fd),
@@ -854,7 +835,7 @@ fn cgroup_view(target: BorrowedFd<'_>, views: &[(String, PathBuf)]) -> Result<()
         }
         rustix::fs::mkdirat(&top, name.as_str(), Mode::from_raw_mode(0o555))
             .map_err(sys_err(format!("{what}: creating {name}")))?;
-        let sub = open_beneath(&top, Path::new(name), OFlags::DIRECTORY)
+        let sub = beneath::open_beneath(&top, Path::new(name), OFlags::PATH | OFlags::DIRECTORY)
             .map_err(sys_err(format!("{what}: opening {name}")))?;
         let t = clone_host(dir, what).map_err(|(_, e)| e)?;
         attach(&t, sub.as_fd(), what)?;
@@ -1048,27 +1029,15 @@ fn apply_one(root: &mut NewRoot, step: &Step) -> Result<()> {
             let Some(base) = root.base(at.base) else {
                 return Ok(());
             };
-            let exists = rustix::fs::openat2(
-                base,
-                &at.path,
-                OFlags::PATH | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-            );
+            let exists = beneath::open_in_root(base, &at.path, OFlags::PATH);
             if exists.is_ok() {
                 return Ok(());
             }
             root.resolve(at, None)?;
             // Reopened for fchmod (an O_PATH fd cannot change modes); the
             // umask must not decide a world-writable /tmp.
-            let dir = rustix::fs::openat2(
-                base,
-                &at.path,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-            )
-            .map_err(sys_err(format!("opening {}", at.shown())))?;
+            let dir = beneath::open_in_root(base, &at.path, OFlags::RDONLY | OFlags::DIRECTORY)
+                .map_err(sys_err(format!("opening {}", at.shown())))?;
             rustix::fs::fchmod(&dir, Mode::from_raw_mode(*mode))
                 .map_err(sys_err(format!("chmod {}", at.shown())))?;
         }
@@ -1213,7 +1182,8 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
     let m = if matches!(spec.writable, Writable::Disk { .. }) {
         rustix::fs::mkdirat(&m, "l", Mode::from_raw_mode(0o755))
             .map_err(sys_err("creating m/l"))?;
-        open_beneath(&m, Path::new("l"), OFlags::DIRECTORY).map_err(sys_err("opening m/l"))?
+        beneath::open_beneath(&m, Path::new("l"), OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(sys_err("opening m/l"))?
     } else {
         m
     };
@@ -1230,16 +1200,16 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
             mkdir("upper")?;
             mkdir("work")?;
             (
-                open_beneath(&m, Path::new("upper"), OFlags::DIRECTORY)
+                beneath::open_beneath(&m, Path::new("upper"), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err("opening m/upper"))?,
-                open_beneath(&m, Path::new("work"), OFlags::DIRECTORY)
+                beneath::open_beneath(&m, Path::new("work"), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err("opening m/work"))?,
             )
         }
         Writable::Overlay { dir } => {
             let d = open_dir(dir, false)?;
             let sub = |n: &str| {
-                open_beneath(&d, Path::new(n), OFlags::DIRECTORY)
+                beneath::open_beneath(&d, Path::new(n), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err(format!("opening {}/{n}", dir.display())))
             };
             (sub("upper")?, sub("work")?)
@@ -1259,8 +1229,9 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
         .map(|fd| overlay_escape(&fd_path(fd)))
         .collect::<Vec<_>>()
         .join(":");
-    let root_target = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
-        .map_err(sys_err("opening m/root"))?;
+    let root_target =
+        beneath::open_beneath(&m, Path::new("root"), OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(sys_err("opening m/root"))?;
     // The new mount API first, one layer per `lowerdir+` (Linux 6.8: no
     // limit on the number of layers, where an fsconfig string holds 256
     // bytes); else mount(2), whose options hold a page (some 200 layers
@@ -1319,7 +1290,7 @@ pub fn prepare_root(spec: &SandboxSpec, dir: &Path, disk: Option<OwnedFd>) -> Re
             ))
         })?;
     // The overlay is what m/root shows now.
-    let fd = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
+    let fd = beneath::open_beneath(&m, Path::new("root"), OFlags::PATH | OFlags::DIRECTORY)
         .map_err(sys_err("opening the overlay root"))?;
     Ok(NewRoot {
         fd,
@@ -1345,12 +1316,10 @@ const MODES_RECORD: &str = ".sifbox-modes";
 /// left (the directory then stays as the tree has it).
 fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
     use std::io::Read as _;
-    let Ok(fd) = rustix::fs::openat2(
+    let Ok(fd) = beneath::open_beneath(
         lower,
         MODES_RECORD,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
     ) else {
         return;
     };
@@ -1404,7 +1373,7 @@ fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
                 Some(mode & 0o7777)
             } else if fresh {
                 // The tree's own mode for a parent made on the way.
-                open_beneath(lower, &made, OFlags::empty())
+                beneath::open_beneath(lower, &made, OFlags::PATH)
                     .and_then(|p| rustix::fs::fstat(&p))
                     .ok()
                     .map(|st| st.st_mode & 0o7777)

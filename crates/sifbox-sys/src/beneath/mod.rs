@@ -15,8 +15,10 @@
 //! - A path of several names ([`open_beneath`]): `openat2` with
 //!   `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`: no
 //!   `..` above the base, no absolute path, no symlink anywhere on the
-//!   way (`ELOOP`, `EXDEV`). [`open_inside`] is the one relaxation, for
-//!   task files: symlinks are followed while they stay beneath the base.
+//!   way (`ELOOP`, `EXDEV`). [`open_inside`] relaxes it for task files
+//!   (symlinks followed while they stay beneath the base), and
+//!   [`open_in_root`] resolves a path in a sandbox's tree as its processes
+//!   will (the tree as `/`).
 //! - Reading a file ([`open_regular`]): `O_NONBLOCK | O_NOCTTY`, so a
 //!   fifo or a device put in its place does not block or take a
 //!   terminal, then refused unless `fstat` shows a regular file; the
@@ -77,6 +79,9 @@ pub const STRICT: ResolveFlags = ResolveFlags::BENEATH
 /// `EXDEV`), no magic links.
 pub const INSIDE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
+/// How [`open_in_root`] resolves: as if the base were `/`.
+pub const IN_ROOT: ResolveFlags = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+
 /// How often `openat2` is tried again when the kernel asks (`EAGAIN`: a
 /// rename raced the lookup).
 const RETRIES: usize = 8;
@@ -129,6 +134,18 @@ pub fn open_inside(
     flags: OFlags,
 ) -> rustix::io::Result<OwnedFd> {
     openat2_retrying(base, path.as_ref(), flags, INSIDE)
+}
+
+/// `openat2(root, path, flags | O_CLOEXEC, RESOLVE_IN_ROOT |
+/// RESOLVE_NO_MAGICLINKS)`: `path` looked up as if `root` were `/` (a
+/// sandbox's own tree, as its processes will see it): an absolute symlink
+/// starts again at `root`, `..` stops there.
+pub fn open_in_root(
+    root: impl AsFd,
+    path: impl AsRef<Path>,
+    flags: OFlags,
+) -> rustix::io::Result<OwnedFd> {
+    openat2_retrying(root, path.as_ref(), flags, IN_ROOT)
 }
 
 /// The directory `name` in `dir` (or the path `name` from the working
