@@ -463,6 +463,10 @@ fn has_other_owners(root: &Path, (uid, gid): (u32, u32)) -> std::io::Result<bool
         owner: (uid, gid),
         found: false,
     };
-    walk::walk(std::os::fd::AsFd::as_fd(&top), walk::Options::default(), &mut v)?;
+    walk::walk(
+        std::os::fd::AsFd::as_fd(&top),
+        walk::Options::default(),
+        &mut v,
+    )?;
     Ok(v.found)
 }

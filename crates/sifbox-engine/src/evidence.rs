@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
@@ -270,18 +270,9 @@ fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> 
     );
     // Made now so that it can be bound read-only; filled once the sandbox
     // is ready.
-    match rustix::fs::unlinkat(&root, FILE, AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(Error::io(format!("removing {}/{FILE}", path.display()), e)),
-    }
-    let evidence = rustix::fs::openat(
-        &root,
-        FILE,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )
-    .ctx(|| format!("creating {}/{FILE}", path.display()))?;
-    std::fs::File::from(evidence)
+    let mut evidence = sifbox_sys::beneath::create_new(&root, FILE, Mode::from_raw_mode(0o644))
+        .ctx(|| format!("creating {}/{FILE}", path.display()))?;
+    evidence
         .write_all(b"{}\n")
         .ctx(|| format!("writing {}/{FILE}", path.display()))?;
     Ok(LogsDir {
@@ -304,17 +295,10 @@ fn logs_subdir(root: &OwnedFd, path: &Path, sub: &str, mode: u32) -> Result<Owne
             path.join(sub).display()
         ),
     };
-    match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(mode)) {
-        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => return Err(bad(format!("cannot create {sub}/ in it: {e}"))),
+    if let Err(e) = sifbox_sys::beneath::make_dir(root, sub, Mode::from_raw_mode(mode)) {
+        return Err(bad(format!("cannot create {sub}/ in it: {e}")));
     }
-    let fd = rustix::fs::openat(
-        root,
-        sub,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| {
+    let fd = sifbox_sys::beneath::open_dir(root, sub).map_err(|e| {
         bad(format!(
             "{sub} in it is not a directory ({e}): a symlink or a file, left by an earlier sandbox?"
         ))
