@@ -184,12 +184,7 @@ impl Tree {
                 _ => {}
             }
             let dir = stack.last().map_or(self.fd.as_fd(), |(_, n)| n.fd.as_fd());
-            let fd = match rustix::fs::openat(
-                dir,
-                c.as_str(),
-                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            let fd = match beneath::open_handle(dir, c.as_str()) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(None),
                 Err(e) => return Err(io_err(e).into()),
@@ -243,13 +238,7 @@ impl Tree {
 
     /// The entry `name` of the directory `dir`, not followed.
     pub fn child(&self, dir: &Node, name: &OsStr) -> io::Result<Node> {
-        let fd = rustix::fs::openat(
-            &dir.fd,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io_err)?;
+        let fd = beneath::open_handle(&dir.fd, name).map_err(io_err)?;
         let stat = rustix::fs::fstat(&fd).map_err(io_err)?;
         let name = name.to_string_lossy();
         let rel = if dir.rel.is_empty() {

@@ -201,6 +201,7 @@ pub fn present(verifier: BorrowedFd<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::Mode;
     use sifbox_engine::spec::{IdRange, UsernsMode};
     use std::os::fd::AsFd;
     use std::path::Path;

@@ -40,8 +40,7 @@ enum Found {
 /// is not followed: `name` is one component, except for the source the user
 /// named, whose parents are the user's own path).
 fn open_node(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<Found> {
-    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = match rustix::fs::openat(dir, name, flags, Mode::empty()) {
+    let fd = match beneath::open_handle(dir, name) {
         Ok(fd) => File::from(fd),
         Err(Errno::NOENT) => return Ok(Found::Gone),
         Err(e) => return Err(e.into()),

@@ -9,7 +9,7 @@
 //!
 //! - A name is resolved once, from a directory fd, and what is used is
 //!   the fd it gave: never the path again.
-//! - One name at a time ([`open_dir`], [`open_subdir`], [`reach_dir`],
+//! - One name at a time ([`open_handle`], [`open_dir`], [`open_subdir`], [`reach_dir`],
 //!   [`walk`]): `openat(O_NOFOLLOW)`, so a symlink is never followed; a
 //!   component that is not a real directory ends the lookup.
 //! - A path of several names ([`open_beneath`]): `openat2` with
@@ -153,6 +153,18 @@ pub fn open_in_root(
 /// reading its entries; a symlink at `name` is `ENOTDIR`/`ELOOP`.
 pub fn open_dir(dir: impl AsFd, name: impl rustix::path::Arg) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat(dir, name, DIR, Mode::empty())
+}
+
+/// An `O_PATH` handle of the entry `name` of `dir` itself, whatever it is
+/// (a symlink is not followed: the handle is the link): what is looked
+/// at (`fstat`) and changed through it is that very inode.
+pub fn open_handle(dir: impl AsFd, name: impl rustix::path::Arg) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
 }
 
 /// [`open_dir`] as an `O_PATH` handle.
