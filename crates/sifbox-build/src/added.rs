@@ -29,11 +29,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::Read as _;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use sifbox_image::squash::{Attrs, Edit, FileSource, OpenFile};
+use sifbox_sys::beneath::open_dir;
 
 /// Files up to this size are read into memory while the layers are walked;
 /// larger ones stay open until the remix reads them.
@@ -182,15 +183,6 @@ pub fn derive(layers: &[PathBuf], clamp: u32, owners: Owners, umask: u32) -> Der
         dirs,
         bytes,
     }
-}
-
-fn open_dir(at: impl AsFd, name: impl rustix::path::Arg) -> std::io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
 }
 
 /// Refuses an entry with extended attributes other than the overlay's

@@ -413,7 +413,7 @@ impl FsState {
     /// error: a symlink (or something not a regular file) is on the way,
     /// which only a sandbox of the state can resolve.
     pub fn read_file(&self, path: &str, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
-        use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+        use rustix::fs::{FileType, Mode, OFlags};
         use std::io::Read;
         let rel = path.trim_start_matches('/');
         if rel.is_empty() {
@@ -422,15 +422,8 @@ impl FsState {
         let all: Vec<&Path> = std::iter::once(self.base.as_path())
             .chain(self.layers.iter().map(PathBuf::as_path))
             .collect();
-        let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
         let open = |dir: &rustix::fd::OwnedFd, flags: OFlags| {
-            rustix::fs::openat2(
-                dir,
-                rel,
-                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-                how,
-            )
+            sifbox_sys::beneath::open_beneath(dir, rel, flags | OFlags::NOFOLLOW)
         };
         for (i, dir) in all.iter().enumerate().rev() {
             // The layer dir is the store's own path.
@@ -504,7 +497,7 @@ fn has_opaque_ancestor(layer: &Path, rel: &str) -> bool {
 /// symlink and the stub is removed with `unlinkat` in it: nothing outside
 /// the layer is ever removed.
 fn remove_stubs(upper: &Path, stubs: &[String]) {
-    use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
     let Ok(root) = rustix::fs::open(
         upper,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -520,12 +513,10 @@ fn remove_stubs(upper: &Path, stubs: &[String]) {
         if name.is_empty() || name == "." || name == ".." {
             continue;
         }
-        let Ok(dir) = rustix::fs::openat2(
+        let Ok(dir) = sifbox_sys::beneath::open_beneath(
             &root,
             parent,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW,
         ) else {
             continue;
         };

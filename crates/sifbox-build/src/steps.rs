@@ -437,31 +437,36 @@ fn publish_mirrored(
 }
 
 /// Whether some entry of the tree at `root` has an owner other than
-/// `(uid, gid)`: reached by directory fd and name, nothing followed.
+/// `(uid, gid)`: reached by directory fd and name, nothing followed, at
+/// any depth ([`sifbox_sys::walk`]).
 fn has_other_owners(root: &Path, (uid, gid): (u32, u32)) -> std::io::Result<bool> {
-    use rustix::fs::{AtFlags, Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let top = rustix::fs::open(root, flags, Mode::empty())?;
+    use sifbox_sys::walk::{self, Entry, Step, Visitor};
+    struct Other {
+        owner: (u32, u32),
+        found: bool,
+    }
+    impl Visitor for Other {
+        fn entry(&mut self, e: &Entry<'_>) -> std::io::Result<Step> {
+            if (e.stat.st_uid, e.stat.st_gid) != self.owner {
+                self.found = true;
+                return Ok(Step::Stop);
+            }
+            Ok(Step::Descend)
+        }
+    }
+    let top = sifbox_sys::beneath::open_dir(rustix::fs::CWD, root)?;
     let st = rustix::fs::fstat(&top)?;
     if st.st_uid != uid || st.st_gid != gid {
         return Ok(true);
     }
-    let mut stack = vec![top];
-    while let Some(dir) = stack.pop() {
-        for entry in rustix::fs::Dir::read_from(&dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-            if st.st_uid != uid || st.st_gid != gid {
-                return Ok(true);
-            }
-            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-                stack.push(rustix::fs::openat(&dir, name, flags, Mode::empty())?);
-            }
-        }
-    }
-    Ok(false)
+    let mut v = Other {
+        owner: (uid, gid),
+        found: false,
+    };
+    walk::walk(
+        std::os::fd::AsFd::as_fd(&top),
+        walk::Options::default(),
+        &mut v,
+    )?;
+    Ok(v.found)
 }

@@ -24,7 +24,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::fs::{FileType, Mode, OFlags, Stat};
+use sifbox_sys::beneath;
 
 /// The most symlinks one lookup follows (Linux's own limit).
 pub const MAX_LINKS: usize = 40;
@@ -183,12 +184,7 @@ impl Tree {
                 _ => {}
             }
             let dir = stack.last().map_or(self.fd.as_fd(), |(_, n)| n.fd.as_fd());
-            let fd = match rustix::fs::openat(
-                dir,
-                c.as_str(),
-                OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
+            let fd = match beneath::open_handle(dir, c.as_str()) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(None),
                 Err(e) => return Err(io_err(e).into()),
@@ -235,36 +231,14 @@ impl Tree {
         }
     }
 
-    /// The names in the directory `dir`, sorted.
+    /// The names in the directory `dir`, sorted ([`beneath::names`]).
     pub fn list(&self, dir: &Node) -> io::Result<Vec<OsString>> {
-        let fd = rustix::fs::openat(
-            &dir.fd,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io_err)?;
-        let mut names = Vec::new();
-        for e in rustix::fs::Dir::new(fd).map_err(io_err)? {
-            let e = e.map_err(io_err)?;
-            let n = e.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(OsStr::from_bytes(n).to_os_string());
-            }
-        }
-        names.sort();
-        Ok(names)
+        beneath::names(&dir.fd)
     }
 
     /// The entry `name` of the directory `dir`, not followed.
     pub fn child(&self, dir: &Node, name: &OsStr) -> io::Result<Node> {
-        let fd = rustix::fs::openat(
-            &dir.fd,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io_err)?;
+        let fd = beneath::open_handle(&dir.fd, name).map_err(io_err)?;
         let stat = rustix::fs::fstat(&fd).map_err(io_err)?;
         let name = name.to_string_lossy();
         let rel = if dir.rel.is_empty() {
@@ -279,36 +253,23 @@ impl Tree {
     /// without following any symlink, and checks that it is the file that
     /// was `seen`, unchanged. Errors do not name the file.
     pub fn open_file(&self, rel: &str, seen: &Seen) -> io::Result<File> {
-        let mut tries = 0;
-        let fd = loop {
-            match rustix::fs::openat2(
-                &*self.fd,
-                rel,
-                OFlags::RDONLY
-                    | OFlags::NOFOLLOW
-                    | OFlags::NONBLOCK
-                    | OFlags::NOCTTY
-                    | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-            ) {
-                // The kernel asks for a retry when a rename raced the walk.
-                Err(rustix::io::Errno::AGAIN) if tries < 8 => tries += 1,
-                Err(e) => {
-                    use rustix::io::Errno;
-                    // A symlink, or nothing, where the lookup saw a file.
-                    let changed =
-                        matches!(e, Errno::LOOP | Errno::NOENT | Errno::NOTDIR | Errno::XDEV);
-                    let why = if changed {
-                        format!("{e}: it changed during the build; run the build again")
-                    } else {
-                        e.to_string()
-                    };
-                    return Err(io::Error::new(io::Error::from(e).kind(), why));
-                }
-                Ok(fd) => break fd,
-            }
-        };
+        // (`open_beneath` retries when a rename raced the lookup.)
+        let fd = beneath::open_beneath(
+            &*self.fd,
+            rel,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY,
+        )
+        .map_err(|e| {
+            use rustix::io::Errno;
+            // A symlink, or nothing, where the lookup saw a file.
+            let changed = matches!(e, Errno::LOOP | Errno::NOENT | Errno::NOTDIR | Errno::XDEV);
+            let why = if changed {
+                format!("{e}: it changed during the build; run the build again")
+            } else {
+                e.to_string()
+            };
+            io::Error::new(io::Error::from(e).kind(), why)
+        })?;
         let f = File::from(fd);
         self.check(&f, seen)?;
         Ok(f)

@@ -154,11 +154,7 @@ pub fn open_scratch(dir: &Path, create: bool) -> Result<OwnedFd> {
     // A dir of the caller's that others may write in but not rename in
     // (sticky, as /tmp) is used as it is: a layer is a nameless file there
     // (O_TMPFILE), and no template, a named file, is made in it.
-    if let Ok(fd) = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
+    if let Ok(fd) = sifbox_sys::beneath::open_dir(rustix::fs::CWD, dir) {
         if let Ok(st) = rustix::fs::fstat(&fd) {
             if st.st_uid == rustix::process::geteuid().as_raw() && st.st_mode & 0o1000 != 0 {
                 return Ok(fd);
@@ -319,13 +315,8 @@ impl Reused {
             in_use: self.in_use.clone(),
         };
         let made = (|| {
-            let dir = rustix::fs::openat(
-                &*self.fs,
-                name.as_str(),
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(setup_err("the disk-backed file system: opening the layer"))?;
+            let dir = sifbox_sys::beneath::open_dir_path(&*self.fs, name.as_str())
+                .map_err(setup_err("the disk-backed file system: opening the layer"))?;
             rustix::fs::chownat(
                 &dir,
                 "",
@@ -581,11 +572,7 @@ fn template_key(mkfs: &Path) -> String {
 /// and the leftovers of ones being made more than a minute ago; returns
 /// what it removed. Only in a dir that is the caller's alone.
 pub fn gc_templates(scratch: &Path) -> Vec<PathBuf> {
-    let Ok(dir) = rustix::fs::open(
-        scratch,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
+    let Ok(dir) = sifbox_sys::beneath::open_dir(rustix::fs::CWD, scratch) else {
         return Vec::new();
     };
     let ours = rustix::fs::fstat(&dir).is_ok_and(|st| {

@@ -9,7 +9,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
@@ -316,18 +316,9 @@ fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> 
     );
     // Made now so that it can be bound read-only; filled once the sandbox
     // is ready.
-    match rustix::fs::unlinkat(&root, FILE, AtFlags::empty()) {
-        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-        Err(e) => return Err(Error::io(format!("removing {}/{FILE}", path.display()), e)),
-    }
-    let evidence = rustix::fs::openat(
-        &root,
-        FILE,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )
-    .ctx(|| format!("creating {}/{FILE}", path.display()))?;
-    std::fs::File::from(evidence)
+    let mut evidence = sifbox_sys::beneath::create_new(&root, FILE, Mode::from_raw_mode(0o644))
+        .ctx(|| format!("creating {}/{FILE}", path.display()))?;
+    evidence
         .write_all(b"{}\n")
         .ctx(|| format!("writing {}/{FILE}", path.display()))?;
     Ok(LogsDir {
@@ -343,24 +334,15 @@ fn prepare(dir: &Path, top_mode: Option<u32>, sub_mode: u32) -> Result<LogsDir> 
 /// opens it without following a symlink there.
 fn logs_subdir(root: &OwnedFd, path: &Path, sub: &'static str, mode: u32) -> Result<OwnedFd> {
     let path = path.to_path_buf();
-    match rustix::fs::mkdirat(root, sub, Mode::from_raw_mode(mode)) {
-        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-        Err(e) => {
-            return Err(EvidenceError::SubdirCreate {
-                path,
-                sub,
-                source: e.into(),
-            }
-            .into())
+    if let Err(e) = sifbox_sys::beneath::make_dir(root, sub, Mode::from_raw_mode(mode)) {
+        return Err(EvidenceError::SubdirCreate {
+            path,
+            sub,
+            source: e,
         }
+        .into());
     }
-    let fd = rustix::fs::openat(
-        root,
-        sub,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| EvidenceError::SubdirNotDir {
+    let fd = sifbox_sys::beneath::open_dir(root, sub).map_err(|e| EvidenceError::SubdirNotDir {
         path: path.clone(),
         sub,
         source: e.into(),

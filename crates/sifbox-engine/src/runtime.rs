@@ -331,15 +331,8 @@ fn default_root(base: &Path) -> Result<Root> {
 /// (device and inode), or the start fails.
 pub fn same_dir_here(held: &Path, shown: &Path) -> Result<PathBuf> {
     let want = rustix::fs::stat(held).map_err(|e| Error::io(format!("{}", held.display()), e))?;
-    let here = rustix::fs::open(
-        shown,
-        rustix::fs::OFlags::PATH
-            | rustix::fs::OFlags::DIRECTORY
-            | rustix::fs::OFlags::NOFOLLOW
-            | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| Error::io(format!("opening {}", shown.display()), e))?;
+    let here = sifbox_sys::beneath::open_dir_path(rustix::fs::CWD, shown)
+        .map_err(|e| Error::io(format!("opening {}", shown.display()), e))?;
     let got = rustix::fs::fstat(&here).map_err(|e| Error::io(format!("{}", shown.display()), e))?;
     if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino) {
         return Err(RuntimeError::Swapped(shown.to_path_buf()).into());

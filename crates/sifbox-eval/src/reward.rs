@@ -8,10 +8,11 @@
 //! read up to a limit.
 
 use std::io::Read;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, OFlags};
 use sifbox_engine::spec::IdMapping;
+use sifbox_sys::beneath;
 
 /// The reward files, in the order they are looked for.
 const FILES: [&str; 2] = ["reward.json", "reward.txt"];
@@ -34,17 +35,6 @@ pub enum Reward {
     Missing,
     /// A reward file that holds no usable reward.
     Invalid(String),
-}
-
-/// Opens `rel` below `dir` without following symlinks.
-fn open_beneath(dir: BorrowedFd<'_>, rel: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat2(
-        dir,
-        rel,
-        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-        ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-    )
 }
 
 /// Whether host uid `uid` is one of the sandbox's (the outside side of its
@@ -81,7 +71,11 @@ fn describe(ids: &IdMapping) -> String {
 /// text when it is not a small regular file of the sandbox's ids.
 fn read_file(dir: BorrowedFd<'_>, name: &str, ids: &IdMapping) -> Option<Result<String, String>> {
     let rel = format!("verifier/{name}");
-    let fd = match open_beneath(dir, name, OFlags::RDONLY | OFlags::NONBLOCK) {
+    let fd = match beneath::open_beneath(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW,
+    ) {
         Ok(fd) => fd,
         Err(rustix::io::Errno::NOENT) => return None,
         Err(e) => return Some(Err(format!("{rel}: cannot open it ({e}); a symlink?"))),
@@ -207,6 +201,7 @@ pub fn present(verifier: BorrowedFd<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::Mode;
     use sifbox_engine::spec::{IdRange, UsernsMode};
     use std::os::fd::AsFd;
     use std::path::Path;

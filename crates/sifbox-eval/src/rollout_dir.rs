@@ -20,6 +20,7 @@ use std::path::Path;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 use serde::Serialize;
+use sifbox_sys::beneath;
 
 /// Tries at re-making `verifier/` before giving up on a sandbox that keeps
 /// replacing it.
@@ -28,41 +29,16 @@ const REMAKE_TRIES: usize = 20;
 /// The largest result.json read back.
 const MAX_RESULT: u64 = 16 << 20;
 
-/// Opens the directory at `path` without following a symlink there.
+/// Opens the directory at `path` without following a symlink there
+/// ([`beneath::open_dir`]).
 pub fn open_dir_nofollow(path: &Path) -> std::io::Result<OwnedFd> {
-    rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(Into::into)
+    Ok(beneath::open_dir(rustix::fs::CWD, path)?)
 }
 
-/// Opens the directory `name` in `dir` without following a symlink.
-fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// A fresh, empty file `name` in `dir`, for writing: what is there (a
-/// file, a symlink; not followed) is unlinked first, and the file is made
-/// with `O_EXCL|O_NOFOLLOW`, so it is ours and in `dir`, or an error.
+/// A fresh, empty file `name` in `dir` (mode 0644), for writing: what is
+/// there is unlinked, not followed ([`beneath::create_new`]).
 pub fn create_file(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<File> {
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) | Err(Errno::NOENT) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )?;
-    Ok(File::from(fd))
+    beneath::create_new(dir, name, Mode::from_raw_mode(0o644))
 }
 
 fn temp_name(name: &str) -> String {
@@ -106,19 +82,9 @@ pub fn write_json_at<T: Serialize>(
 /// most `limit` bytes): None when it is absent or not a regular file of
 /// at most `limit` bytes.
 pub fn read_small(dir: BorrowedFd<'_>, name: &str, limit: u64) -> Option<Vec<u8>> {
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .ok()?;
-    let st = rustix::fs::fstat(&fd).ok()?;
-    if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
-        return None;
-    }
+    let (file, _) = beneath::open_regular(dir, name).ok()?;
     let mut data = Vec::new();
-    File::from(fd).take(limit + 1).read_to_end(&mut data).ok()?;
+    file.take(limit + 1).read_to_end(&mut data).ok()?;
     (u64::try_from(data.len()).unwrap_or(u64::MAX) <= limit).then_some(data)
 }
 
@@ -162,7 +128,7 @@ pub fn move_out_and_remake(
     }
     rustix::fs::mkdirat(dir, sub, Mode::from_raw_mode(0o755))
         .map_err(|e| format!("re-making {sub}/ in the rollout dir: {e}"))?;
-    open_subdir(dir, sub).map_err(|e| format!("opening {sub}/ in the rollout dir: {e}"))
+    beneath::open_dir(dir, sub).map_err(|e| format!("opening {sub}/ in the rollout dir: {e}"))
 }
 
 /// Moves every entry of the dir `from` (unfollowed) into a fresh dir
@@ -193,7 +159,7 @@ pub fn move_entries(from: BorrowedFd<'_>, sub: &str, to: BorrowedFd<'_>) -> Resu
 /// Makes the dir `name` in `dir` (which must not have it) and opens it.
 pub fn make_subdir(dir: BorrowedFd<'_>, name: &str) -> std::io::Result<OwnedFd> {
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o755))?;
-    Ok(open_subdir(dir, name)?)
+    Ok(beneath::open_dir(dir, name)?)
 }
 
 /// Re-makes `verifier/` in the rollout dir `dir` before the verifier runs.
@@ -221,7 +187,7 @@ pub fn remake_verifier(
             Ok(st) => {
                 let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
                 if kind.is_dir() {
-                    if let Ok(old) = open_subdir(dir, "verifier") {
+                    if let Ok(old) = beneath::open_dir(dir, "verifier") {
                         if crate::reward::present(old.as_fd()) {
                             note("a reward file was there before the verifier ran (left by the agent?); it was removed".into());
                         }
@@ -260,7 +226,7 @@ pub fn remake_verifier(
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(format!("creating verifier/ in the rollout dir: {e}")),
         }
-        match open_subdir(dir, "verifier") {
+        match beneath::open_dir(dir, "verifier") {
             Ok(fd) => return Ok(Remade { dir: fd, notes }),
             Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR) => {}
             Err(e) => return Err(format!("opening verifier/ in the rollout dir: {e}")),

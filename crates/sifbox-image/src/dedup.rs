@@ -13,10 +13,11 @@
 
 use std::fs::File;
 use std::io::{self, Read as _};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use sifbox_sys::beneath::open_dir;
 
 /// What [`link_identical`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -25,15 +26,6 @@ pub struct Linked {
     pub files: u64,
     /// Their bytes, no longer stored twice.
     pub bytes: u64,
-}
-
-fn open_dir(at: impl AsFd, name: &Path) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
 }
 
 /// Replaces each regular file of `tree` by a hard link to the file at the
@@ -45,10 +37,10 @@ pub fn link_identical(tree: &Path, sources: &[&Path]) -> io::Result<Linked> {
     let top = open_dir(rustix::fs::CWD, tree)?;
     let mut srcs = Vec::new();
     for s in sources {
-        match open_dir(rustix::fs::CWD, s) {
+        match open_dir(rustix::fs::CWD, *s) {
             Ok(fd) => srcs.push(Some(fd)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     let mut out = Linked::default();

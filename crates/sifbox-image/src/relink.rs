@@ -21,10 +21,11 @@ use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Read as _, Write as _};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
+use sifbox_sys::beneath::open_dir;
 
 use crate::squash::{Edit, FileSource, RemixOptions};
 
@@ -51,15 +52,6 @@ pub struct Relinked {
 
 fn bad(what: impl Into<String>) -> io::Error {
     io::Error::other(what.into())
-}
-
-fn open_dir(at: impl AsFd, name: impl rustix::path::Arg) -> io::Result<OwnedFd> {
-    Ok(rustix::fs::openat(
-        at,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?)
 }
 
 fn times(t: i64) -> Timestamps {
@@ -432,12 +424,12 @@ impl Writer<'_> {
             let name = CString::new(c.clone()).map_err(bad_name)?;
             match open_dir(&dir, name.as_c_str()) {
                 Ok(fd) => dir = fd,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                Err(rustix::io::Errno::NOENT) => {
                     self.mkdir(&dir, &names[..i], name.as_c_str(), 0o755, root_owner, time)?;
                     self.set_time(&names[..i], time);
                     dir = open_dir(&dir, name.as_c_str())?;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         let name = CString::new(last.clone()).map_err(bad_name)?;

@@ -64,12 +64,8 @@ fn chmod_fd(fd: &OwnedFd, mode: u32) -> rustix::io::Result<()> {
 /// if others may enter it.
 pub fn strip_tree(root: &Path) -> io::Result<u64> {
     let me = rustix::process::geteuid().as_raw();
-    let top = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| err_at(root, "opening", e))?;
+    let top = sifbox_sys::beneath::open_dir(rustix::fs::CWD, root)
+        .map_err(|e| err_at(root, "opening", e))?;
     let st = rustix::fs::fstat(&top).map_err(|e| err_at(root, "opening", e))?;
     let mut v = Strip {
         root,
@@ -105,7 +101,8 @@ impl walk::Visitor for Strip<'_> {
             FileType::Directory => {
                 let mode = e.stat.st_mode & 0o7777;
                 if self.me != 0 && e.stat.st_uid == self.me && mode & 0o500 != 0o500 {
-                    let fd = open_entry(e.dir, e.name).map_err(|err| at(err.into()))?;
+                    let fd = sifbox_sys::beneath::open_handle(e.dir, e.name)
+                        .map_err(|err| at(err.into()))?;
                     let st = rustix::fs::fstat(&fd).map_err(|err| at(err.into()))?;
                     if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
                         chmod_fd(&fd, mode | 0o700).map_err(|err| at(err.into()))?;
@@ -195,7 +192,8 @@ pub fn close_writes(root: &Path) -> io::Result<u64> {
             let dir = kind == FileType::Directory;
             if matches!(kind, FileType::Directory | FileType::RegularFile) && mode & 0o022 != 0 {
                 let at = |err: io::Error| err_at(&self.root.join(e.path), "", err);
-                let fd = open_entry(e.dir, e.name).map_err(|err| at(err.into()))?;
+                let fd = sifbox_sys::beneath::open_handle(e.dir, e.name)
+                    .map_err(|err| at(err.into()))?;
                 let st = rustix::fs::fstat(&fd).map_err(|err| at(err.into()))?;
                 if FileType::from_raw_mode(st.st_mode) == kind {
                     chmod_fd(&fd, mode & !0o022).map_err(|err| at(err.into()))?;
@@ -215,12 +213,8 @@ pub fn close_writes(root: &Path) -> io::Result<u64> {
             Err(err_at(&self.root.join(path), "", err))
         }
     }
-    let top = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| err_at(root, "opening", e))?;
+    let top = sifbox_sys::beneath::open_dir(rustix::fs::CWD, root)
+        .map_err(|e| err_at(root, "opening", e))?;
     let mut v = Close {
         root,
         changed: Vec::new(),
@@ -268,7 +262,7 @@ fn drop_caps(dir: BorrowedFd<'_>, name: &CStr, me: u32) -> io::Result<bool> {
         Err(Errno::NODATA | Errno::NOTSUP) => return Ok(false),
         Err(e) => return Err(e.into()),
     }
-    let fd = open_entry(dir, name)?;
+    let fd = sifbox_sys::beneath::open_handle(dir, name)?;
     if FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != FileType::RegularFile {
         return Ok(false);
     }
@@ -284,20 +278,9 @@ fn drop_caps(dir: BorrowedFd<'_>, name: &CStr, me: u32) -> io::Result<bool> {
     }
 }
 
-/// An `O_PATH` handle of the entry `name` of `dir` itself (a symlink is
-/// not followed): what is changed through it is the inode looked at.
-fn open_entry(dir: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
 /// Takes the bits off `name` in `dir`; whether it had them.
 fn strip_one(dir: BorrowedFd<'_>, name: &CStr, me: u32) -> io::Result<bool> {
-    let fd = open_entry(dir, name)?;
+    let fd = sifbox_sys::beneath::open_handle(dir, name)?;
     let st = rustix::fs::fstat(&fd)?;
     let kind = FileType::from_raw_mode(st.st_mode);
     let mode = st.st_mode & 0o7777;

@@ -14,13 +14,13 @@
 
 #![allow(unsafe_code)]
 
+pub mod beneath;
 pub mod lockfile;
-pub mod private_dir;
 pub mod seccomp_notify;
 pub mod syscall;
-pub mod walk;
 
-pub use private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
+pub use beneath::private_dir::{check_ancestors, fd_path, private_dir, NotPrivate};
+pub use beneath::walk;
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::process::CommandExt;

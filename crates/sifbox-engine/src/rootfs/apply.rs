@@ -8,14 +8,15 @@ use std::io::Write as _;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, CWD};
+use rustix::fs::{FileType, Mode, OFlags, CWD};
 use rustix::io::Errno;
 use rustix::mount::{MountAttrFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags};
 use sifbox_sys::syscall::{FsParam, Syscall};
 
 use super::error::{sys_err, Result, RootfsError};
-use super::lookup::{open_beneath, split_beneath, NewRoot};
+use super::lookup::{split_beneath, NewRoot};
 use super::{At, Attrs, Base, Create, Fs, Need, Step, FILE_TMPFS_BYTES};
+use sifbox_sys::beneath;
 
 /// Bytes of a tmpfs's size per inode it may have.
 pub const TMPFS_BYTES_PER_INODE: u64 = 4096;
@@ -147,7 +148,7 @@ fn cgroup_view(
         }
         rustix::fs::mkdirat(&top, name.as_str(), Mode::from_raw_mode(0o555))
             .map_err(sys_err(format!("{what}: creating {name}")))?;
-        let sub = open_beneath(&top, Path::new(name), OFlags::DIRECTORY)
+        let sub = beneath::open_beneath(&top, Path::new(name), OFlags::PATH | OFlags::DIRECTORY)
             .map_err(sys_err(format!("{what}: opening {name}")))?;
         let t = clone_host(sys, dir, what).map_err(|(_, e)| e)?;
         attach(sys, &t, sub.as_fd(), what)?;
@@ -401,27 +402,15 @@ fn make_dir(root: &NewRoot, at: &At, mode: u32) -> Result<()> {
     let Some(base) = root.base(at.base) else {
         return Ok(());
     };
-    let exists = rustix::fs::openat2(
-        base,
-        &at.path,
-        OFlags::PATH | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-    );
+    let exists = beneath::open_in_root(base, &at.path, OFlags::PATH);
     if exists.is_ok() {
         return Ok(());
     }
     root.resolve(at, None)?;
     // Reopened for fchmod (an O_PATH fd cannot change modes); the umask
     // must not decide a world-writable /tmp.
-    let dir = rustix::fs::openat2(
-        base,
-        &at.path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-    )
-    .map_err(sys_err(format!("opening {}", at.shown())))?;
+    let dir = beneath::open_in_root(base, &at.path, OFlags::RDONLY | OFlags::DIRECTORY)
+        .map_err(sys_err(format!("opening {}", at.shown())))?;
     rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode))
         .map_err(sys_err(format!("chmod {}", at.shown())))
 }

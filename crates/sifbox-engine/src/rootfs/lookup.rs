@@ -7,8 +7,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
+use sifbox_sys::beneath;
 
 use super::error::{sys_err, Result, RootfsError};
 use super::{relative, At, Base, Create, Lookup};
@@ -68,7 +69,7 @@ impl NewRoot {
                 ensure_in_root(base, &at.path, kind, 0).map(Some)
             }
             Lookup::RealDir => real_dir(base, at).map(Some),
-            Lookup::IfPresent => match open_beneath(base, &at.path, OFlags::empty()) {
+            Lookup::IfPresent => match beneath::open_beneath(base, &at.path, OFlags::PATH) {
                 Ok(fd) => Ok(Some(fd)),
                 Err(Errno::NOENT) => Ok(None),
                 Err(e) => Err(sys_err(format!("opening {}", at.shown()))(e)),
@@ -92,35 +93,12 @@ impl NewRoot {
                     .map(drop),
                 }
                 .map_err(sys_err(format!("creating {}", at.shown())))?;
-                open_beneath(&parent, Path::new(name), OFlags::empty())
+                beneath::open_beneath(&parent, Path::new(name), OFlags::PATH)
                     .map(Some)
                     .map_err(sys_err(format!("opening {}", at.shown())))
             }
         }
     }
-}
-
-/// `openat2(base, path, O_PATH | extra, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`:
-/// exactly that path, following nothing (a symlink anywhere, the last
-/// component included, is ELOOP: no O_NOFOLLOW, which would open the link
-/// itself).
-pub(super) fn open_beneath<Fd: AsFd>(
-    base: Fd,
-    path: &Path,
-    extra: OFlags,
-) -> rustix::io::Result<OwnedFd> {
-    let path = if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path
-    };
-    rustix::fs::openat2(
-        base,
-        path,
-        OFlags::PATH | OFlags::CLOEXEC | extra,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )
 }
 
 /// The directory a step's entry is made in: the base itself for a name
@@ -152,7 +130,7 @@ pub(super) fn split_beneath<'a, 'b>(
     if parent.as_os_str().is_empty() {
         return Ok((Parent::Base(base), name));
     }
-    let fd = open_beneath(base, parent, OFlags::DIRECTORY)
+    let fd = beneath::open_beneath(base, parent, OFlags::PATH | OFlags::DIRECTORY)
         .map_err(sys_err(format!("opening the parent of {}", at.shown())))?;
     Ok((Parent::Opened(fd), name))
 }
@@ -160,7 +138,7 @@ pub(super) fn split_beneath<'a, 'b>(
 /// The image's own directory at `at` (no symlink on the way), made when
 /// missing; a symlink or a non-directory fails the start, naming it.
 fn real_dir(base: BorrowedFd<'_>, at: &At) -> Result<OwnedFd> {
-    match open_beneath(base, &at.path, OFlags::DIRECTORY) {
+    match beneath::open_beneath(base, &at.path, OFlags::PATH | OFlags::DIRECTORY) {
         Ok(fd) => return Ok(fd),
         Err(Errno::NOENT) => {}
         Err(Errno::LOOP | Errno::NOTDIR | Errno::XDEV) => return Err(refuse(base, at)),
@@ -171,9 +149,11 @@ fn real_dir(base: BorrowedFd<'_>, at: &At) -> Result<OwnedFd> {
         Ok(()) | Err(Errno::EXIST) => {}
         Err(e) => return Err(sys_err(format!("creating {}", at.shown()))(e)),
     }
-    open_beneath(&parent, Path::new(name), OFlags::DIRECTORY).map_err(|e| match e {
-        Errno::LOOP | Errno::NOTDIR => refuse(base, at),
-        e => sys_err(format!("opening {}", at.shown()))(e),
+    beneath::open_beneath(&parent, Path::new(name), OFlags::PATH | OFlags::DIRECTORY).map_err(|e| {
+        match e {
+            Errno::LOOP | Errno::NOTDIR => refuse(base, at),
+            e => sys_err(format!("opening {}", at.shown()))(e),
+        }
     })
 }
 
@@ -198,7 +178,10 @@ fn refuse(base: BorrowedFd<'_>, at: &At) -> RootfsError {
                 what = "is not a directory".into();
                 break;
             }
-            Ok(_) => dir = open_beneath(d, Path::new(part), OFlags::DIRECTORY).ok(),
+            Ok(_) => {
+                dir =
+                    beneath::open_beneath(d, Path::new(part), OFlags::PATH | OFlags::DIRECTORY).ok()
+            }
             Err(_) => break,
         }
     }
@@ -235,13 +218,7 @@ pub(super) fn ensure_in_root(
         } else {
             p
         };
-        rustix::fs::openat2(
-            root,
-            p,
-            OFlags::PATH | OFlags::CLOEXEC,
-            Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
-        )
+        beneath::open_in_root(root, p, OFlags::PATH)
     };
     match open(rel) {
         Ok(fd) => return Ok(fd),

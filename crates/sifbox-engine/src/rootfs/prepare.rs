@@ -6,16 +6,17 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::{MountAttrFlags, MountPropagationFlags};
 use sifbox_sys::syscall::{FsParam, Syscall};
 
 use super::apply::{attach, make_fs};
 use super::error::{sys_err, Result, RootfsError};
-use super::lookup::{open_beneath, NewRoot};
+use super::lookup::NewRoot;
 use super::{layer_dir_name, Attrs, Fs};
 use crate::spec::{SandboxSpec, Writable};
+use sifbox_sys::beneath;
 
 /// Escapes a path for an overlayfs option value (`,` `:` `\` are special).
 pub(super) fn overlay_escape(p: &Path) -> String {
@@ -87,7 +88,8 @@ pub fn prepare_root(
     let m = if matches!(spec.writable, Writable::Disk { .. }) {
         rustix::fs::mkdirat(&m, "l", Mode::from_raw_mode(0o755))
             .map_err(sys_err("creating m/l"))?;
-        open_beneath(&m, Path::new("l"), OFlags::DIRECTORY).map_err(sys_err("opening m/l"))?
+        beneath::open_beneath(&m, Path::new("l"), OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(sys_err("opening m/l"))?
     } else {
         m
     };
@@ -104,16 +106,16 @@ pub fn prepare_root(
             mkdir("upper")?;
             mkdir("work")?;
             (
-                open_beneath(&m, Path::new("upper"), OFlags::DIRECTORY)
+                beneath::open_beneath(&m, Path::new("upper"), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err("opening m/upper"))?,
-                open_beneath(&m, Path::new("work"), OFlags::DIRECTORY)
+                beneath::open_beneath(&m, Path::new("work"), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err("opening m/work"))?,
             )
         }
         Writable::Overlay { dir } => {
             let d = open_dir(dir, false)?;
             let sub = |n: &str| {
-                open_beneath(&d, Path::new(n), OFlags::DIRECTORY)
+                beneath::open_beneath(&d, Path::new(n), OFlags::PATH | OFlags::DIRECTORY)
                     .map_err(sys_err(format!("opening {}/{n}", dir.display())))
             };
             (sub("upper")?, sub("work")?)
@@ -133,8 +135,9 @@ pub fn prepare_root(
         .map(|fd| overlay_escape(&fd_path(fd)))
         .collect::<Vec<_>>()
         .join(":");
-    let root_target = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
-        .map_err(sys_err("opening m/root"))?;
+    let root_target =
+        beneath::open_beneath(&m, Path::new("root"), OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(sys_err("opening m/root"))?;
     // The new mount API first, one layer per `lowerdir+` (Linux 6.8: no
     // limit on the number of layers, where an fsconfig string holds 256
     // bytes); else mount(2), whose options hold a page (some 200 layers
@@ -189,7 +192,7 @@ pub fn prepare_root(
             source: Box::new(e),
         })?;
     // The overlay is what m/root shows now.
-    let fd = open_beneath(&m, Path::new("root"), OFlags::DIRECTORY)
+    let fd = beneath::open_beneath(&m, Path::new("root"), OFlags::PATH | OFlags::DIRECTORY)
         .map_err(sys_err("opening the overlay root"))?;
     Ok(NewRoot {
         fd,
@@ -215,12 +218,10 @@ const MODES_RECORD: &str = ".sifbox-modes";
 /// left (the directory then stays as the tree has it).
 fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
     use std::io::Read as _;
-    let Ok(fd) = rustix::fs::openat2(
+    let Ok(fd) = beneath::open_beneath(
         lower,
         MODES_RECORD,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
     ) else {
         return;
     };
@@ -274,7 +275,7 @@ fn remake_modes(lower: &OwnedFd, upper: &OwnedFd) {
                 Some(mode & 0o7777)
             } else if fresh {
                 // The tree's own mode for a parent made on the way.
-                open_beneath(lower, &made, OFlags::empty())
+                beneath::open_beneath(lower, &made, OFlags::PATH)
                     .and_then(|p| rustix::fs::fstat(&p))
                     .ok()
                     .map(|st| st.st_mode & 0o7777)

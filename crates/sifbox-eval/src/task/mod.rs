@@ -516,7 +516,7 @@ pub fn script_argv(root: &Path, host: &Path, inside: &str) -> Vec<String> {
 /// and so is what is not a regular file. A suite is untrusted: eval reads
 /// nothing of the host through it.
 pub fn open_task_file(root: &Path, path: &Path) -> std::io::Result<std::fs::File> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use rustix::fs::{Mode, OFlags};
     let rel = path.strip_prefix(root).map_err(|_| {
         std::io::Error::other(format!(
             "{} is not in the task's directory {}",
@@ -529,12 +529,10 @@ pub fn open_task_file(root: &Path, path: &Path) -> std::io::Result<std::fs::File
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let fd = rustix::fs::openat2(
+    let fd = sifbox_sys::beneath::open_inside(
         &dir,
         rel,
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
     )
     .map_err(|e| match e {
         rustix::io::Errno::XDEV => std::io::Error::other(format!(
@@ -589,7 +587,7 @@ impl ImageDirs {
     /// is imported is read through the fd this returns. The error says why
     /// (the fix is the caller's).
     pub fn open(&self, path: &Path) -> std::result::Result<std::fs::File, String> {
-        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        use rustix::fs::{Mode, OFlags};
         let canon = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
         for dir in &self.dirs {
             let Ok(rel) = canon.strip_prefix(dir) else {
@@ -602,12 +600,10 @@ impl ImageDirs {
             ) else {
                 continue;
             };
-            match rustix::fs::openat2(
+            match sifbox_sys::beneath::open_inside(
                 &top,
                 rel,
-                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-                Mode::empty(),
-                ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
             ) {
                 Ok(fd) => {
                     let file = std::fs::File::from(fd);

@@ -18,6 +18,7 @@ use rustix::fs::{
     self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid, XattrFlags,
 };
 use rustix::io::Errno;
+use sifbox_sys::beneath;
 
 use super::tarstream::{Entry, Kind, TarReader};
 use super::{ApplyOptions, DeviceKind, DeviceNode, Devices, Error, LayerReport, Owners, Result};
@@ -116,28 +117,8 @@ fn is_dir(st: &rfs::Stat) -> bool {
     FileType::from_raw_mode(st.st_mode) == FileType::Directory
 }
 
-fn open_dir_nofollow<Fd: AsFd>(dir: Fd, name: &[u8]) -> rustix::io::Result<OwnedFd> {
-    rfs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// An `O_PATH` handle on the directory `name` (not following a symlink):
-/// usable as a base for `*at` calls even without read permission.
-fn open_dir_path<Fd: AsFd>(dir: Fd, name: &[u8]) -> rustix::io::Result<OwnedFd> {
-    rfs::openat(
-        dir,
-        name,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
 /// `fchmod`, also for `O_PATH` descriptors (cap-std's directory handles,
-/// [`open_dir_path`]), through their `/proc/self/fd` link: that reaches the
+/// [`beneath::open_dir_path`]), through their `/proc/self/fd` link: that reaches the
 /// very inode the descriptor holds, even without search permission on it.
 fn chmod_fd<Fd: AsFd>(fd: Fd, mode: Mode) -> rustix::io::Result<()> {
     let fd = fd.as_fd();
@@ -182,7 +163,7 @@ pub(crate) fn remove_tree<Fd: AsFd>(dir: Fd, name: &[u8]) -> io::Result<()> {
         return Ok(rfs::unlinkat(dir, name, AtFlags::empty())?);
     }
     {
-        let sub = open_dir_path(dir, name)?;
+        let sub = beneath::open_dir_path(dir, name)?;
         let mode = Mode::from_raw_mode(st.st_mode);
         if !mode.contains(Mode::RWXU) {
             chmod_fd(&sub, mode | Mode::RWXU)?;
@@ -344,14 +325,14 @@ impl<'d> Applier<'d> {
     /// access when it has none; `None` when there is no directory there.
     fn open_existing_dir(&self, key: &[u8]) -> Option<OwnedFd> {
         let path = if key.is_empty() {
-            open_dir_path(self.root, b".").ok()?
+            beneath::open_dir_path(self.root, c".").ok()?
         } else {
             let (parent, name) = match key.iter().rposition(|b| *b == b'/') {
                 Some(i) => (&key[..i], &key[i + 1..]),
                 None => (&b""[..], key),
             };
             let dir = self.root.open_dir(rel_path(parent)).ok()?;
-            open_dir_path(&dir, name).ok()?
+            beneath::open_dir_path(&dir, name).ok()?
         };
         let reopen = || {
             rfs::openat(
@@ -462,7 +443,7 @@ impl<'d> Applier<'d> {
                         }
                         Err(e) => return Err(entry_err(entry, "create a parent directory", e)),
                     }
-                    let fd = open_dir_nofollow(&cur, comps[i])
+                    let fd = beneath::open_dir(&cur, comps[i])
                         .map_err(|e| entry_err(entry, "open a parent directory", e))?;
                     rfs::fchmod(&fd, Mode::from_raw_mode(0o755))
                         .map_err(|e| entry_err(entry, "set a parent directory's mode", e))?;
@@ -799,7 +780,7 @@ impl<'d> Applier<'d> {
         };
         if is_dir(&st) {
             if self.created.contains(key) || self.created_below(key) {
-                let fd = open_dir_path(dir, name)
+                let fd = beneath::open_dir_path(dir, name)
                     .map_err(|e| entry_err(entry, "open a whited-out directory", e))?;
                 let sub = dir_from_fd(fd);
                 self.loosen(&sub, key, entry)?;
