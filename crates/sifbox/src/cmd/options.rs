@@ -205,6 +205,7 @@ impl LimitArgs {
             spec::DEFAULT_NOFILE
         });
         defaults.pids = self.pids == spec::DEFAULT_PIDS;
+        cpus_within_host(self.cpus, sifbox_engine::limits::allowed_cpus().len())?;
         let l = spec::Limits {
             memory,
             memory_swap: self.memory_swap,
@@ -216,6 +217,21 @@ impl LimitArgs {
         };
         l.validate()?;
         Ok(l)
+    }
+}
+
+/// `--cpus` above the CPUs this process may use (`have`) is refused, as
+/// Docker does: it would limit nothing, while saying it does.
+fn cpus_within_host(milli: Option<u32>, have: usize) -> sifbox_engine::Result<()> {
+    match milli {
+        Some(m) if have > 0 && u64::from(m) > u64::try_from(have).unwrap_or(u64::MAX) * 1000 => {
+            Err(sifbox_engine::Error::BadInput {
+                what: format!("--cpus {}", f64::from(m) / 1000.0),
+                why: format!("this host lets sifbox use {have} CPUs"),
+                fix: format!("ask for at most --cpus {have}, or leave --cpus out for no CPU limit"),
+            })
+        }
+        _ => Ok(()),
     }
 }
 

@@ -1505,7 +1505,7 @@ fn doctor_reports_what_sifbox_run_needs() {
     text.success();
     assert!(text.stdout.contains("user namespaces"), "{}", text.stdout);
     assert!(text.stdout.contains("limit: pids"), "{}", text.stdout);
-    // An essential check that fails makes the exit status 1 (the report
+    // A check at level FAIL (something sifbox run needs) makes the exit status 1 (the report
     // is still printed).
     let file = harness::tempdir("sifbox-e2e-doctor.");
     let not_dir = file.path().join("f");
@@ -1737,11 +1737,7 @@ fn the_exit_code_table_is_in_help_and_readme() {
                 "130",
             ][..],
         ),
-        (
-            "doctor",
-            "| `doctor` |",
-            &["1 an essential check failed"][..],
-        ),
+        ("doctor", "| `doctor` |", &["1 a check says FAIL"][..]),
         ("every command", "| every command |", &["125"][..]),
     ] {
         let h = help

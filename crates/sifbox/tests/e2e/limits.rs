@@ -639,6 +639,61 @@ fn cpus_caps_busy_loops() {
     );
 }
 
+/// `--cpus` above the host's CPUs limits nothing: refused (exit 125, as
+/// Docker), naming the most it may be; a fraction that CPU affinity (the
+/// fallback without a cgroup) rounds up to whole CPUs is said on stderr,
+/// and a cgroup's exact share is not (issue 26: `--cpus 99` on a 2-core
+/// host ran, and the rounding was silent).
+#[test]
+fn cpus_above_the_host_are_refused_and_a_rounded_fraction_is_said() {
+    let sb = Sifbox::new();
+    let have = harness::host_cpus();
+    let too_many = (have + 97).to_string();
+    let out = sb.run(["--cpus", &too_many, "--", "true"]).output();
+    out.code_is(125);
+    out.stderr_has(&format!("--cpus {too_many}"));
+    out.stderr_has(&format!("at most --cpus {have}"));
+    // All of them is allowed.
+    sb.run(["--cpus", &have.to_string(), "--", "true"])
+        .output()
+        .success();
+    let logs = tempdir("sifbox-lim-logs.");
+    let dir = logs.path().join("logs").display().to_string();
+    let out = sb
+        .run(["--logs", &dir, "--cpus", "0.5", "--", "true"])
+        .output();
+    out.success();
+    let record = read_json(&logs.path().join("logs/sandbox.json"));
+    match how(&record, "cpus").as_deref() {
+        Some("affinity") => {
+            out.stderr_has("a CPU limit of 0.500 is enforced as 1 whole CPUs");
+        }
+        Some(_) => assert!(!out.stderr.contains("whole CPU"), "{}", out.stderr),
+        None => panic!("--cpus not enforced: {record:#}"),
+    }
+}
+
+/// Where a disk-backed layer cannot be had (as the unprivileged user),
+/// `--disk` is refused with the flag to use instead (issue 26: "ask for a
+/// tmpfs writable layer", which names no flag); as root with loop devices
+/// it works.
+#[test]
+fn a_refused_disk_layer_names_the_flag_to_use_instead() {
+    let sb = Sifbox::new();
+    let out = sb.run(["--disk", "64m", "--", "true"]).output();
+    if harness::disk_layers() {
+        out.success();
+        return;
+    }
+    out.sifbox_error();
+    out.stderr_has("leave out --disk");
+    out.stderr_has("--tmpfs-size");
+    // And that flag works.
+    sb.run(["--tmpfs-size", "64", "--", "true"])
+        .output()
+        .success();
+}
+
 /// The record says how each limit is enforced and what could not be.
 #[test]
 fn sandbox_json_records_the_limits() {
