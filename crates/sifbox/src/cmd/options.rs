@@ -592,6 +592,20 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
 mod limit_tests {
     use super::*;
 
+    #[test]
+    fn cpus_above_the_host_are_refused() {
+        assert!(cpus_within_host(Some(2000), 2).is_ok());
+        assert!(cpus_within_host(Some(500), 2).is_ok());
+        assert!(cpus_within_host(None, 2).is_ok());
+        // Unknown CPUs (affinity unreadable): not refused.
+        assert!(cpus_within_host(Some(99_000), 0).is_ok());
+        let e = cpus_within_host(Some(2001), 2).expect_err("refused");
+        assert!(e.is_bad_input());
+        let text = e.to_string();
+        assert!(text.contains("--cpus 2.001"), "{text}");
+        assert!(text.contains("at most --cpus 2"), "{text}");
+    }
+
     fn args(memory: Option<MemoryArg>) -> LimitArgs {
         LimitArgs {
             memory,
