@@ -265,9 +265,9 @@ mod tests {
             size_mib: 64,
             why: "no loop".into(),
         });
-        assert!(
-            e.to_string()
-                .starts_with("a disk-backed writable layer of 64 MiB: no loop; "),
+        assert_eq!(
+            e.to_string(),
+            "a disk-backed writable layer of 64 MiB: no loop",
             "{e}"
         );
         // No engine message names a command's flag: that advice is the CLI's.

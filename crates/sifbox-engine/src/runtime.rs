@@ -240,26 +240,76 @@ pub fn root() -> Result<Root> {
     Ok(ROOT.get_or_init(|| r).clone())
 }
 
-fn open_root() -> Result<Root> {
-    if let Some(p) = std::env::var_os("SIFBOX_RUNTIME").filter(|p| !p.is_empty()) {
-        return Root::open(Path::new(&p), "SIFBOX_RUNTIME");
+/// Which rule chooses the runtime dir (see the module docs): [`root`]
+/// opens what it names, and `sifbox doctor` says which it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    /// `$SIFBOX_RUNTIME`.
+    Named(PathBuf),
+    /// `$XDG_RUNTIME_DIR/sifbox`.
+    Xdg(PathBuf),
+    /// `sifbox-UID` (or a fallback `sifbox-UID.N`) in a dir shared by all
+    /// users: /dev/shm where it is a tmpfs, else the temp dir.
+    Default { base: PathBuf },
+}
+
+impl Rule {
+    /// The rule for this process's environment.
+    pub fn current() -> Rule {
+        if let Some(p) = std::env::var_os("SIFBOX_RUNTIME").filter(|p| !p.is_empty()) {
+            return Rule::Named(PathBuf::from(p));
+        }
+        if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
+            return Rule::Xdg(PathBuf::from(p).join("sifbox"));
+        }
+        let base = if is_tmpfs(Path::new("/dev/shm")) {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        Rule::Default { base }
     }
-    if let Some(p) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(p).join("sifbox");
-        let fd = sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|source| {
-            RuntimeError::Xdg {
-                path: path.clone(),
-                source,
+
+    /// What chose `at` (the dir [`root`] opened by this rule), for people.
+    pub fn describe(&self, at: &Path) -> String {
+        match self {
+            Rule::Named(_) => "from $SIFBOX_RUNTIME".into(),
+            Rule::Xdg(_) => "from $XDG_RUNTIME_DIR".into(),
+            Rule::Default { base } => {
+                let uid = rustix::process::geteuid().as_raw();
+                let first = base.join(format!("sifbox-{uid}"));
+                let why = if base == Path::new("/dev/shm") {
+                    "/dev/shm is a tmpfs"
+                } else {
+                    "/dev/shm is no tmpfs"
+                };
+                if at == first {
+                    format!("the default: $SIFBOX_RUNTIME and $XDG_RUNTIME_DIR unset, {why}")
+                } else {
+                    format!(
+                        "a fallback of the default: {} is not yours alone",
+                        first.display()
+                    )
+                }
             }
-        })?;
-        return Root::new(fd, path);
+        }
     }
-    let base = if is_tmpfs(Path::new("/dev/shm")) {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    default_root(&base)
+}
+
+fn open_root() -> Result<Root> {
+    match Rule::current() {
+        Rule::Named(p) => Root::open(&p, "SIFBOX_RUNTIME"),
+        Rule::Xdg(path) => {
+            let fd = sifbox_sys::private_dir(rustix::fs::CWD, &path, true).map_err(|source| {
+                RuntimeError::Xdg {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            Root::new(fd, path)
+        }
+        Rule::Default { base } => default_root(&base),
+    }
 }
 
 /// The default runtime dir in `base` (shared by all users: /dev/shm,

@@ -797,6 +797,27 @@ impl Sif {
         Ok(buf)
     }
 
+    /// When the image was made, in Unix seconds, from the file itself (so
+    /// the same bytes give the same time in every store): the header's
+    /// time where the writer kept one (Apptainer, `SOURCE_DATE_EPOCH`),
+    /// else, for a deterministic file (whose header has Go's zero time),
+    /// its root file system's: the squashfs creation time, which sifbox
+    /// sets to the newest file's time in the image (the clamp).
+    pub fn image_time(&self) -> Option<i64> {
+        let header = self.header.created;
+        if header > 0 {
+            return Some(header);
+        }
+        let part = self.primary_partition()?;
+        let mut sb = [0u8; 12];
+        self.file.read_exact_at(&mut sb, part.offset).ok()?;
+        if &sb[..4] != b"hsqs" {
+            return None;
+        }
+        let t = u32::from_le_bytes([sb[8], sb[9], sb[10], sb[11]]);
+        (t > 0).then_some(i64::from(t))
+    }
+
     /// The open file, for streaming an object by its offset and size.
     pub fn file(&self) -> &File {
         &self.file

@@ -20,7 +20,8 @@ Exit status:
   eval              0 every rollout ran, whatever the rewards and failure
                     classes; 1 a rollout hit an infra error;
                     125 bad input, before anything ran; 130 interrupted
-  doctor            1 an essential check failed (the report says which)
+  doctor            1 a check says FAIL: sifbox run cannot work here (the
+                    report says which); 0 also with optional things missing
   every command     125 an error of sifbox itself (bad input, the host),
                     with one line saying what, where and what to do, or a
                     usage error (clap's message); 0 done";

@@ -142,6 +142,10 @@ fn engine_fix(e: &sifbox_engine::Error) -> Option<String> {
         SandboxError::BadExecId(_) | SandboxError::NoSuchExec { .. } => {
             "pass the id printed by `sifbox exec --detach`"
         }
+        SandboxError::DiskUnavailable { .. } => {
+            "leave out --disk: the writable layer is then a tmpfs of --tmpfs-size MIB (the \
+             default), whose pages count in the memory limit"
+        }
         _ => return None,
     }
     .to_string())

@@ -1,11 +1,10 @@
 //! Host facilities: /dev/fuse, the runtime dir, Apptainer.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::ErrorKind;
+
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use super::child::{run_bounded, status_text};
@@ -15,12 +14,13 @@ use super::{
 
 pub(super) fn check_dev_fuse() -> Check {
     const NAME: &str = "/dev/fuse";
-    const FIX: &str = "needed only to mount SIF squashfs images without unpacking them \
-        (squashfuse); sifbox unpacks them instead.\nto enable: as root, `modprobe fuse` and \
-        make /dev/fuse mode 0666 (`chmod 0666 /dev/fuse`, or a udev rule)";
+    const LOST: &str = "sifbox does without it: it unpacks a SIF's squashfs image where \
+        /dev/fuse would mount it (squashfuse) without unpacking";
+    const FIX: &str = "as root, `modprobe fuse` and make /dev/fuse mode 0666 \
+        (`chmod 0666 /dev/fuse`, or a udev rule)";
     let meta = match fs::metadata("/dev/fuse") {
         Ok(m) => m,
-        Err(e) => return Check::fail(NAME, format!("/dev/fuse: {}", io_text(&e)), FIX),
+        Err(e) => return Check::optional(NAME, format!("/dev/fuse: {}; {LOST}", io_text(&e)), FIX),
     };
     let mode = meta.mode() & 0o7777;
     match OpenOptions::new().read(true).write(true).open("/dev/fuse") {
@@ -34,10 +34,11 @@ pub(super) fn check_dev_fuse() -> Check {
                 ),
             )
         }
-        Err(e) => Check::fail(
+        Err(e) => Check::optional(
             NAME,
             format!(
-                "present (mode {mode:04o}, owner uid {}) but not openable read-write: {}",
+                "present (mode {mode:04o}, owner uid {}) but not openable read-write: {}; \
+                 {LOST}",
                 meta.uid(),
                 io_text(&e)
             ),
@@ -46,92 +47,28 @@ pub(super) fn check_dev_fuse() -> Check {
     }
 }
 
-/// Where sifbox keeps sandbox state: `$SIFBOX_RUNTIME`, else `$XDG_RUNTIME_DIR/sifbox`,
-/// else `/tmp/sifbox-<uid>`. Empty variables (and a relative XDG_RUNTIME_DIR) count as unset.
-pub(super) fn runtime_dir_from(
-    sifbox_runtime: Option<OsString>,
-    xdg_runtime_dir: Option<OsString>,
-    uid: u32,
-) -> (PathBuf, &'static str) {
-    if let Some(dir) = sifbox_runtime.filter(|d| !d.is_empty()) {
-        return (PathBuf::from(dir), "$SIFBOX_RUNTIME");
-    }
-    if let Some(dir) = xdg_runtime_dir.filter(|d| !d.is_empty() && Path::new(d).is_absolute()) {
-        return (PathBuf::from(dir).join("sifbox"), "$XDG_RUNTIME_DIR/sifbox");
-    }
-    (PathBuf::from(format!("/tmp/sifbox-{uid}")), "default")
-}
-
+/// The runtime dir sandboxes live in: the one [`crate::runtime::root`]
+/// chooses and opens (made when missing, as `sifbox start` would), with
+/// the rule that chose it.
 pub(super) fn check_runtime_dir() -> Check {
     const NAME: &str = "runtime dir";
     const FIX: &str = "set SIFBOX_RUNTIME to a directory you own on a local disk, \
         e.g. `export SIFBOX_RUNTIME=/var/tmp/sifbox-$(id -u)`";
-    let uid = rustix::process::getuid().as_raw();
-    let (dir, source) = runtime_dir_from(
-        std::env::var_os("SIFBOX_RUNTIME"),
-        std::env::var_os("XDG_RUNTIME_DIR"),
-        uid,
-    );
-    let shown = format!("{} ({source})", dir.display());
-
-    let mut detail = match fs::symlink_metadata(&dir) {
-        Ok(meta) => {
-            if !meta.is_dir() {
-                return Check::fail(NAME, format!("{shown}: exists but is not a directory"), FIX);
-            }
-            if meta.uid() != uid {
-                return Check::fail(
-                    NAME,
-                    format!(
-                        "{shown}: owned by uid {}, not by you (uid {uid})",
-                        meta.uid()
-                    ),
-                    FIX,
-                );
-            }
-            if let Err(e) = probe_writable(&dir) {
-                return Check::fail(NAME, format!("{shown}: not writable: {}", io_text(&e)), FIX);
-            }
-            format!(
-                "{shown}: writable, mode {:04o}, on {}",
-                meta.mode() & 0o7777,
-                fs_type_name(&dir)
-            )
-        }
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            let Some(ancestor) = dir.ancestors().skip(1).find(|a| a.exists()) else {
-                return Check::fail(NAME, format!("{shown}: no existing parent directory"), FIX);
-            };
-            if !ancestor.is_dir() {
-                return Check::fail(
-                    NAME,
-                    format!(
-                        "{shown}: cannot be created: {} is not a directory",
-                        ancestor.display()
-                    ),
-                    FIX,
-                );
-            }
-            if let Err(e) = probe_writable(ancestor) {
-                return Check::fail(
-                    NAME,
-                    format!(
-                        "{shown}: cannot be created: making a directory in {} fails: {}",
-                        ancestor.display(),
-                        io_text(&e)
-                    ),
-                    FIX,
-                );
-            }
-            format!(
-                "{shown}: not there yet, can be created in {} (on {})",
-                ancestor.display(),
-                fs_type_name(ancestor)
-            )
-        }
-        Err(e) => return Check::fail(NAME, format!("{shown}: {}", io_text(&e)), FIX),
+    let rule = crate::runtime::Rule::current();
+    let root = match crate::runtime::root() {
+        Ok(r) => r,
+        Err(e) => return Check::fail(NAME, e.to_string(), FIX),
     };
-
+    let dir = root.path();
+    let shown = format!("{} ({})", dir.display(), rule.describe(dir));
+    if let Err(e) = probe_writable(root.at()) {
+        return Check::fail(NAME, format!("{shown}: not writable: {}", io_text(&e)), FIX);
+    }
+    let mode = fs::metadata(root.at()).map_or(0, |m| m.mode() & 0o7777);
+    let mut detail = format!(
+        "{shown}: writable, mode {mode:04o}, on {}",
+        fs_type_name(root.at())
+    );
     // Control sockets live at DIR/sandboxes/NAME/control.sock; sun_path is short.
     let fixed = dir.as_os_str().len() + "/sandboxes/".len() + "/control.sock".len();
     let room = SOCKET_PATH_MAX.saturating_sub(fixed);
@@ -168,15 +105,15 @@ fn probe_writable(dir: &Path) -> std::io::Result<()> {
 pub(super) fn check_apptainer() -> Check {
     const NAME: &str = "apptainer";
     // sifbox runs its images itself; Apptainer is for the SIFs it exports.
-    const FIX: &str = "sifbox does not need it: only to run images exported with `sifbox image \
-                       export` under Apptainer";
+    const FIX: &str = "sifbox does not need it (it runs every image itself): only to run \
+                       images exported with `sifbox image export` under Apptainer";
     let Some((path, _)) =
         find_executable("apptainer", &[]).or_else(|| find_executable("singularity", &[]))
     else {
-        return Check::fail(
+        return Check::optional(
             NAME,
-            "neither apptainer nor singularity is on PATH",
-            format!("{FIX}; install Apptainer (https://apptainer.org) to use it"),
+            format!("neither apptainer nor singularity is on PATH; {FIX}"),
+            "install Apptainer (https://apptainer.org)",
         );
     };
     let mut cmd = Command::new(&path);
@@ -189,7 +126,7 @@ pub(super) fn check_apptainer() -> Check {
                     .unwrap_or("(no version printed)");
                 Check::ok(NAME, format!("{}: {version}", path.display()))
             }
-            Some(st) => Check::fail(
+            Some(st) => Check::optional(
                 NAME,
                 format!(
                     "{} --version {}{}",
@@ -201,7 +138,7 @@ pub(super) fn check_apptainer() -> Check {
                 ),
                 format!("{FIX}; check that installation"),
             ),
-            None => Check::fail(
+            None => Check::optional(
                 NAME,
                 format!(
                     "{} --version: no answer in {} s (killed)",
@@ -211,7 +148,7 @@ pub(super) fn check_apptainer() -> Check {
                 format!("{FIX}; check that installation"),
             ),
         },
-        Err(e) => Check::fail(
+        Err(e) => Check::optional(
             NAME,
             format!("cannot run {}: {}", path.display(), io_text(&e)),
             format!("{FIX}; check that installation"),

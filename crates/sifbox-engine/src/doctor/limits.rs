@@ -6,15 +6,15 @@ use std::path::Path;
 use super::Check;
 
 /// What to do to get a cgroup when the host has cgroup v2.
-const FIX_DELEGATE: &str = "sandboxes still run, with the fallbacks below.\nfor \
-    kernel-enforced limits, start sifbox in a delegated cgroup: `systemd-run --user --scope \
+const FIX_DELEGATE: &str =
+    "for kernel-enforced limits, start sifbox in a delegated cgroup: `systemd-run --user --scope \
     -p Delegate=yes sifbox ...`, Delegate=yes in the systemd unit that starts it (login \
     sessions: `systemctl edit user@.service`, [Service] Delegate=memory pids cpu), or name a \
     delegated cgroup in $SIFBOX_CGROUP";
 
 /// What to do on a host with cgroup v1 only (or v2 without controllers).
-const FIX_UNIFIED: &str = "sandboxes still run, with the fallbacks below.\nfor \
-    kernel-enforced limits, run sifbox as root (cgroup v1 is writable by root only), or boot \
+const FIX_UNIFIED: &str =
+    "for kernel-enforced limits, run sifbox as root (cgroup v1 is writable by root only), or boot \
     with the unified cgroup v2 hierarchy (kernel parameter systemd.unified_cgroup_hierarchy=1) \
     and start sifbox in a delegated cgroup: `systemd-run --user --scope -p Delegate=yes sifbox \
     ...`";
@@ -45,9 +45,14 @@ pub(super) fn check_cgroups() -> Check {
             } else {
                 FIX_DELEGATE
             };
-            Check::fail(
+            Check::optional(
                 NAME,
-                format!("no cgroup sifbox may make: v2: {v2}; v1: {}", why(&d.v1)),
+                format!(
+                    "no cgroup sifbox may make: v2: {v2}; v1: {}; sandboxes still run: each \
+                     limit below says what enforces it instead (a watchdog for memory, CPU \
+                     affinity for cpus, RLIMIT_NPROC for pids) and what that cannot promise",
+                    why(&d.v1)
+                ),
                 fix,
             )
         }
@@ -88,6 +93,21 @@ pub(super) fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)
     } else {
         "a cgroup would enforce it in the kernel: see the cgroups check"
     };
+    // The example sandbox's flags (see [`every_limit`]), which the values
+    // on each line (1 GiB, `cfs_quota_us = 150000`, "rounded up from
+    // 1.500") are for.
+    let asked = |key: &str| match key {
+        "memory" => "for `sifbox run --memory 1g`: ".to_string(),
+        "memory_swap" => {
+            "for `sifbox run --memory 1g` without --memory-swap (swap as much again): ".to_string()
+        }
+        "pids" => format!(
+            "for `sifbox run --pids {}` (the default): ",
+            crate::spec::DEFAULT_PIDS
+        ),
+        "cpus" => "for `sifbox run --cpus 1.5`: ".to_string(),
+        _ => String::new(),
+    };
     let mut out = Vec::new();
     for (name, key) in [
         ("limit: memory", "memory"),
@@ -102,7 +122,11 @@ pub(super) fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)
                 .find(|n| n.starts_with(key) && !n.starts_with(&format!("{key}_")))
                 .cloned()
                 .unwrap_or_else(|| format!("{key}: not enforced here"));
-            out.push(Check::fail(name, format!("not enforced: {note}"), fix));
+            out.push(Check::optional(
+                name,
+                format!("{}not enforced: {note}", asked(key)),
+                fix,
+            ));
             continue;
         };
         let cg = |v: &str| format!("kernel-enforced by cgroup {v} ({})", a.detail);
@@ -116,7 +140,7 @@ pub(super) fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)
                     cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
                 ),
             ),
-            ("memory", _) => Check::fail(
+            ("memory", _) => Check::optional(
                 name,
                 "fallback: sifbox's watchdog samples the private resident memory of the \
                  sandbox's processes and its tmpfs use (every 20 ms to 5 s, faster near the \
@@ -140,7 +164,7 @@ pub(super) fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)
                     cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
                 ),
             ),
-            ("pids", _) if kernel < (5, 14) => Check::fail(
+            ("pids", _) if kernel < (5, 14) => Check::optional(
                 name,
                 format!(
                     "fallback: RLIMIT_NPROC, but this kernel ({}.{}) counts it for the \
@@ -159,22 +183,27 @@ pub(super) fn limit_checks(plan: &crate::limits::Enforcement, kernel: (u32, u32)
             ("cpus", How::CgroupV1 | How::CgroupV2) => Check::ok(
                 name,
                 format!(
-                    "{}: a share of CPU time per 100 ms on any CPU, fractions exact",
+                    "{}: the quota is CPU time per period, in microseconds (150000 per 100000: \
+                     150 ms every 100 ms, 1.5 CPUs), spent on any CPU, fractions exact",
                     cg(if a.how == How::CgroupV2 { "v2" } else { "v1" })
                 ),
             ),
-            ("cpus", _) => Check::fail(
+            ("cpus", _) => Check::optional(
                 name,
                 format!(
-                    "fallback: {}; it cannot promise a share: a fraction is rounded up to \
-                     whole CPUs and sandboxes on the same CPUs share them",
+                    "fallback: {}; affinity gives whole CPUs, so a fraction is rounded up \
+                     (`sifbox run` says so when it does), and it cannot promise a share: \
+                     sandboxes on the same CPUs share them",
                     a.detail
                 ),
                 fix,
             ),
             _ => Check::ok(name, a.detail.clone()),
         };
-        out.push(check);
+        out.push(Check {
+            detail: format!("{}{}", asked(key), check.detail),
+            ..check
+        });
     }
     out
 }
@@ -190,13 +219,14 @@ pub(super) fn check_storage(why_not: Option<String>) -> Check {
              file system of the size asked on a loop device, full at its size (ENOSPC), holding \
              no memory; else a tmpfs of `sifbox run --tmpfs-size`, whose pages are memory",
         ),
-        Some(why) => Check::fail(
+        Some(why) => Check::optional(
             NAME,
             format!(
-                "writable layers are tmpfs only: full at their size (ENOSPC), but their pages \
-                 are memory, counted in the memory limit; no disk-backed layer: {why}"
+                "no disk-backed layer (`sifbox run --disk`): {why}; sifbox does without: \
+                 the tmpfs layer (`sifbox run --tmpfs-size`) is full at its size (ENOSPC) too"
             ),
-            "keep storage_mb below memory_mb, or run as root for disk-backed layers",
+            "run as root for disk-backed layers; meanwhile keep a task's storage_mb below \
+             its memory_mb",
         ),
     }
 }

@@ -43,13 +43,29 @@ const FIX_BROKEN_CHILD: &str = "the test could not run: doctor re-runs the sifbo
 /// Longest path a Unix socket address can hold (`sun_path` is 108 bytes with the NUL).
 const SOCKET_PATH_MAX: usize = 107;
 
+/// How far a check stands from what `sifbox run` needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// Works here.
+    Ok,
+    /// Missing, and sifbox does without it: the detail says what is lost
+    /// and what sifbox does instead.
+    Optional,
+    /// Missing, and `sifbox run` cannot work without it: the exit status
+    /// of `sifbox doctor` is 1.
+    Fail,
+}
+
 /// The outcome of one check.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Check {
     /// Stable name of the check ("user namespaces", "cgroup delegation", ...).
     pub name: &'static str,
-    /// Whether this host allows it.
+    /// Whether this host allows it fully (`level` is `ok`).
     pub ok: bool,
+    /// Ok, missing but optional, or missing and needed.
+    pub level: Level,
     /// What was found (one line).
     pub detail: String,
     /// What to do about it; `None` when there is nothing to do.
@@ -61,19 +77,40 @@ impl Check {
         Self {
             name,
             ok: true,
+            level: Level::Ok,
             detail: detail.into(),
             fix: None,
         }
     }
 
-    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+    /// Missing, but `sifbox run` works without it: `detail` says what is
+    /// lost and what sifbox does instead, `fix` how to have it.
+    fn optional(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             name,
             ok: false,
+            level: Level::Optional,
             detail: detail.into(),
             fix: Some(fix.into()),
         }
     }
+
+    /// Missing, and `sifbox run` cannot work without it.
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self {
+            name,
+            ok: false,
+            level: Level::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// Whether any check says `sifbox run` cannot work here.
+#[must_use]
+pub fn any_failed(checks: &[Check]) -> bool {
+    checks.iter().any(|c| c.level == Level::Fail)
 }
 
 /// Runs every check. `self_exe` is the sifbox binary; checks that must create
@@ -124,14 +161,20 @@ pub fn child_main(kind: &str) -> i32 {
     }
 }
 
-/// Human table: one line per check: "  ok   NAME  detail" or
-/// "  FAIL NAME  detail\n         fix: ..." (plain ASCII, aligned).
+/// Human table: one line per check: "  ok   NAME  detail",
+/// "  opt  NAME  detail\n         to have it: ..." (missing, sifbox does
+/// without) or "  FAIL NAME  detail\n         fix: ..." (plain ASCII,
+/// aligned), then a line saying what the levels mean for `sifbox run`.
 #[must_use]
 pub fn render_text(checks: &[Check]) -> String {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
     let mut out = String::new();
     for check in checks {
-        let status = if check.ok { "ok  " } else { "FAIL" };
+        let (status, label) = match check.level {
+            Level::Ok => ("ok  ", "fix:"),
+            Level::Optional => ("opt ", "to have it:"),
+            Level::Fail => ("FAIL", "fix:"),
+        };
         let _ = writeln!(
             out,
             "  {status} {:<width$}  {}",
@@ -140,14 +183,31 @@ pub fn render_text(checks: &[Check]) -> String {
         );
         if let Some(fix) = &check.fix {
             let mut lines = fix.lines().map(one_line).filter(|l| !l.trim().is_empty());
+            let pad = " ".repeat(label.len() + 1);
             if let Some(first) = lines.next() {
-                let _ = writeln!(out, "         fix: {first}");
+                let _ = writeln!(out, "         {label} {first}");
             }
             for more in lines {
-                let _ = writeln!(out, "              {more}");
+                let _ = writeln!(out, "         {pad}{more}");
             }
         }
     }
+    let optional = checks.iter().filter(|c| c.level == Level::Optional).count();
+    let failed = checks.iter().filter(|c| c.level == Level::Fail).count();
+    let _ = match (failed, optional) {
+        (0, 0) => writeln!(out, "sifbox run works here, with everything."),
+        (0, n) => writeln!(
+            out,
+            "sifbox run works here; {n} optional {} missing (opt: what is lost, and what \
+             sifbox does instead).",
+            if n == 1 { "thing is" } else { "things are" }
+        ),
+        (n, _) => writeln!(
+            out,
+            "sifbox run cannot work here: {n} {} (FAIL) to fix.",
+            if n == 1 { "check" } else { "checks" }
+        ),
+    };
     out
 }
 
@@ -259,7 +319,6 @@ fn io_text(e: &std::io::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::OsString;
 
     use super::*;
 
@@ -377,8 +436,15 @@ alice:400000:10
             "{:?}",
             checks[0]
         );
+        // A fallback is missing-but-optional, never a FAIL; each line
+        // names the example flags its values are for.
+        for c in &checks {
+            assert_ne!(c.level, Level::Fail, "{c:?}");
+            assert!(c.detail.starts_with("for `sifbox run --"), "{c:?}");
+        }
+        assert!(checks[3].detail.contains("--cpus 1.5"));
         assert!(checks[0].detail.contains("cannot promise"));
-        assert!(!checks[1].ok && checks[1].detail.starts_with("not enforced: memory_swap"));
+        assert!(!checks[1].ok && checks[1].detail.contains("not enforced: memory_swap"));
         assert!(checks[2].ok && checks[2].detail.contains("RLIMIT_NPROC"));
         assert!(
             !checks[3].ok && checks[3].detail.contains("rounded up"),
@@ -419,8 +485,13 @@ alice:400000:10
             assert!(c.fix.is_none());
         }
         assert!(checks[0].detail.contains("memory.limit_in_bytes"));
+        assert!(
+            checks[3].detail.contains("150000") && checks[3].detail.contains("1.5 CPUs"),
+            "{:?}",
+            checks[3]
+        );
         let text = render_text(&checks);
-        assert!(text.is_ascii() && text.lines().count() == 4, "{text}");
+        assert!(text.is_ascii() && text.lines().count() == 5, "{text}");
     }
 
     #[test]
@@ -446,38 +517,30 @@ alice:400000:10
     }
 
     #[test]
-    fn runtime_dir_order() {
-        let os = |s: &str| Some(OsString::from(s));
-        assert_eq!(
-            runtime_dir_from(os("/x"), os("/run/user/1"), 1).0,
-            PathBuf::from("/x")
-        );
-        assert_eq!(
-            runtime_dir_from(os(""), os("/run/user/1"), 1).0,
-            PathBuf::from("/run/user/1/sifbox")
-        );
-        assert_eq!(
-            runtime_dir_from(None, os("relative"), 7).0,
-            PathBuf::from("/tmp/sifbox-7")
-        );
-        assert_eq!(
-            runtime_dir_from(None, None, 7).0,
-            PathBuf::from("/tmp/sifbox-7")
-        );
-    }
-
-    #[test]
     fn text_table_is_aligned() {
         let checks = vec![
             Check::ok("kernel", "6.1"),
             Check::fail("/dev/fuse", "absent\nreally", "chmod it\nor not"),
+            Check::optional("x", "gone; sifbox does y", "get it"),
         ];
         let text = render_text(&checks);
         assert_eq!(
             text,
-            "  ok   kernel     6.1\n  FAIL /dev/fuse  absent really\n         fix: chmod it\n              or not\n"
+            "  ok   kernel     6.1\n  FAIL /dev/fuse  absent really\n         fix: chmod it\n              or not\n  \
+             opt  x          gone; sifbox does y\n         to have it: get it\n\
+             sifbox run cannot work here: 1 check (FAIL) to fix.\n"
         );
         assert!(text.is_ascii());
+        assert!(any_failed(&checks));
+        // Missing but optional: no FAIL, and the summary says so.
+        let fine = [Check::ok("kernel", "6.1"), checks[2].clone()];
+        assert!(!any_failed(&fine));
+        let text = render_text(&fine);
+        assert!(!text.contains("FAIL"), "{text}");
+        assert!(
+            text.ends_with("sifbox run works here; 1 optional thing is missing (opt: what is lost, and what sifbox does instead).\n"),
+            "{text}"
+        );
     }
 
     #[test]

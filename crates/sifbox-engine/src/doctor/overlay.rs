@@ -39,7 +39,7 @@ pub(super) fn check_overlay(self_exe: &Path, userns_ok: bool) -> Check {
     let leftover = leftover.unwrap_or_default();
     match run.verdict {
         ChildVerdict::Works(note) if leftover.is_empty() => Check::ok(NAME, note),
-        ChildVerdict::Works(note) => Check::fail(
+        ChildVerdict::Works(note) => Check::optional(
             NAME,
             format!("{note}{leftover}"),
             "remove the leftover directory by hand",

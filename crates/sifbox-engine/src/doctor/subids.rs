@@ -102,21 +102,24 @@ pub(super) fn check_subordinate_ids() -> Check {
     if missing.is_empty() && helper_problem.is_empty() {
         return Check::ok(NAME, parts.join("; "));
     }
-    let mut fix = String::from(
-        "only `sifbox run --userns full` (all the image's ids mapped) needs this; \
-         `sifbox run --userns single` works without it.",
+    parts.push(
+        "sifbox does without: it maps your own id alone (`sifbox run --userns single`, what \
+         `--userns auto` picks here), so the image's other owners show as nobody and \
+         `sifbox run --userns full` is refused"
+            .to_owned(),
     );
+    let mut fix = String::new();
     if !missing.is_empty() {
-        let _ = write!(
+        let _ = writeln!(
             fix,
-            "\nas root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user_arg}"
+            "as root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user_arg}"
         );
     }
     if !helper_problem.is_empty() {
         fix.push_str(
-            "\ninstall the uidmap package (newuidmap/newgidmap, setuid root): \
+            "install the uidmap package (newuidmap/newgidmap, setuid root): \
              apt-get install uidmap / dnf install shadow-utils",
         );
     }
-    Check::fail(NAME, parts.join("; "), fix)
+    Check::optional(NAME, parts.join("; "), fix)
 }

@@ -215,7 +215,7 @@ impl Sandbox {
             });
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
-        let (status, t) = self.over_memory(ended, kills_before)?;
+        let (status, t) = self.over_memory(ended, kills_before, last)?;
         self.note_last(last, t);
         self.note_denied(&denied);
         let mut out = ExecOutput::new(
@@ -246,7 +246,7 @@ impl Sandbox {
             denied = d;
             (st, t)
         });
-        let (status, t) = self.over_memory(ended, kills_before)?;
+        let (status, t) = self.over_memory(ended, kills_before, last)?;
         self.note_last(last, t);
         self.note_denied(&denied);
         Ok(status)
@@ -265,11 +265,20 @@ impl Sandbox {
     /// An exec's end, read for a memory limit at work: a command killed
     /// (or a sandbox that went) while the limit's killer acted is said to
     /// have gone over it, with Docker's exit code 137. `before`: the kills
-    /// when the exec started.
+    /// when the exec started; `last`: the exec was the sandbox's last
+    /// (`stop_after`).
+    ///
+    /// The kills are counted before the command is seen to die (the
+    /// watchdog records its kill in usage.json before it sends SIGKILL),
+    /// but after the sandbox's last command the sandbox stops at once, and
+    /// its runtime dir (usage.json) and cgroup may be gone before they are
+    /// read here: then outer's last status line, written after init ended
+    /// and before it removes them, is the count.
     pub(super) fn over_memory(
         &self,
         ended: Result<(ExecStatus, u64)>,
         before: Option<u64>,
+        last: bool,
     ) -> Result<(ExecStatus, u64)> {
         let limit = self.limits.applied.iter().find(|a| a.limit == "memory");
         let killed = matches!(
@@ -279,12 +288,14 @@ impl Sandbox {
         let Some(limit) = limit.filter(|_| killed) else {
             return ended;
         };
+        let before = before.unwrap_or(0);
         let mut kills = self.usage().oom_kills;
-        if ended.is_err() {
-            // Gone, runtime dir and all: outer's last status line says.
+        if ended.is_err() || (last && kills <= before) {
+            // Gone, or going, runtime dir and all: outer's last status
+            // line says.
             kills = kills.max(self.final_oom_kills());
         }
-        if kills <= before.unwrap_or(0) {
+        if kills <= before {
             return ended;
         }
         tracing::warn!(

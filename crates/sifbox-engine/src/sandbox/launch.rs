@@ -68,6 +68,20 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
             }
         }
     }
+    // Affinity grants whole CPUs: a fraction rounded up is said.
+    let asked = spec.limits.cpus_milli.map(u64::from);
+    if let Some(a) = e.applied.iter().find(|a| {
+        a.limit == "cpus" && matches!(a.how, limits::How::Affinity) && Some(a.value) != asked
+    }) {
+        tracing::warn!(
+            "sandbox {}: a CPU limit of {:.3} is enforced as {} whole CPUs ({}): without a \
+             cgroup, CPU affinity grants whole CPUs",
+            spec.name,
+            asked.unwrap_or(0) as f64 / 1000.0,
+            a.value / 1000,
+            a.detail
+        );
+    }
     Ok(e)
 }
 

@@ -55,7 +55,7 @@ pub enum SandboxError {
         problem: OverlayProblem,
     },
     /// This host (or caller) cannot make a disk-backed layer: `why`.
-    #[error("a disk-backed writable layer of {size_mib} MiB: {why}; ask for a tmpfs writable layer instead (its size counts in the memory limit)")]
+    #[error("a disk-backed writable layer of {size_mib} MiB: {why}")]
     DiskUnavailable { size_mib: u64, why: String },
     #[error("a disk-backed layer was given for a sandbox whose writable layer is not one")]
     DiskLayerNotWanted,

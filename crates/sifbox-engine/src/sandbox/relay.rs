@@ -240,7 +240,7 @@ impl Sandbox {
             denied = d;
             (st, t)
         });
-        let (status, t) = self.over_memory(ended, kills_before)?;
+        let (status, t) = self.over_memory(ended, kills_before, last)?;
         self.note_last(last, t);
         self.note_denied(&denied);
         Ok(status)

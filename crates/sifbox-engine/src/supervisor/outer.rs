@@ -166,13 +166,20 @@ pub(super) fn outer(
     drop((nest_init, listener, disk, activity_init));
     sifbox_sys::release_free_memory();
     let waited = wait_init(sys, init, launch, nest_outer, activity_outer, input);
+    // The kernel's kills too, read while the cgroup is still there.
+    let cgroup_kills = launch
+        .limits
+        .cgroup
+        .as_ref()
+        .and_then(crate::limits::cgroup::SandboxCgroup::oom_kills)
+        .unwrap_or(0);
     if let Some(cg) = &launch.limits.cgroup {
         // Out of the cgroup, which goes with the sandbox.
         if let Err(e) = cg.remove(std::process::id()) {
             tracing::warn!("removing the sandbox's cgroup: {e}");
         }
     }
-    let oom_kills = waited?;
+    let oom_kills = waited?.max(cgroup_kills);
     // The client reads why a sandbox went after its runtime dir is gone.
     status.send(&format!("exited 0 oom_kills={oom_kills}"));
     crate::runtime::remove_dir(&launch.dir)?;

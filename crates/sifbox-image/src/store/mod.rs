@@ -222,7 +222,8 @@ pub struct ImageEntry {
     pub size: u64,
     pub sif: PathBuf,
     pub unpacked: bool,
-    /// Unix seconds.
+    /// When the image was made (Unix seconds): its SIF's own time (see
+    /// [`crate::sif::Sif::image_time`]), else when it was stored.
     pub created: u64,
 }
 
@@ -821,11 +822,18 @@ impl Store {
                     .map(|(n, _)| n.clone())
                     .collect(),
                 size: meta.len(),
-                created: meta
-                    .modified()
+                // The image's own time (the same for a digest in every
+                // store), else when it was stored.
+                created: crate::sif::Sif::open(&sif)
                     .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map(|d| d.as_secs())
+                    .and_then(|s| s.image_time())
+                    .and_then(|t| u64::try_from(t).ok())
+                    .or_else(|| {
+                        meta.modified()
+                            .ok()
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map(|d| d.as_secs())
+                    })
                     .unwrap_or_default(),
                 unpacked: self.rootfs_path(&d).is_dir(),
                 digest: d.to_string(),

@@ -24,6 +24,10 @@ pub struct GcArgs {
     /// `RUN --mount=type=cache` directories (not while builds run).
     #[arg(long = "build-cache")]
     build_cache: bool,
+    /// List every file, dir, sandbox and image removed (by default: how
+    /// many of each kind).
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
@@ -67,44 +71,67 @@ pub fn run(args: GcArgs) -> crate::error::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(b) = &blobs {
-        for p in &b.removed {
-            outln!("removed {}", p.display());
+    let shown = |paths: &[std::path::PathBuf]| -> Vec<String> {
+        paths.iter().map(|p| p.display().to_string()).collect()
+    };
+    let deferred: Vec<String> = store
+        .deferred_images
+        .iter()
+        .map(|d| format!("{d} (removed with --force while in use)"))
+        .collect();
+    // Each kind: how many went (a healthy store has dozens of lock files
+    // nobody holds: a count, not a line each), with `-v` each one.
+    let kinds: [(&str, &str, Vec<String>); 10] = [
+        ("dead sandbox", "dead sandboxes", removed.clone()),
+        ("empty cgroup", "empty cgroups", shown(&cgroups)),
+        ("image", "images", deferred),
+        (
+            "lock file nobody held",
+            "lock files nobody held",
+            shown(&store.stale_locks),
+        ),
+        ("temporary dir", "temporary dirs", shown(&store.temp_dirs)),
+        (
+            "unpacked tree of no image",
+            "unpacked trees of no image",
+            shown(&store.unpacked_without_image),
+        ),
+        (
+            "source record of no image",
+            "source records of no image",
+            shown(&store.stale_sources),
+        ),
+        (
+            "registry blob",
+            "registry blobs",
+            blobs.as_ref().map_or_else(Vec::new, |b| shown(&b.removed)),
+        ),
+        ("build cache entry", "build cache entries", shown(&pruned)),
+        (
+            "disk-layer template",
+            "disk-layer templates",
+            shown(&templates),
+        ),
+    ];
+    let mut any = false;
+    for (one, many, items) in &kinds {
+        if items.is_empty() {
+            continue;
+        }
+        any = true;
+        if args.verbose {
+            for item in items {
+                outln!("removed {one} {item}");
+            }
+        } else {
+            let n = items.len();
+            outln!("removed {n} {}", if n == 1 { one } else { many });
         }
     }
-    for p in pruned.iter().chain(&templates) {
-        outln!("removed {}", p.display());
-    }
-    for name in &removed {
-        outln!("removed dead sandbox {name}");
-    }
-    for p in &cgroups {
-        outln!("removed cgroup {}", p.display());
-    }
-    for d in &store.deferred_images {
-        outln!("removed image {d} (removed with --force while in use)");
-    }
-    for p in store
-        .temp_dirs
-        .iter()
-        .chain(&store.unpacked_without_image)
-        .chain(&store.stale_sources)
-        .chain(&store.stale_locks)
-    {
-        outln!("removed {}", p.display());
-    }
-    if removed.is_empty()
-        && cgroups.is_empty()
-        && store.temp_dirs.is_empty()
-        && store.unpacked_without_image.is_empty()
-        && store.stale_sources.is_empty()
-        && store.stale_locks.is_empty()
-        && store.deferred_images.is_empty()
-        && blobs.as_ref().is_none_or(|b| b.removed.is_empty())
-        && pruned.is_empty()
-        && templates.is_empty()
-    {
+    if !any {
         outln!("nothing to clean up");
+    } else if !args.verbose {
+        outln!("(`sifbox gc -v` lists them)");
     }
     Ok(ExitCode::SUCCESS)
 }

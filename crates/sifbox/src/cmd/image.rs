@@ -91,7 +91,12 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
                         &i.digest[..i.digest.len().min(19)],
                         human_size(i.size),
                         rfc3339_secs(i.created),
-                        i.refs.join(", ")
+                        // Untagged: Docker's `<none>`, not a blank.
+                        if i.refs.is_empty() {
+                            "<none>".to_string()
+                        } else {
+                            i.refs.join(", ")
+                        }
                     );
                 }
             }

@@ -148,15 +148,32 @@ fn memory_arg(s: &str) -> Result<Memory, String> {
 
 impl LimitArgs {
     /// The limits as the flags ask for them (the rest is the config
-    /// file's, else sifbox's defaults: `sifbox_launch::LimitOptions`).
-    pub fn options(&self) -> LimitOptions {
-        LimitOptions {
+    /// file's, else sifbox's defaults: `sifbox_launch::LimitOptions`);
+    /// `--cpus` above the host's CPUs is refused.
+    pub fn options(&self) -> sifbox_engine::Result<LimitOptions> {
+        cpus_within_host(self.cpus, sifbox_engine::limits::allowed_cpus().len())?;
+        Ok(LimitOptions {
             memory: self.memory,
             memory_swap: self.memory_swap,
             pids: self.pids,
             cpus_milli: self.cpus,
             nofile: self.ulimit,
+        })
+    }
+}
+
+/// `--cpus` above the CPUs this process may use (`have`) is refused, as
+/// Docker does: it would limit nothing, while saying it does.
+fn cpus_within_host(milli: Option<u32>, have: usize) -> sifbox_engine::Result<()> {
+    match milli {
+        Some(m) if have > 0 && u64::from(m) > u64::try_from(have).unwrap_or(u64::MAX) * 1000 => {
+            Err(sifbox_engine::Error::BadInput {
+                what: format!("--cpus {}", f64::from(m) / 1000.0),
+                why: format!("this host lets sifbox use {have} CPUs"),
+                fix: format!("ask for at most --cpus {have}, or leave --cpus out for no CPU limit"),
+            })
         }
+        _ => Ok(()),
     }
 }
 
@@ -316,7 +333,7 @@ impl SandboxArgs {
             layer,
             shm_bytes: Some(self.shm_size),
             confinement: self.confine.confinement(),
-            limits: LimitsFrom::Options(self.limits.options()),
+            limits: LimitsFrom::Options(self.limits.options()?),
             env: self.env.resolve()?,
             binds,
             host_ca: sifbox_launch::host_ca::for_sandboxes(self.host_ca.as_deref())?,
@@ -383,6 +400,20 @@ fn give_back_foreign(userns: UsernsMode, logs: &std::path::Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpus_above_the_host_are_refused() {
+        assert!(cpus_within_host(Some(2000), 2).is_ok());
+        assert!(cpus_within_host(Some(500), 2).is_ok());
+        assert!(cpus_within_host(None, 2).is_ok());
+        // Unknown CPUs (affinity unreadable): not refused.
+        assert!(cpus_within_host(Some(99_000), 0).is_ok());
+        let e = cpus_within_host(Some(2001), 2).expect_err("refused");
+        assert!(e.is_bad_input());
+        let text = e.to_string();
+        assert!(text.contains("--cpus 2.001"), "{text}");
+        assert!(text.contains("at most --cpus 2"), "{text}");
+    }
 
     #[test]
     fn a_flags_value_is_one_of_its_enums_or_one_line_that_lists_them() {

@@ -1198,6 +1198,95 @@ fn image_ls_and_inspect_print_human_sizes_and_iso_times() {
     assert_eq!(json["config"], human["config"]);
 }
 
+/// `image ls` as Docker users read it (issue 26): an untagged image's
+/// NAMES is `<none>`, not a blank; CREATED is the image's own time (its
+/// SIF's, the time its files are clamped to: for an import, the source
+/// file's, here 2020-09-13T12:26:40Z), so the same digest shows the same
+/// time in every store, not when each stored it.
+#[test]
+fn image_ls_shows_none_and_the_images_own_creation_time() {
+    let env = Env::new();
+    let tar = env.path("old.tar");
+    std::fs::write(
+        &tar,
+        harness::Tarball::new()
+            .dir("etc", 0o755)
+            .file("etc/hello", 0o644, b"hi\n")
+            .bytes(),
+    )
+    .expect("write");
+    // An import's time is its source's (what its entries are clamped to).
+    std::fs::File::options()
+        .write(true)
+        .open(&tar)
+        .and_then(|f| f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000)))
+        .expect("set the tarball's mtime");
+    let t = tar.display().to_string();
+    let out = env.sifbox(&["image", "import", &t]);
+    out.success();
+    let digest = digest_of(&out);
+    let ls = env.sifbox(&["image", "ls"]);
+    ls.success();
+    let row = ls
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&digest[..19]))
+        .unwrap_or_else(|| panic!("no row for {digest}: {}", ls.stdout));
+    assert!(row.trim_end().ends_with("<none>"), "{row}");
+    assert!(row.contains("2020-09-13T12:26:40Z"), "{row}");
+    // Another store, later: the same image, the same time.
+    std::thread::sleep(Duration::from_millis(1100));
+    let other = Store::new("sifbox-e2e-cache2.");
+    let again = other
+        .cmd(["image", "import", &t, "--name", "old:1"])
+        .output();
+    again.success();
+    assert_eq!(digest_of(&again), digest);
+    let created = |v: Value| v["images"][0]["created"].as_u64();
+    let here = created(env.sifbox(&["image", "ls", "--json"]).json());
+    let there = created(other.cmd(["image", "ls", "--json"]).output().json());
+    assert_eq!(here, Some(1_600_000_000));
+    assert_eq!(here, there);
+}
+
+/// `gc` on a healthy store says how many lock files nobody held it
+/// removed, not one line each (issue 26: 50 `removed .../locks/*.lock`
+/// lines); `gc -v` lists them.
+#[test]
+fn gc_counts_what_it_removed_and_lists_it_with_v() {
+    let env = Env::new();
+    let tarball = env.rootfs_tarball();
+    let make_locks = || {
+        env.store.import(&tarball, "gc:1").output().success();
+        env.sifbox(&["run", "gc:1", "true"]).success();
+        let locks = env.store.entries("locks");
+        assert!(!locks.is_empty(), "no lock files left to remove");
+        locks.len()
+    };
+    let n = make_locks();
+    let gc = env.sifbox(&["gc"]);
+    gc.success();
+    assert!(!gc.stdout.contains(".lock"), "{}", gc.stdout);
+    let want = if n == 1 {
+        "removed 1 lock file nobody held".to_string()
+    } else {
+        format!("removed {n} lock files nobody held")
+    };
+    assert!(gc.stdout.contains(&want), "{}", gc.stdout);
+    assert!(gc.stdout.contains("sifbox gc -v"), "{}", gc.stdout);
+    assert!(gc.stdout.lines().count() <= 12, "{}", gc.stdout);
+    let n = make_locks();
+    let gc = env.sifbox(&["gc", "-v"]);
+    gc.success();
+    let listed = gc
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("removed lock file nobody held ") && l.ends_with(".lock"))
+        .count();
+    assert_eq!(listed, n, "{}", gc.stdout);
+    assert!(env.sifbox(&["gc"]).stdout.contains("nothing to clean up"));
+}
+
 // ---------------------------------------------------------------------------
 // Images in use (issue 15): `image rm` and the sandboxes, runs and builds
 // that use an image; gc and the store's lock files
