@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::Sandbox;
 
-use crate::cmd::options::{bad, EnvArgs};
+use crate::cmd::options::{bad, EnvArgs, TimeoutArg};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -21,9 +21,8 @@ pub struct ExecArgs {
     /// Run as this user of the image: NAME, UID, UID:GID or NAME:GROUP.
     #[arg(long, short = 'u', value_name = "USER")]
     pub user: Option<String>,
-    /// Kill every process the command started after this many seconds; exit 124.
-    #[arg(long, value_name = "SECONDS")]
-    pub timeout: Option<f64>,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
     /// Capture output, keeping the last BYTES of each stream (reports truncation).
     #[arg(long, value_name = "BYTES")]
     pub max_output: Option<usize>,
@@ -63,18 +62,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
         )
         .into());
     }
-    let timeout = match a.timeout {
-        None => None,
-        Some(t) if t > 0.0 && t.is_finite() => Some(std::time::Duration::from_secs_f64(t)),
-        Some(_) => {
-            return Err(bad(
-                "--timeout",
-                "must be a positive number of seconds",
-                "e.g. --timeout 30",
-            )
-            .into())
-        }
-    };
+    let timeout = a.timeout.duration()?;
     let sandbox = Sandbox::attach(&a.name)?;
     let req = ExecRequest::command(argv)
         .defaults(&sandbox.exec_defaults()?)

@@ -81,5 +81,10 @@ pub fn status_exit(status: &ExecStatus) -> ExitCode {
     if let ExecStatus::Failed { message, .. } = status {
         eprintln!("sifbox: error: {message}");
     }
+    if status.timed_out() {
+        eprintln!(
+            "sifbox: the command ran past its --timeout: it and every process it started were killed (exit 124)"
+        );
+    }
     crate::exit_code(status.code())
 }

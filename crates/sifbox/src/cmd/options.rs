@@ -297,6 +297,29 @@ impl EnvArgs {
     }
 }
 
+/// `--timeout SECONDS`, as `run` and `exec` take it.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TimeoutArg {
+    /// Kill every process the command started after this many seconds; exit 124.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<f64>,
+}
+
+impl TimeoutArg {
+    /// The limit, checked: a positive, finite number of seconds.
+    pub fn duration(&self) -> Result<Option<std::time::Duration>, Error> {
+        match self.timeout {
+            None => Ok(None),
+            Some(t) if t > 0.0 && t.is_finite() => Ok(Some(std::time::Duration::from_secs_f64(t))),
+            Some(_) => Err(bad(
+                "--timeout",
+                "must be a positive number of seconds",
+                "e.g. --timeout 30",
+            )),
+        }
+    }
+}
+
 pub fn bad(what: &str, why: &str, fix: &str) -> Error {
     Error::BadInput {
         what: what.into(),

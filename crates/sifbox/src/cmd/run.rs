@@ -7,7 +7,7 @@ use std::time::Duration;
 use sifbox_engine::protocol::ExecRequest;
 use sifbox_engine::{Sandbox, StartOptions};
 
-use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
+use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs, TimeoutArg};
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
@@ -21,6 +21,8 @@ pub struct RunArgs {
     /// Give the command a pty (when sifbox's stdin is a terminal).
     #[arg(short = 't', long = "tty")]
     pub tty: bool,
+    #[command(flatten)]
+    pub timeout: TimeoutArg,
     /// Run CMD instead of the image's entrypoint; ARGS follow it and the
     /// image's cmd is dropped, as with `docker run --entrypoint`. An empty
     /// CMD (`--entrypoint ''`) runs ARGS alone.
@@ -65,6 +67,7 @@ fn command_line(
 }
 
 pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
+    let timeout = a.timeout.duration()?;
     let mut args = a.args.clone();
     let image_arg = match &a.sandbox.rootfs {
         Some(_) => None,
@@ -108,6 +111,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
         .defaults(&planned.defaults)
         .base_env(planned.env)
         .cwd(a.cwd.clone())
+        .timeout(timeout)
         .stop_after(true)
         .build();
     let use_tty = a.tty && rustix::termios::isatty(std::io::stdin());

@@ -2019,3 +2019,37 @@ fn doctor_recommends_only_flags_that_exist() {
     assert!(bad.is_empty(), "doctor recommends:\n  {}", bad.join("\n  "));
     eprintln!("{checked} sifbox flags in doctor's advice, all there");
 }
+
+/// `--timeout` in `run` as in `exec`: the command and every process it
+/// started are killed, the exit is 124, and one line on stderr says why
+/// (issue 26: `exec --timeout` was silent and `run` had no --timeout).
+#[test]
+fn timeouts_in_run_and_exec_kill_the_command_and_say_so() {
+    let sb = Sifbox::new();
+    let m = unique_number();
+    let script = format!("echo before; setsid sh -c 'sleep {m}' & sleep {m}");
+    let out = sb
+        .run(["--timeout", "1", "--", "sh", "-c", &script])
+        .timeout(Duration::from_secs(60))
+        .output();
+    out.code_is(124);
+    assert_eq!(out.stdout, "before\n", "{out:?}");
+    out.stderr_has("ran past its --timeout");
+    assert!(
+        processes_with_arg(&m.to_string()).is_empty(),
+        "a process of the timed-out run is left"
+    );
+    // A bad limit is bad input, before anything is started.
+    sb.run(["--timeout", "0", "--", "true"])
+        .output()
+        .code_is(125)
+        .stderr_has("--timeout");
+    let sandbox = Started::plain(&sb, "timeout-line");
+    let out = sandbox.exec(&["--timeout", "0.5"], &["sleep", "30"]);
+    out.code_is(124);
+    out.stderr_has("ran past its --timeout");
+    // In time: no line.
+    let out = sandbox.exec(&["--timeout", "30"], &["true"]);
+    out.code_is(0);
+    assert!(!out.stderr.contains("--timeout"), "{out:?}");
+}
