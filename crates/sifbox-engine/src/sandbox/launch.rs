@@ -53,7 +53,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
             cpus_milli: l.cpus_milli.filter(|_| h.can("cpu")),
             user_pids: l.user_pids.filter(|_| h.can("pids")),
         };
-        match h.create(&spec.name, &cl) {
+        match h.create(&sifbox_sys::syscall::Kernel, &spec.name, &cl) {
             Ok(cg) => e.cgroup = Some(cg),
             Err(err) => {
                 let host = limits::Host {
