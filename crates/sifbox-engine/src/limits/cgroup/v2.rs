@@ -603,6 +603,123 @@ mod tests {
             .contains("no cgroup2"));
     }
 
+    /// The writes and removals `r` recorded: (path, data); a removal has
+    /// no data; and the errno a write was made to fail with.
+    fn recorded(
+        r: &sifbox_sys::syscall::fake::Recorder,
+    ) -> Vec<(PathBuf, Option<String>, Option<rustix::io::Errno>)> {
+        use sifbox_sys::syscall::fake::{Call, Obj};
+        r.calls()
+            .into_iter()
+            .filter_map(|e| match e.call {
+                Call::WriteFile {
+                    at: Obj::Host(p),
+                    data,
+                } => Some((
+                    p,
+                    Some(String::from_utf8_lossy(&data).into_owned()),
+                    e.failed,
+                )),
+                Call::RemoveDir { at: Obj::Host(p) } => Some((p, None, e.failed)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const ALL: CgroupLimits = CgroupLimits {
+        memory: Some(64 << 20),
+        memory_swap: Some(96 << 20),
+        pids: Some(20),
+        cpus_milli: Some(500),
+        user_pids: Some(300),
+    };
+
+    #[test]
+    fn each_limit_is_one_write_of_its_file_and_value_through_the_seam() {
+        let (t, scope) = host("");
+        let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+        let sys = sys();
+        let cg = create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect("create");
+        let dir = &cg.dirs[0];
+        let base = scope.join(BASE);
+        let calls = recorded(&sys);
+        let limits: Vec<(PathBuf, Option<String>, Option<rustix::io::Errno>)> = calls
+            .into_iter()
+            .filter(|(p, _, _)| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| !n.starts_with("cgroup."))
+            })
+            .collect();
+        let w = |p: PathBuf, v: &str| (p, Some(v.to_string()), None);
+        assert_eq!(
+            limits,
+            vec![
+                // The user's cap on the parent of their sandboxes, first.
+                w(base.join("pids.max"), "300"),
+                w(dir.join("memory.max"), "67108864"),
+                // The swap limit is what swap may add to memory.
+                w(dir.join("memory.swap.max"), &(32u64 << 20).to_string()),
+                w(dir.join("pids.max"), "20"),
+                w(dir.join("cpu.max"), "50000 100000"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_limit_write_names_file_limit_and_errno_and_removes_the_half_made_cgroup() {
+        use rustix::io::Errno;
+        // Which write_file is the memory.max one (the same in every run:
+        // only the cgroup's random name differs).
+        let nth = {
+            let (t, _) = host("");
+            let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+            let sys = sys();
+            create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect("create");
+            recorded(&sys)
+                .iter()
+                .filter(|(_, d, _)| d.is_some())
+                .position(|(p, _, _)| p.ends_with("memory.max"))
+                .expect("memory.max written")
+                + 1
+        };
+        for (errno, says) in [
+            (Errno::ACCESS, "Permission denied"),
+            (Errno::BUSY, "Device or resource busy"),
+        ] {
+            let (t, scope) = host("");
+            let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+            let sys = sys();
+            sys.fail("write_file", nth, errno);
+            let err =
+                create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect_err("a refused limit");
+            let calls = recorded(&sys);
+            let failed = calls
+                .iter()
+                .position(|(_, _, f)| *f == Some(errno))
+                .expect("the failed write");
+            let dir = calls[failed].0.parent().expect("dir").to_path_buf();
+            let msg = err.to_string();
+            for part in [
+                "setting memory",
+                &*dir.join("memory.max").to_string_lossy(),
+                says,
+            ] {
+                assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+            }
+            // After the failure: the sandbox's cgroup removed, and nothing
+            // else (sifbox/ is shared by all the user's sandboxes); no
+            // limit written after it.
+            assert_eq!(
+                calls[failed + 1..],
+                [(dir.clone(), None, None)],
+                "{errno:?}"
+            );
+            assert!(!dir.exists());
+            assert!(scope.join(BASE).is_dir());
+        }
+    }
+
     #[test]
     fn create_moves_the_processes_to_main_enables_controllers_and_writes_limits() {
         let (t, scope) = host("100\n200\n");
