@@ -512,4 +512,60 @@ mod tests {
             assert!(left.is_empty(), "{m} cleaned up: {left:?}");
         }
     }
+
+    #[test]
+    fn a_refused_limit_write_names_it_and_removes_each_mount_s_half_made_cgroup() {
+        use sifbox_sys::syscall::fake::{Call, Obj};
+        let t = tree(true);
+        let r = t.path();
+        let h = Detection::run(r, &inputs(me())).v1.expect("v1");
+        let limits = CgroupLimits {
+            memory: Some(64 << 20),
+            pids: Some(20),
+            cpus_milli: Some(500),
+            ..CgroupLimits::default()
+        };
+        let sys = sys();
+        // The writes: cpu's period and quota, then memory's limit (the
+        // mounts in order: cpu,cpuacct, memory, pids).
+        sys.fail("write_file", 3, rustix::io::Errno::ACCESS);
+        let err = h.create(&sys, "box", &limits).expect_err("refused");
+        let calls = sys.calls();
+        let failed = calls
+            .iter()
+            .position(|e| e.failed.is_some())
+            .expect("the refused write");
+        let Call::WriteFile {
+            at: Obj::Host(file),
+            ..
+        } = &calls[failed].call
+        else {
+            panic!("{:?}", calls[failed]);
+        };
+        assert!(file.ends_with("memory.limit_in_bytes"), "{file:?}");
+        let msg = err.to_string();
+        for part in [
+            "setting memory",
+            &*file.to_string_lossy(),
+            "Permission denied",
+        ] {
+            assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+        }
+        let mem = file.parent().expect("dir").to_path_buf();
+        let leaf = mem.file_name().expect("leaf");
+        let cpu = r
+            .join("cpu,cpuacct/sifbox")
+            .join(me().to_string())
+            .join(leaf);
+        // After it: no write, and the removal of what this create made, a
+        // cgroup's children first; the shared sifbox/UID/ stays.
+        let after: Vec<Call> = calls[failed + 1..].iter().map(|e| e.call.clone()).collect();
+        let rm = |p: PathBuf| Call::RemoveDir { at: Obj::Host(p) };
+        assert_eq!(
+            after,
+            [rm(cpu.join(PAYLOAD)), rm(cpu.clone()), rm(mem.clone())]
+        );
+        assert!(!cpu.exists() && !mem.exists());
+        assert!(mem.parent().is_some_and(Path::is_dir));
+    }
 }
