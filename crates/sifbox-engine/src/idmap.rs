@@ -252,14 +252,16 @@ pub fn map_text(ranges: &[IdRange]) -> String {
 /// Writes the maps of `mapping` for process `pid` from outside its user
 /// namespace: directly when the caller is root, else through
 /// newuidmap/newgidmap.
-pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<()> {
+pub fn write_external(
+    sys: &dyn Syscall,
+    pid: i32,
+    mapping: &IdMapping,
+    caller: &Caller,
+) -> Result<()> {
     if caller.uid == 0 {
         let proc = PathBuf::from(format!("/proc/{pid}"));
-        // The client's side, after the supervisor unshared: the real
-        // kernel (the seam is threaded through the sandbox's own setup).
-        let sys = sifbox_sys::syscall::Kernel;
-        write_file(&sys, &proc.join("uid_map"), &map_text(&mapping.uid))?;
-        write_file(&sys, &proc.join("gid_map"), &map_text(&mapping.gid))?;
+        write_file(sys, &proc.join("uid_map"), &map_text(&mapping.uid))?;
+        write_file(sys, &proc.join("gid_map"), &map_text(&mapping.gid))?;
         return Ok(());
     }
     for (tool, ranges, which) in [

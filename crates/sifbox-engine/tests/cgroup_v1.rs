@@ -48,7 +48,9 @@ impl InCgroup {
     /// Makes the cgroup, starts `script` under `/bin/sh -c` waiting for a
     /// line on stdin, moves it in, and lets it go.
     fn start(h: &Hierarchy, name: &str, limits: &CgroupLimits, script: &str) -> InCgroup {
-        let cg = h.create(name, limits).expect("create the cgroup");
+        let cg = h
+            .create(&sifbox_sys::syscall::Kernel, name, limits)
+            .expect("create the cgroup");
         let child = Command::new("/bin/sh")
             .arg("-c")
             .arg(format!("read go; {script}"))
@@ -313,6 +315,7 @@ fn create_join_remove_and_gc_leave_nothing_behind() {
     let t = Instant::now();
     let cg = h
         .create(
+            &sifbox_sys::syscall::Kernel,
             "cgtest-life",
             &CgroupLimits {
                 memory: Some(64 << 20),
@@ -358,10 +361,18 @@ fn create_join_remove_and_gc_leave_nothing_behind() {
     // gc: an empty cgroup of a sandbox that is gone goes; one whose
     // sandbox lives stays.
     let stale = h
-        .create("cgtest-stale", &CgroupLimits::default())
+        .create(
+            &sifbox_sys::syscall::Kernel,
+            "cgtest-stale",
+            &CgroupLimits::default(),
+        )
         .expect("create");
     let kept = h
-        .create("cgtest-kept", &CgroupLimits::default())
+        .create(
+            &sifbox_sys::syscall::Kernel,
+            "cgtest-kept",
+            &CgroupLimits::default(),
+        )
         .expect("create");
     // Every other name counts as live: this host's other sandboxes (and
     // this binary's other tests, between create and join) are not this
@@ -376,7 +387,11 @@ fn create_join_remove_and_gc_leave_nothing_behind() {
     assert!(kept.dirs.iter().all(|d| d.exists()));
     // A young one stays whatever its name.
     let young = h
-        .create("cgtest-stale", &CgroupLimits::default())
+        .create(
+            &sifbox_sys::syscall::Kernel,
+            "cgtest-stale",
+            &CgroupLimits::default(),
+        )
         .expect("create");
     let removed =
         sifbox_engine::limits::cgroup::gc(&h, &|n| n != "cgtest-stale", Duration::from_secs(600));

@@ -11,7 +11,7 @@
 //! What is here is what needs privilege or changes the process or the
 //! mount table: making, cloning, attaching and changing mounts, the pivot,
 //! namespaces, prctl, the host name, device nodes, and the writes of id
-//! maps and cgroup files. Lookups and file operations on the trees those
+//! maps and cgroup files, and the removal of cgroups. Lookups and file operations on the trees those
 //! calls return (`openat2`, `mkdirat`, `fstat`, ...) stay plain calls on
 //! the fds: they need no privilege, so they run unchanged on the fake's
 //! trees, which are scratch directories.
@@ -181,6 +181,9 @@ pub trait Syscall {
     /// Writes `data` in one `write` to the existing file `name` beneath
     /// `dir` (an id map under /proc/PID, a cgroup's control file).
     fn write_file(&self, dir: BorrowedFd<'_>, name: &Path, data: &[u8]) -> Result<(), Errno>;
+    /// Removes the empty directory `name` beneath `dir` (a cgroup:
+    /// `unlinkat(dir, name, AT_REMOVEDIR)`).
+    fn remove_dir(&self, dir: BorrowedFd<'_>, name: &Path) -> Result<(), Errno>;
 }
 
 /// The real system calls.
@@ -337,14 +340,21 @@ impl Syscall for Kernel {
     }
 
     fn write_file(&self, dir: BorrowedFd<'_>, name: &Path, data: &[u8]) -> Result<(), Errno> {
+        // Append mode: kernel files (id maps, cgroup files) ignore the
+        // offset, and a plain file standing for one in a test keeps every
+        // write.
         let fd = rustix::fs::openat(
             dir,
             name,
-            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::WRONLY | OFlags::APPEND | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
         let mut f = std::fs::File::from(fd);
         f.write_all(data)
             .map_err(|e| Errno::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+
+    fn remove_dir(&self, dir: BorrowedFd<'_>, name: &Path) -> Result<(), Errno> {
+        rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)
     }
 }

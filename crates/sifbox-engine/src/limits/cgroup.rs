@@ -30,6 +30,12 @@
 //! systems hold no symlinks and no files that a user can create, only the
 //! kernel's files and the directories cgroups are, so a path cannot be
 //! redirected by what a sandbox makes there.
+//!
+//! Every write to a cgroup file and every removal of a cgroup goes through
+//! the syscall seam ([`Syscall::write_file`], [`Syscall::remove_dir`]):
+//! [`Hierarchy::create`] takes the caller's, so its writes and its undo on
+//! failure are unit-tested on the recording fake; the later calls on a
+//! [`SandboxCgroup`] (it crosses processes serialized) use the kernel's.
 
 pub mod v1;
 pub mod v2;
@@ -43,6 +49,7 @@ use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
+use sifbox_sys::syscall::{Kernel, Syscall};
 
 /// Where cgroup file systems are mounted on a normal host.
 pub const MOUNT_ROOT: &str = "/sys/fs/cgroup";
@@ -242,7 +249,12 @@ impl Hierarchy {
 
     /// Makes the cgroup of sandbox `name` and writes `limits`; every limit
     /// set must be one the hierarchy [`can`](Hierarchy::can) enforce.
-    pub fn create(&self, name: &str, limits: &CgroupLimits) -> io::Result<SandboxCgroup> {
+    pub fn create(
+        &self,
+        sys: &dyn Syscall,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> io::Result<SandboxCgroup> {
         for (set, what) in [
             (limits.memory.is_some(), "memory"),
             (limits.memory_swap.is_some(), "swap"),
@@ -257,8 +269,8 @@ impl Hierarchy {
             }
         }
         match self {
-            Hierarchy::V1 { dirs, .. } => v1::create(dirs, name, limits),
-            Hierarchy::V2 { .. } => v2::create(self, name, limits, &|| {
+            Hierarchy::V1 { dirs, .. } => v1::create(sys, dirs, name, limits),
+            Hierarchy::V2 { .. } => v2::create(sys, self, name, limits, &|| {
                 std::fs::read_to_string("/proc/self/cgroup")
             }),
         }
@@ -428,7 +440,7 @@ impl SandboxCgroup {
     /// Moves process `pid` (and its threads) into the cgroup.
     pub fn join(&self, pid: u32) -> io::Result<()> {
         for p in self.payloads() {
-            write_pid(&p, pid).map_err(|e| context(e, "joining", &p))?;
+            write_pid(&Kernel, &p, pid).map_err(|e| context(e, "joining", &p))?;
         }
         Ok(())
     }
@@ -488,7 +500,7 @@ impl SandboxCgroup {
             let p = self
                 .file("memory.max_usage_in_bytes")
                 .ok_or_else(|| io::Error::other("the cgroup has no memory controller"))?;
-            return write(&p, "0").map_err(|e| context(e, "resetting", &p));
+            return write(&Kernel, &p, "0").map_err(|e| context(e, "resetting", &p));
         }
         let p = self
             .file("memory.peak")
@@ -532,7 +544,7 @@ impl SandboxCgroup {
         let deadline = Instant::now() + REMOVE_PATIENCE;
         for (dir, home) in self.dirs.iter().zip(&self.homes) {
             if pid != 0 && dir.exists() {
-                match write_pid(home, pid) {
+                match write_pid(&Kernel, home, pid) {
                     Ok(()) => {}
                     Err(e) if matches!(errno(&e), Some(Errno::SRCH)) => {}
                     Err(e) => {
@@ -540,7 +552,7 @@ impl SandboxCgroup {
                     }
                 }
             }
-            if let Err(e) = remove_tree(dir, deadline) {
+            if let Err(e) = remove_tree(&Kernel, dir, deadline) {
                 first.get_or_insert(e);
             }
             if self.version == 2 {
@@ -548,7 +560,7 @@ impl SandboxCgroup {
                 // cgroup that is Slurm's could not be removed at the end
                 // of the job step otherwise. A concurrent create retries.
                 if let Some(base) = dir.parent() {
-                    let _ = rmdir(base);
+                    let _ = rmdir(&Kernel, base);
                 }
             }
         }
@@ -600,7 +612,7 @@ pub fn gc(h: &Hierarchy, live: &dyn Fn(&str) -> bool, min_age: Duration) -> Vec<
                     Ok(t) => pids(&t).is_empty(),
                     Err(e) => e.kind() == io::ErrorKind::NotFound,
                 });
-            if empty && remove_tree(&path, Instant::now()).is_ok() {
+            if empty && remove_tree(&Kernel, &path, Instant::now()).is_ok() {
                 removed.push(path);
             }
         }
@@ -778,16 +790,33 @@ pub(crate) fn read(path: &Path) -> io::Result<String> {
     std::fs::read_to_string(path)
 }
 
-/// Writes `data` to a cgroup file in one write (append mode: the kernel
-/// ignores the offset, and a fake tree in a test keeps every write).
-pub(crate) fn write(path: &Path, data: &str) -> io::Result<()> {
-    let mut f = std::fs::OpenOptions::new().append(true).open(path)?;
-    f.write_all(data.as_bytes())
+/// The directory holding `path` (an `O_PATH` fd) and `path`'s name in it.
+fn parent_of(path: &Path) -> io::Result<(std::os::fd::OwnedFd, &Path)> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(io::Error::from(Errno::INVAL));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let dir = rustix::fs::open(
+        parent,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    Ok((dir, Path::new(name)))
+}
+
+/// Writes `data` to a cgroup file in one write, through `sys`.
+pub(crate) fn write(sys: &dyn Syscall, path: &Path, data: &str) -> io::Result<()> {
+    let (dir, name) = parent_of(path)?;
+    Ok(sys.write_file(dir.as_fd(), name, data.as_bytes())?)
 }
 
 /// Moves `pid` into the cgroup at `dir`.
-pub(crate) fn write_pid(dir: &Path, pid: u32) -> io::Result<()> {
-    write(&dir.join("cgroup.procs"), &format!("{pid}\n"))
+pub(crate) fn write_pid(sys: &dyn Syscall, dir: &Path, pid: u32) -> io::Result<()> {
+    write(sys, &dir.join("cgroup.procs"), &format!("{pid}\n"))
 }
 
 /// The errno of an error from the kernel.
@@ -816,10 +845,11 @@ pub(crate) fn make_cgroup(path: &Path, exclusive: bool) -> io::Result<()> {
 }
 
 /// Removes cgroup directory `path` (EBUSY while it holds processes).
-fn rmdir(path: &Path) -> io::Result<()> {
+fn rmdir(sys: &dyn Syscall, path: &Path) -> io::Result<()> {
     #[cfg(test)]
     fake::before_rmdir(path)?;
-    std::fs::remove_dir(path)
+    let (dir, name) = parent_of(path)?;
+    Ok(sys.remove_dir(dir.as_fd(), name)?)
 }
 
 /// The controller names in a `cgroup.controllers` or
@@ -917,11 +947,11 @@ fn walk(top: &Path) -> Vec<PathBuf> {
 
 /// Removes the cgroup at `top` and every cgroup below it, children first,
 /// retrying while processes still leave until `deadline`.
-fn remove_tree(top: &Path, deadline: Instant) -> io::Result<()> {
+pub(crate) fn remove_tree(sys: &dyn Syscall, top: &Path, deadline: Instant) -> io::Result<()> {
     loop {
         let mut busy = None;
         for dir in walk(top).iter().rev() {
-            match rmdir(dir) {
+            match rmdir(sys, dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
@@ -960,6 +990,16 @@ pub(crate) mod fake {
     //! written, and writes what the kernel would report).
 
     use std::path::Path;
+
+    use sifbox_sys::syscall::fake::Recorder;
+
+    /// The syscall seam for the cgroup code on a fake tree: the recording
+    /// fake with its writes and removals done on the tree.
+    pub fn sys() -> Recorder {
+        let r = Recorder::new();
+        r.apply_files();
+        r
+    }
 
     /// What the kernel puts in a new cgroup dir: a v2 child gets the
     /// files of the controllers its parent's subtree_control enables, a v1

@@ -15,6 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::pipe::{pipe_with, PipeFlags};
 use rustix::process::Pid;
+use sifbox_sys::syscall::Kernel;
 
 use super::{read_status, Evidencing, OverlayProblem, Sandbox, SandboxError, StartOptions, Status};
 use crate::error::{Error, IoContext, Result};
@@ -53,7 +54,7 @@ fn enforce_limits(spec: &SandboxSpec) -> Result<crate::limits::Enforcement> {
             cpus_milli: l.cpus_milli.filter(|_| h.can("cpu")),
             user_pids: l.user_pids.filter(|_| h.can("pids")),
         };
-        match h.create(&spec.name, &cl) {
+        match h.create(&Kernel, &spec.name, &cl) {
             Ok(cg) => e.cgroup = Some(cg),
             Err(err) => {
                 let host = limits::Host {
@@ -386,7 +387,7 @@ impl Sandbox {
             match first? {
                 Status::Unshared => {
                     let caller = idmap::Caller::current();
-                    if let Err(e) = idmap::write_external(pid, &spec.ids, &caller) {
+                    if let Err(e) = idmap::write_external(&Kernel, pid, &spec.ids, &caller) {
                         let _ = send_line(&mut control, "abort");
                         return Err(e);
                     }

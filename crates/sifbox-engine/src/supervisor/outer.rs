@@ -19,7 +19,9 @@ use super::init::init_main;
 use super::watchdog::Watchdog;
 use super::{errno, exit_now, read_line, Launch, Status};
 use crate::error::{Error, Result};
-use crate::{idmap, protocol};
+use crate::idmap::{self, IdMapError};
+use crate::protocol;
+use crate::spec::IdMapping;
 
 /// Why the outer supervisor could not set the sandbox up, where no system
 /// call of its own failed.
@@ -105,18 +107,7 @@ pub(super) fn outer(
             return Ok(125);
         }
     } else {
-        let (uid, gid) = (ids.uid[0].outside, ids.gid[0].outside);
-        idmap::write_file(sys, Path::new("/proc/self/setgroups"), "deny\n")?;
-        idmap::write_file(
-            sys,
-            Path::new("/proc/self/uid_map"),
-            &format!("0 {uid} 1\n"),
-        )?;
-        idmap::write_file(
-            sys,
-            Path::new("/proc/self/gid_map"),
-            &format!("0 {gid} 1\n"),
-        )?;
+        map_single(sys, ids.uid[0].outside, ids.gid[0].outside)?;
     }
 
     // init asks us (over `nest`) to map the nested user namespace it moves
@@ -185,6 +176,43 @@ pub(super) fn outer(
     crate::runtime::remove_dir(&launch.dir)?;
     drop((own, holds));
     Ok(0)
+}
+
+/// Maps outer's own user namespace, single mode: uid and gid 0 to the
+/// caller's ids; setgroups denied first (the kernel refuses an
+/// unprivileged gid_map before).
+fn map_single(sys: &dyn Syscall, uid: u32, gid: u32) -> std::result::Result<(), IdMapError> {
+    idmap::write_file(sys, Path::new("/proc/self/setgroups"), "deny\n")?;
+    idmap::write_file(
+        sys,
+        Path::new("/proc/self/uid_map"),
+        &format!("0 {uid} 1\n"),
+    )?;
+    idmap::write_file(
+        sys,
+        Path::new("/proc/self/gid_map"),
+        &format!("0 {gid} 1\n"),
+    )
+}
+
+/// Maps init's nested user namespace (process `init`) onto outer's ids
+/// one to one: uid_map, then gid_map; the first failure stops.
+fn map_nested(
+    sys: &dyn Syscall,
+    init: i32,
+    ids: &IdMapping,
+) -> std::result::Result<(), IdMapError> {
+    let proc = PathBuf::from(format!("/proc/{init}"));
+    idmap::write_file(
+        sys,
+        &proc.join("uid_map"),
+        &idmap::map_text(&idmap::identity_of(&ids.uid)),
+    )?;
+    idmap::write_file(
+        sys,
+        &proc.join("gid_map"),
+        &idmap::map_text(&idmap::identity_of(&ids.gid)),
+    )
 }
 
 /// Takes a shared hold on each of `paths` (`StartOptions::holds`); the
@@ -434,20 +462,7 @@ fn wait_init(
                         }
                         w.tmpfs = fds;
                     }
-                    let proc = PathBuf::from(format!("/proc/{}", init.as_raw_nonzero()));
-                    let mapped = idmap::write_file(
-                        sys,
-                        &proc.join("uid_map"),
-                        &idmap::map_text(&idmap::identity_of(&spec.ids.uid)),
-                    )
-                    .and_then(|()| {
-                        idmap::write_file(
-                            sys,
-                            &proc.join("gid_map"),
-                            &idmap::map_text(&idmap::identity_of(&spec.ids.gid)),
-                        )
-                    });
-                    if mapped.is_ok() {
+                    if map_nested(sys, init.as_raw_nonzero().get(), &spec.ids).is_ok() {
                         let _ = protocol::send(&n, &"mapped", &[]);
                     }
                     // On failure init reads EOF and reports it.
@@ -491,5 +506,101 @@ fn wait_init(
             Err(rustix::io::Errno::INTR) => continue,
             _ => return Ok(watchdog.map_or(0, |w| w.oom_kills)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use rustix::io::Errno;
+    use sifbox_sys::syscall::fake::{Call, Obj, Recorder};
+
+    use super::{map_nested, map_single};
+    use crate::spec::{IdMapping, IdRange, UsernsMode};
+
+    /// The id-map writes `sys` recorded: (path, text, failed).
+    fn writes(sys: &Recorder) -> Vec<(PathBuf, String, Option<Errno>)> {
+        sys.calls()
+            .into_iter()
+            .filter_map(|e| match e.call {
+                Call::WriteFile {
+                    at: Obj::Host(p),
+                    data,
+                } => Some((p, String::from_utf8_lossy(&data).into_owned(), e.failed)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn w(p: &str, text: &str) -> (PathBuf, String, Option<Errno>) {
+        (PathBuf::from(p), text.to_string(), None)
+    }
+
+    #[test]
+    fn single_mode_denies_setgroups_before_it_maps_uid_then_gid() {
+        let sys = Recorder::new();
+        map_single(&sys, 1001, 1002).expect("mapped");
+        assert_eq!(
+            writes(&sys),
+            [
+                w("/proc/self/setgroups", "deny\n"),
+                w("/proc/self/uid_map", "0 1001 1\n"),
+                w("/proc/self/gid_map", "0 1002 1\n"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_map_write_names_the_file_and_errno_and_writes_no_more() {
+        let sys = Recorder::new();
+        sys.fail("write_file", 2, Errno::PERM);
+        let err = map_single(&sys, 1001, 1002).expect_err("refused");
+        assert_eq!(
+            err.to_string(),
+            "writing /proc/self/uid_map: Operation not permitted (os error 1)"
+        );
+        assert_eq!(
+            writes(&sys).len(),
+            2,
+            "no gid_map after the refused uid_map"
+        );
+
+        let ids = IdMapping {
+            mode: UsernsMode::Full,
+            uid: vec![
+                IdRange {
+                    inside: 0,
+                    outside: 1001,
+                    count: 1,
+                },
+                IdRange {
+                    inside: 1,
+                    outside: 100_000,
+                    count: 65536,
+                },
+            ],
+            gid: vec![IdRange {
+                inside: 0,
+                outside: 1002,
+                count: 1,
+            }],
+            external: true,
+        };
+        let sys = Recorder::new();
+        map_nested(&sys, 42, &ids).expect("mapped");
+        // init's namespace maps onto outer's one to one.
+        assert_eq!(
+            writes(&sys),
+            [
+                w("/proc/42/uid_map", "0 0 1\n1 1 65536\n"),
+                w("/proc/42/gid_map", "0 0 1\n"),
+            ]
+        );
+        let sys = Recorder::new();
+        sys.fail("write_file", 1, Errno::INVAL);
+        let err = map_nested(&sys, 42, &ids).expect_err("refused");
+        assert!(err.to_string().contains("/proc/42/uid_map"), "{err}");
+        assert_eq!(writes(&sys).len(), 1);
     }
 }

@@ -14,7 +14,7 @@ use rustix::process::{Pid, Signal, WaitOptions};
 use super::exit_now;
 use super::handoff::{Activity, KeptLayer};
 use super::pool::{self, new_worker, NewWorker, Pool};
-use sifbox_sys::syscall::Kernel;
+use sifbox_sys::syscall::{Kernel, Syscall};
 
 use crate::protocol::{self, Event, ExecRequest, Request};
 use crate::spec::Confinement;
@@ -92,7 +92,11 @@ fn is_guarded(req: &Request) -> bool {
 /// (see [`crate::spec::GuardedBind`]), and unwraps the request; refused
 /// where the sandbox has no guarded binds, or for a request that is not
 /// a file request.
-fn enter_guarded(req: Request, ns: Option<&OwnedFd>) -> std::result::Result<Request, String> {
+fn enter_guarded(
+    sys: &dyn Syscall,
+    req: Request,
+    ns: Option<&OwnedFd>,
+) -> std::result::Result<Request, String> {
     let req = match req {
         Request::Guarded { request } => match *request {
             inner @ (Request::Chown { .. } | Request::GiveBack { .. } | Request::Remove { .. }) => {
@@ -103,7 +107,7 @@ fn enter_guarded(req: Request, ns: Option<&OwnedFd>) -> std::result::Result<Requ
         other => other,
     };
     let ns = ns.ok_or("this sandbox has no guarded binds")?;
-    rustix::thread::move_into_link_name_space(
+    sys.setns(
         std::os::fd::AsFd::as_fd(ns),
         Some(rustix::thread::LinkNameSpaceType::Mount),
     )
@@ -454,7 +458,7 @@ fn no_such_exec(exec_id: &str) -> Event {
 /// [`enter_guarded`]); where that is refused, the client is told and the
 /// process exits.
 fn guarded_or_exit(req: Request, guarded: Option<&OwnedFd>, conn: &UnixStream) -> Request {
-    match enter_guarded(req, guarded) {
+    match enter_guarded(&Kernel, req, guarded) {
         Ok(r) => r,
         Err(message) => {
             let _ = protocol::send(conn, &Event::Error { code: 125, message }, &[]);
@@ -799,4 +803,63 @@ fn others_alive() -> bool {
             n.bytes().all(|b| b.is_ascii_digit()) && n != "1" && n != me.as_str()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::OwnedFd;
+
+    use rustix::io::Errno;
+    use rustix::thread::LinkNameSpaceType;
+    use sifbox_sys::syscall::fake::{Call, Obj, Recorder};
+
+    use super::enter_guarded;
+    use crate::protocol::Request;
+
+    fn guarded_remove() -> Request {
+        Request::Guarded {
+            request: Box::new(Request::Remove { path: "/x".into() }),
+        }
+    }
+
+    /// An fd standing for the guarded mount namespace.
+    fn ns(dir: &std::path::Path) -> OwnedFd {
+        OwnedFd::from(std::fs::File::open(dir).expect("open"))
+    }
+
+    #[test]
+    fn a_guarded_file_request_enters_the_mount_namespace_through_the_seam() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let sys = Recorder::new();
+        let req = enter_guarded(&sys, guarded_remove(), Some(&ns(t.path()))).expect("entered");
+        assert_eq!(req, Request::Remove { path: "/x".into() });
+        let calls: Vec<Call> = sys.calls().into_iter().map(|e| e.call).collect();
+        assert_eq!(
+            calls,
+            [Call::Setns {
+                ns: Obj::Host(t.path().to_path_buf()),
+                kind: Some(LinkNameSpaceType::Mount),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_refused_setns_names_the_step_and_errno_and_other_requests_enter_nothing() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let sys = Recorder::new();
+        sys.fail("setns", 1, Errno::PERM);
+        let err = enter_guarded(&sys, guarded_remove(), Some(&ns(t.path()))).expect_err("refused");
+        assert!(
+            err.contains("entering the guarded mount namespace")
+                && err.contains("Operation not permitted"),
+            "{err}"
+        );
+        let sys = Recorder::new();
+        let ping = Request::Guarded {
+            request: Box::new(Request::Ping),
+        };
+        assert!(enter_guarded(&sys, ping, Some(&ns(t.path()))).is_err());
+        assert!(enter_guarded(&sys, guarded_remove(), None).is_err());
+        assert!(sys.calls().is_empty(), "no setns for a refused request");
+    }
 }

@@ -121,6 +121,9 @@ pub enum Call {
         at: Obj,
         data: Vec<u8>,
     },
+    RemoveDir {
+        at: Obj,
+    },
 }
 
 impl Call {
@@ -143,6 +146,7 @@ impl Call {
             Call::Prctl(_) => "prctl",
             Call::Sethostname { .. } => "sethostname",
             Call::WriteFile { .. } => "write_file",
+            Call::RemoveDir { .. } => "remove_dir",
         }
     }
 }
@@ -161,6 +165,7 @@ struct State {
     fails: Vec<(&'static str, usize, Errno)>,
     seeds: HashMap<String, Vec<String>>,
     trees: usize,
+    apply_files: bool,
 }
 
 /// The recording fake (see the module note).
@@ -215,6 +220,14 @@ impl Recorder {
             fstype.to_string(),
             entries.iter().map(|e| (*e).to_string()).collect(),
         );
+    }
+
+    /// From now on, a `write_file` or `remove_dir` that is let through is
+    /// also done on the file system (a write appends, as a kernel file
+    /// keeps no offset): for code that reads back what it wrote, the
+    /// cgroup code on a fake cgroup tree of plain files.
+    pub fn apply_files(&self) {
+        self.state().apply_files = true;
     }
 
     /// Every call so far, in order.
@@ -508,7 +521,29 @@ impl Syscall for Recorder {
         self.record(Call::WriteFile {
             at: self.obj(dir, name),
             data: data.to_vec(),
-        })
+        })?;
+        if self.state().apply_files {
+            let fd = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::WRONLY | OFlags::APPEND | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let mut f = std::fs::File::from(fd);
+            std::io::Write::write_all(&mut f, data)
+                .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        }
+        Ok(())
+    }
+
+    fn remove_dir(&self, dir: BorrowedFd<'_>, name: &Path) -> Result<(), Errno> {
+        self.record(Call::RemoveDir {
+            at: self.obj(dir, name),
+        })?;
+        if self.state().apply_files {
+            rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)?;
+        }
+        Ok(())
     }
 }
 

@@ -14,6 +14,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use sifbox_sys::syscall::Syscall;
+
 use super::{
     cgroup_name, context, errno, locate, make_cgroup, owned_writable, parse_proc_cgroup, read,
     remove_tree, under_root, write, CgroupLimits, Hierarchy, Inputs, Mount, SandboxCgroup, V1Dir,
@@ -109,11 +111,16 @@ pub fn detect(root: &Path, mounts: &[Mount], inputs: &Inputs) -> Result<Hierarch
 }
 
 /// Makes sandbox `name`'s cgroup in every mount of `dirs`, with `limits`.
-pub fn create(dirs: &[V1Dir], name: &str, limits: &CgroupLimits) -> io::Result<SandboxCgroup> {
+pub fn create(
+    sys: &dyn Syscall,
+    dirs: &[V1Dir],
+    name: &str,
+    limits: &CgroupLimits,
+) -> io::Result<SandboxCgroup> {
     let mut last = None;
     for _ in 0..4 {
         let leaf = cgroup_name(name);
-        match make(dirs, &leaf, limits) {
+        match make(sys, dirs, &leaf, limits) {
             Ok(made) => {
                 let homes = dirs.iter().map(|d| d.home.clone()).collect();
                 return Ok(SandboxCgroup::new(1, made, homes));
@@ -129,7 +136,12 @@ pub fn create(dirs: &[V1Dir], name: &str, limits: &CgroupLimits) -> io::Result<S
 /// Makes `sifbox/UID/LEAF/` and its `payload/` in every mount and writes
 /// the limits (`user_pids` on `sifbox/UID/`); on failure removes what it
 /// made.
-fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<PathBuf>> {
+fn make(
+    sys: &dyn Syscall,
+    dirs: &[V1Dir],
+    leaf: &str,
+    limits: &CgroupLimits,
+) -> io::Result<Vec<PathBuf>> {
     let mut made: Vec<PathBuf> = Vec::new();
     let result = (|| {
         for d in dirs {
@@ -138,7 +150,7 @@ fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<Pat
             make_cgroup(&base, false)?;
             if has_pids(d) {
                 if let Some(u) = limits.user_pids {
-                    set(&base, "pids.max", &u.to_string())?;
+                    set(sys, &base, "user_pids", "pids.max", &u.to_string())?;
                 }
             }
             let dir = base.join(leaf);
@@ -146,17 +158,23 @@ fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<Pat
             made.push(dir.clone());
             let has = |c: &str| d.controllers.iter().any(|x| x == c);
             if has("memory") {
-                write_memory(&dir, limits)?;
+                write_memory(sys, &dir, limits)?;
             }
             if has("pids") {
                 if let Some(p) = limits.pids {
-                    set(&dir, "pids.max", &p.to_string())?;
+                    set(sys, &dir, "pids", "pids.max", &p.to_string())?;
                 }
             }
             if has("cpu") {
                 if let Some(q) = limits.quota_us() {
-                    set(&dir, "cpu.cfs_period_us", &PERIOD_US.to_string())?;
-                    set(&dir, "cpu.cfs_quota_us", &q.to_string())?;
+                    set(
+                        sys,
+                        &dir,
+                        "cpus",
+                        "cpu.cfs_period_us",
+                        &PERIOD_US.to_string(),
+                    )?;
+                    set(sys, &dir, "cpus", "cpu.cfs_quota_us", &q.to_string())?;
                 }
             }
             make_cgroup(&dir.join(PAYLOAD), true)?;
@@ -167,7 +185,7 @@ fn make(dirs: &[V1Dir], leaf: &str, limits: &CgroupLimits) -> io::Result<Vec<Pat
         Ok(()) => Ok(made),
         Err(e) => {
             for dir in &made {
-                let _ = remove_tree(dir, std::time::Instant::now());
+                let _ = remove_tree(sys, dir, std::time::Instant::now());
             }
             Err(e)
         }
@@ -181,15 +199,15 @@ fn has_pids(d: &V1Dir) -> bool {
 /// The memory limits of the cgroup at `dir`: hierarchical accounting (the
 /// limits must cover `payload/`), then memory, then memory plus swap (the
 /// kernel wants memsw at least the memory limit, so in this order).
-fn write_memory(dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
+fn write_memory(sys: &dyn Syscall, dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
     let h = dir.join("memory.use_hierarchy");
     // Always 1 since Linux 5.x; older kernels inherit the parent's value
     // and may refuse a write of the same one.
     if h.exists() && read(&h).map(|t| t.trim() != "1").unwrap_or(true) {
-        set(dir, "memory.use_hierarchy", "1")?;
+        set(sys, dir, "memory", "memory.use_hierarchy", "1")?;
     }
     if let Some(m) = limits.memory {
-        set(dir, "memory.limit_in_bytes", &m.to_string())?;
+        set(sys, dir, "memory", "memory.limit_in_bytes", &m.to_string())?;
     }
     if let Some(t) = limits.memory_swap {
         let f = dir.join("memory.memsw.limit_in_bytes");
@@ -199,20 +217,26 @@ fn write_memory(dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
                 f.display()
             )));
         }
-        set(dir, "memory.memsw.limit_in_bytes", &t.to_string())?;
+        set(
+            sys,
+            dir,
+            "memory_swap",
+            "memory.memsw.limit_in_bytes",
+            &t.to_string(),
+        )?;
     }
     Ok(())
 }
 
-/// Writes `value` to file `file` of `dir`.
-fn set(dir: &Path, file: &str, value: &str) -> io::Result<()> {
+/// Writes `value` of limit `limit` to file `file` of `dir`.
+fn set(sys: &dyn Syscall, dir: &Path, limit: &str, file: &str, value: &str) -> io::Result<()> {
     let p = dir.join(file);
-    write(&p, value).map_err(|e| {
+    write(sys, &p, value).map_err(|e| {
         let hint = match errno(&e) {
             Some(rustix::io::Errno::INVAL) => " (a value the kernel refuses)",
             _ => "",
         };
-        context(e, &format!("writing {value}{hint} to"), &p)
+        context(e, &format!("setting {limit}: writing {value}{hint} to"), &p)
     })
 }
 
@@ -299,6 +323,7 @@ mod tests {
         assert!(h.can("memory") && !h.can("swap"));
         let err = h
             .create(
+                &sys(),
                 "box",
                 &CgroupLimits {
                     memory: Some(1 << 20),
@@ -359,7 +384,7 @@ mod tests {
             cpus_milli: Some(1500),
             user_pids: Some(300),
         };
-        let cg = h.create("box", &limits).expect("create");
+        let cg = h.create(&sys(), "box", &limits).expect("create");
         assert_eq!(cg.version, 1);
         assert_eq!(cg.dirs.len(), 3);
         let leaf = cg.dirs[0]
@@ -441,7 +466,9 @@ mod tests {
         assert_eq!(cg.cpu_usage_ns(), Some(123_456_789));
 
         // A second sandbox of the same name gets another cgroup.
-        let other = h.create("box", &CgroupLimits::default()).expect("again");
+        let other = h
+            .create(&sys(), "box", &CgroupLimits::default())
+            .expect("again");
         assert_ne!(other.dirs, cg.dirs);
         assert_eq!(
             text(&other.dirs[1].join("memory.limit_in_bytes")),
@@ -474,7 +501,7 @@ mod tests {
         // The pids mount's base is not a directory: making the sandbox's
         // cgroup there fails after the cpu and memory ones were made.
         std::fs::write(r.join("pids/sifbox"), "").expect("file in the way");
-        let err = h.create("box", &limits).expect_err("fails");
+        let err = h.create(&sys(), "box", &limits).expect_err("fails");
         assert!(err.to_string().contains("pids/sifbox"), "{err}");
         for m in ["memory", "cpu,cpuacct"] {
             let left: Vec<_> = std::fs::read_dir(r.join(m).join("sifbox").join(me().to_string()))
@@ -484,5 +511,61 @@ mod tests {
                 .collect();
             assert!(left.is_empty(), "{m} cleaned up: {left:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_limit_write_names_it_and_removes_each_mount_s_half_made_cgroup() {
+        use sifbox_sys::syscall::fake::{Call, Obj};
+        let t = tree(true);
+        let r = t.path();
+        let h = Detection::run(r, &inputs(me())).v1.expect("v1");
+        let limits = CgroupLimits {
+            memory: Some(64 << 20),
+            pids: Some(20),
+            cpus_milli: Some(500),
+            ..CgroupLimits::default()
+        };
+        let sys = sys();
+        // The writes: cpu's period and quota, then memory's limit (the
+        // mounts in order: cpu,cpuacct, memory, pids).
+        sys.fail("write_file", 3, rustix::io::Errno::ACCESS);
+        let err = h.create(&sys, "box", &limits).expect_err("refused");
+        let calls = sys.calls();
+        let failed = calls
+            .iter()
+            .position(|e| e.failed.is_some())
+            .expect("the refused write");
+        let Call::WriteFile {
+            at: Obj::Host(file),
+            ..
+        } = &calls[failed].call
+        else {
+            panic!("{:?}", calls[failed]);
+        };
+        assert!(file.ends_with("memory.limit_in_bytes"), "{file:?}");
+        let msg = err.to_string();
+        for part in [
+            "setting memory",
+            &*file.to_string_lossy(),
+            "Permission denied",
+        ] {
+            assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+        }
+        let mem = file.parent().expect("dir").to_path_buf();
+        let leaf = mem.file_name().expect("leaf");
+        let cpu = r
+            .join("cpu,cpuacct/sifbox")
+            .join(me().to_string())
+            .join(leaf);
+        // After it: no write, and the removal of what this create made, a
+        // cgroup's children first; the shared sifbox/UID/ stays.
+        let after: Vec<Call> = calls[failed + 1..].iter().map(|e| e.call.clone()).collect();
+        let rm = |p: PathBuf| Call::RemoveDir { at: Obj::Host(p) };
+        assert_eq!(
+            after,
+            [rm(cpu.join(PAYLOAD)), rm(cpu.clone()), rm(mem.clone())]
+        );
+        assert!(!cpu.exists() && !mem.exists());
+        assert!(mem.parent().is_some_and(Path::is_dir));
     }
 }

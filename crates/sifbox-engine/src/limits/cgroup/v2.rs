@@ -27,6 +27,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sifbox_sys::syscall::Syscall;
+
 use super::{
     cgroup_name, context, controller_list, errno, locate, lock_dir, make_cgroup, owned_writable,
     parse_proc_cgroup, pids, read, remove_tree, slurm_step, under_root, write, write_pid,
@@ -234,6 +236,7 @@ fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
 /// `self_cgroup` reads the caller's /proc/self/cgroup (after it may have
 /// moved), for where its processes go back to.
 pub fn create(
+    sys: &dyn Syscall,
     h: &Hierarchy,
     name: &str,
     limits: &CgroupLimits,
@@ -262,17 +265,23 @@ pub fn create(
     }
     let mut last = None;
     for _ in 0..4 {
-        let base = prepare(delegated, controllers, &needed, *is_root)?;
+        let base = prepare(sys, delegated, controllers, &needed, *is_root)?;
         if let Some(u) = limits.user_pids {
             // The cap on all this user's sandboxes, on their parent.
-            match write(&base.join("pids.max"), &u.to_string()) {
+            match write(sys, &base.join("pids.max"), &u.to_string()) {
                 Ok(()) => {}
                 // The base removed by a sandbox that ended meanwhile.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     last = Some(e);
                     continue;
                 }
-                Err(e) => return Err(context(e, "writing user_pids to", &base)),
+                Err(e) => {
+                    return Err(context(
+                        e,
+                        "setting user_pids: writing to",
+                        &base.join("pids.max"),
+                    ))
+                }
             }
         }
         let dir = base.join(cgroup_name(name));
@@ -292,9 +301,9 @@ pub fn create(
             Err(e) => return Err(e),
         }
         if let Err(e) =
-            write_limits(&dir, limits).and_then(|()| make_cgroup(&dir.join(PAYLOAD), true))
+            write_limits(sys, &dir, limits).and_then(|()| make_cgroup(&dir.join(PAYLOAD), true))
         {
-            let _ = remove_tree(&dir, std::time::Instant::now());
+            let _ = remove_tree(sys, &dir, std::time::Instant::now());
             return Err(e);
         }
         let main = delegated.join(MAIN);
@@ -324,6 +333,7 @@ pub fn create(
 /// its `sifbox/`; returns `sifbox/`. A controller in `needed` that cannot
 /// be enabled is an error, another one is left out.
 fn prepare(
+    sys: &dyn Syscall,
     delegated: &Path,
     controllers: &[String],
     needed: &[&str],
@@ -343,9 +353,9 @@ fn prepare(
         .collect();
     if !missing.is_empty() {
         if !is_root {
-            evacuate(delegated)?;
+            evacuate(sys, delegated)?;
         }
-        enable(delegated, &missing, needed, !is_root)?;
+        enable(sys, delegated, &missing, needed, !is_root)?;
     }
     let base = delegated.join(BASE);
     make_cgroup(&base, false)?;
@@ -356,19 +366,25 @@ fn prepare(
         .map(String::as_str)
         .filter(|c| have.iter().any(|h| h == c) && !in_base.iter().any(|h| h == c))
         .collect();
-    enable(&base, &missing, needed, false)?;
+    enable(sys, &base, &missing, needed, false)?;
     Ok(base)
 }
 
 /// Enables `list` in `dir`'s subtree_control, one at a time (a cpu
 /// controller the kernel refuses, for one, leaves memory and pids);
 /// `evacuate`: processes that arrived meanwhile are moved again.
-fn enable(dir: &Path, list: &[&str], needed: &[&str], may_evacuate: bool) -> io::Result<()> {
+fn enable(
+    sys: &dyn Syscall,
+    dir: &Path,
+    list: &[&str],
+    needed: &[&str],
+    may_evacuate: bool,
+) -> io::Result<()> {
     let file = dir.join("cgroup.subtree_control");
     for c in list {
         let mut tries = 0;
         loop {
-            match write(&file, &format!("+{c}\n")) {
+            match write(sys, &file, &format!("+{c}\n")) {
                 Ok(()) => break,
                 Err(e)
                     if may_evacuate
@@ -379,7 +395,7 @@ fn enable(dir: &Path, list: &[&str], needed: &[&str], may_evacuate: bool) -> io:
                     // emptied: move it too.
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(5));
-                    evacuate(dir)?;
+                    evacuate(sys, dir)?;
                 }
                 Err(e) if needed.contains(c) => {
                     return Err(context(
@@ -397,7 +413,7 @@ fn enable(dir: &Path, list: &[&str], needed: &[&str], may_evacuate: bool) -> io:
 
 /// Moves every process of cgroup `dir` into its `main/` child; one that
 /// cannot be moved makes it fail (and the ones moved go back).
-fn evacuate(dir: &Path) -> io::Result<()> {
+fn evacuate(sys: &dyn Syscall, dir: &Path) -> io::Result<()> {
     let procs = pids(&read(&dir.join("cgroup.procs")).map_err(|e| context(e, "reading", dir))?);
     if procs.is_empty() {
         return Ok(());
@@ -411,14 +427,14 @@ fn evacuate(dir: &Path) -> io::Result<()> {
         let result = if pid == 0 {
             Err(io::Error::other("a process of another pid namespace"))
         } else {
-            write_pid(&main, pid)
+            write_pid(sys, &main, pid)
         };
         match result {
             Ok(()) => moved.push(pid),
             Err(e) if matches!(errno(&e), Some(rustix::io::Errno::SRCH)) => {}
             Err(e) => {
                 for m in moved {
-                    let _ = write_pid(dir, m);
+                    let _ = write_pid(sys, dir, m);
                 }
                 return Err(io::Error::new(
                     e.kind(),
@@ -437,13 +453,14 @@ fn evacuate(dir: &Path) -> io::Result<()> {
 }
 
 /// The limits of the cgroup at `dir`.
-fn write_limits(dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
-    let set = |file: &str, value: String| {
+fn write_limits(sys: &dyn Syscall, dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
+    let set = |limit: &str, file: &str, value: String| {
         let p = dir.join(file);
-        write(&p, &value).map_err(|e| context(e, &format!("writing {value} to"), &p))
+        write(sys, &p, &value)
+            .map_err(|e| context(e, &format!("setting {limit}: writing {value} to"), &p))
     };
     if let Some(m) = limits.memory {
-        set("memory.max", m.to_string())?;
+        set("memory", "memory.max", m.to_string())?;
     }
     if let Some(t) = limits.memory_swap {
         let f = dir.join("memory.swap.max");
@@ -454,15 +471,16 @@ fn write_limits(dir: &Path, limits: &CgroupLimits) -> io::Result<()> {
             )));
         }
         set(
+            "memory_swap",
             "memory.swap.max",
             t.saturating_sub(limits.memory.unwrap_or(0)).to_string(),
         )?;
     }
     if let Some(p) = limits.pids {
-        set("pids.max", p.to_string())?;
+        set("pids", "pids.max", p.to_string())?;
     }
     if let Some(q) = limits.quota_us() {
-        set("cpu.max", format!("{q} {PERIOD_US}"))?;
+        set("cpus", "cpu.max", format!("{q} {PERIOD_US}"))?;
     }
     Ok(())
 }
@@ -585,6 +603,123 @@ mod tests {
             .contains("no cgroup2"));
     }
 
+    /// The writes and removals `r` recorded: (path, data); a removal has
+    /// no data; and the errno a write was made to fail with.
+    fn recorded(
+        r: &sifbox_sys::syscall::fake::Recorder,
+    ) -> Vec<(PathBuf, Option<String>, Option<rustix::io::Errno>)> {
+        use sifbox_sys::syscall::fake::{Call, Obj};
+        r.calls()
+            .into_iter()
+            .filter_map(|e| match e.call {
+                Call::WriteFile {
+                    at: Obj::Host(p),
+                    data,
+                } => Some((
+                    p,
+                    Some(String::from_utf8_lossy(&data).into_owned()),
+                    e.failed,
+                )),
+                Call::RemoveDir { at: Obj::Host(p) } => Some((p, None, e.failed)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const ALL: CgroupLimits = CgroupLimits {
+        memory: Some(64 << 20),
+        memory_swap: Some(96 << 20),
+        pids: Some(20),
+        cpus_milli: Some(500),
+        user_pids: Some(300),
+    };
+
+    #[test]
+    fn each_limit_is_one_write_of_its_file_and_value_through_the_seam() {
+        let (t, scope) = host("");
+        let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+        let sys = sys();
+        let cg = create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect("create");
+        let dir = &cg.dirs[0];
+        let base = scope.join(BASE);
+        let calls = recorded(&sys);
+        let limits: Vec<(PathBuf, Option<String>, Option<rustix::io::Errno>)> = calls
+            .into_iter()
+            .filter(|(p, _, _)| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| !n.starts_with("cgroup."))
+            })
+            .collect();
+        let w = |p: PathBuf, v: &str| (p, Some(v.to_string()), None);
+        assert_eq!(
+            limits,
+            vec![
+                // The user's cap on the parent of their sandboxes, first.
+                w(base.join("pids.max"), "300"),
+                w(dir.join("memory.max"), "67108864"),
+                // The swap limit is what swap may add to memory.
+                w(dir.join("memory.swap.max"), &(32u64 << 20).to_string()),
+                w(dir.join("pids.max"), "20"),
+                w(dir.join("cpu.max"), "50000 100000"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_limit_write_names_file_limit_and_errno_and_removes_the_half_made_cgroup() {
+        use rustix::io::Errno;
+        // Which write_file is the memory.max one (the same in every run:
+        // only the cgroup's random name differs).
+        let nth = {
+            let (t, _) = host("");
+            let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+            let sys = sys();
+            create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect("create");
+            recorded(&sys)
+                .iter()
+                .filter(|(_, d, _)| d.is_some())
+                .position(|(p, _, _)| p.ends_with("memory.max"))
+                .expect("memory.max written")
+                + 1
+        };
+        for (errno, says) in [
+            (Errno::ACCESS, "Permission denied"),
+            (Errno::BUSY, "Device or resource busy"),
+        ] {
+            let (t, scope) = host("");
+            let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
+            let sys = sys();
+            sys.fail("write_file", nth, errno);
+            let err =
+                create(&sys, &h, "box", &ALL, &|| Ok(String::new())).expect_err("a refused limit");
+            let calls = recorded(&sys);
+            let failed = calls
+                .iter()
+                .position(|(_, _, f)| *f == Some(errno))
+                .expect("the failed write");
+            let dir = calls[failed].0.parent().expect("dir").to_path_buf();
+            let msg = err.to_string();
+            for part in [
+                "setting memory",
+                &*dir.join("memory.max").to_string_lossy(),
+                says,
+            ] {
+                assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+            }
+            // After the failure: the sandbox's cgroup removed, and nothing
+            // else (sifbox/ is shared by all the user's sandboxes); no
+            // limit written after it.
+            assert_eq!(
+                calls[failed + 1..],
+                [(dir.clone(), None, None)],
+                "{errno:?}"
+            );
+            assert!(!dir.exists());
+            assert!(scope.join(BASE).is_dir());
+        }
+    }
+
     #[test]
     fn create_moves_the_processes_to_main_enables_controllers_and_writes_limits() {
         let (t, scope) = host("100\n200\n");
@@ -597,7 +732,7 @@ mod tests {
             user_pids: Some(300),
         };
         let main_path = format!("0::{SCOPE}/main\n");
-        let cg = create(&h, "box", &limits, &|| Ok(main_path.clone())).expect("create");
+        let cg = create(&sys(), &h, "box", &limits, &|| Ok(main_path.clone())).expect("create");
         // The scope's processes moved into main/, then its controllers on.
         assert_eq!(text(&scope.join(MAIN).join("cgroup.procs")), "100\n200");
         assert_eq!(
@@ -639,7 +774,7 @@ mod tests {
             panic!()
         };
         assert_eq!(delegated, &scope);
-        let second = create(&again, "box", &CgroupLimits::default(), &|| {
+        let second = create(&sys(), &again, "box", &CgroupLimits::default(), &|| {
             Ok(main_path.clone())
         })
         .expect("second");
@@ -673,8 +808,10 @@ mod tests {
     fn a_process_that_cannot_be_moved_makes_the_cgroup_unusable_and_the_others_go_back() {
         let (t, scope) = host("100\n0\n");
         let h = Detection::run(t.path(), &inputs(SCOPE)).v2.expect("v2");
-        let err = create(&h, "box", &CgroupLimits::default(), &|| Ok(String::new()))
-            .expect_err("pid 0 is another namespace's");
+        let err = create(&sys(), &h, "box", &CgroupLimits::default(), &|| {
+            Ok(String::new())
+        })
+        .expect_err("pid 0 is another namespace's");
         let msg = err.to_string();
         assert!(msg.contains("cannot move"), "{msg}");
         assert!(msg.contains("no-internal-processes"), "{msg}");
@@ -711,6 +848,7 @@ mod tests {
         assert_eq!(*occupied, 0, "the root may hold processes");
         let me_cg = "0::/init.scope\n".to_string();
         let cg = create(
+            &sys(),
             &h,
             "box",
             &CgroupLimits {
