@@ -11,7 +11,10 @@ use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs, TimeoutAr
 use crate::cmd::status_exit;
 
 #[derive(Debug, clap::Args)]
-#[command(trailing_var_arg = true)]
+#[command(
+    trailing_var_arg = true,
+    override_usage = "sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] [ARGS...]"
+)]
 pub struct RunArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,

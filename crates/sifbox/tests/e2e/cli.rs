@@ -2053,3 +2053,25 @@ fn timeouts_in_run_and_exec_kill_the_command_and_say_so() {
     out.code_is(0);
     assert!(!out.stderr.contains("--timeout"), "{out:?}");
 }
+
+/// A misspelt flag gets clap's error with a usage line that shows what the
+/// command needs, not the flags clap guessed at (issue 26: `run --bogus`
+/// printed `Usage: sifbox run --logs <DIR> ...`, as if --logs were required).
+#[test]
+fn a_misspelt_flag_shows_the_commands_real_usage() {
+    let sb = Sifbox::new();
+    for (cmd, usage) in [
+        (
+            "run",
+            "Usage: sifbox run [OPTIONS] (--rootfs DIR | IMAGE) [--] [ARGS...]",
+        ),
+        (
+            "start",
+            "Usage: sifbox start [OPTIONS] --name NAME (--rootfs DIR | IMAGE)",
+        ),
+    ] {
+        let out = sb.cmd([cmd, "--bogus"]).output();
+        out.code_is(125).stderr_has("--bogus").stderr_has(usage);
+        assert!(!out.stderr.contains("--logs <DIR>"), "{cmd}: {out:?}");
+    }
+}
