@@ -4,27 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rustix::io::Errno;
 use sifbox_sys::syscall::Syscall;
 
 use crate::error::{Error, IoContext, Result};
 use crate::spec::{IdMapping, IdRange, UsernsMode};
 
-/// Why an id map could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum IdMapError {
-    /// newuidmap or newgidmap refused the map.
-    #[error("{tool} {pid} {args}: {stderr}; check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)")]
-    ToolFailed {
-        tool: &'static str,
-        pid: i32,
-        args: String,
-        stderr: String,
-    },
-    /// Writing a map file (`/proc/PID/uid_map`, ...) failed.
-    #[error("writing {}: {}", .path.display(), std::io::Error::from(*.errno))]
-    Write { path: PathBuf, errno: Errno },
-}
+pub(crate) mod error;
+pub use error::IdMapError;
 
 /// A subordinate id range from /etc/subuid or /etc/subgid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
