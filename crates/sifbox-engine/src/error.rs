@@ -45,16 +45,6 @@ pub enum Error {
     /// The supervisor's side of a launch, or the failure it reported.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
-    /// The caller gave something unusable. Left for the id maps (whose
-    /// errors are typed with the syscall seam) and the CLI's own checks of
-    /// its flags and config, which move to the CLI's error type: no other
-    /// module of the engine builds one.
-    #[error("{what}: {why}; {fix}")]
-    BadInput {
-        what: String,
-        why: String,
-        fix: String,
-    },
     /// The host does not allow something sifbox needs.
     #[error("{what}: {source}; {fix}")]
     Host {
@@ -72,10 +62,6 @@ pub enum Error {
     /// (`step`, naming what it did it on) and the errno.
     #[error("{step}: {}", std::io::Error::from_raw_os_error(*.errno))]
     Syscall { step: String, errno: i32 },
-    /// The sandbox supervisor reported a failure while setting up (one that
-    /// is not a system call's).
-    #[error("{0}")]
-    Setup(String),
     /// The supervisor stopped answering or said something unexpected.
     #[error("sandbox {name}: {why}")]
     Protocol { name: String, why: String },
@@ -122,7 +108,8 @@ impl Error {
     /// directory it chose) rather than the host or sifbox.
     pub fn is_bad_input(&self) -> bool {
         match self {
-            Error::Spec(_) | Error::BadInput { .. } => true,
+            Error::Spec(_) => true,
+            Error::IdMap(e) => e.is_bad_input(),
             Error::Aio(e) => e.is_bad_input(),
             Error::Runtime(e) => e.is_bad_input(),
             Error::Evidence(e) => e.is_bad_input(),

@@ -6,11 +6,11 @@ use std::process::Command;
 
 use sifbox_sys::syscall::Syscall;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 use crate::spec::{IdMapping, IdRange, UsernsMode};
 
 pub(crate) mod error;
-pub use error::IdMapError;
+pub use error::{IdMapError, SubidsMissing};
 
 /// A subordinate id range from /etc/subuid or /etc/subgid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,15 +200,11 @@ pub fn resolve(mode: UsernsMode, caller: &Caller) -> Result<IdMapping> {
             }
             (u, g) => {
                 let missing = match (u, g, &caller.newuidmap, &caller.newgidmap) {
-                    (None, _, _, _) => "no range for you in /etc/subuid",
-                    (_, None, _, _) => "no range for you in /etc/subgid",
-                    _ => "newuidmap/newgidmap are not installed (Debian package uidmap)",
+                    (None, _, _, _) => SubidsMissing::Subuid,
+                    (_, None, _, _) => SubidsMissing::Subgid,
+                    _ => SubidsMissing::Tools,
                 };
-                Err(Error::BadInput {
-                    what: "the full id mapping (subordinate ids)".into(),
-                    why: missing.into(),
-                    fix: "ask an admin for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, or map a single id (`--userns single`); `sifbox doctor` shows what this host offers".into(),
-                })
+                Err(IdMapError::NoSubids(missing).into())
             }
         },
     }
@@ -252,11 +248,9 @@ pub fn write_external(pid: i32, mapping: &IdMapping, caller: &Caller) -> Result<
         (&caller.newuidmap, &mapping.uid, "newuidmap"),
         (&caller.newgidmap, &mapping.gid, "newgidmap"),
     ] {
-        let tool = tool.as_ref().ok_or_else(|| Error::BadInput {
-            what: "the full id mapping (subordinate ids)".into(),
-            why: format!("{which} is not installed"),
-            fix: "install the uidmap package, or map a single id (`--userns single`)".into(),
-        })?;
+        let tool = tool
+            .as_ref()
+            .ok_or(IdMapError::NoSubids(SubidsMissing::Tool(which)))?;
         let out = Command::new(tool)
             .arg(pid.to_string())
             .args(map_args(ranges))

@@ -155,7 +155,7 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
 }
 
 /// `--max-size` and `--max-files`.
-fn limits(a: &CpArgs) -> sifbox_engine::Result<Limits> {
+fn limits(a: &CpArgs) -> crate::error::Result<Limits> {
     let max_bytes = sifbox_engine::spec::parse_size(&a.max_size).map_err(|why| {
         bad(
             &format!("--max-size {}", a.max_size),
@@ -171,9 +171,9 @@ fn limits(a: &CpArgs) -> sifbox_engine::Result<Limits> {
 
 /// A download that passed a limit: one error naming the limit and its
 /// flag (what it wrote is removed by then).
-fn past_limit(e: sifbox_engine::Error, src: &str, after: &str) -> sifbox_engine::Error {
+fn past_limit(e: sifbox_engine::Error, src: &str, after: &str) -> crate::error::CliError {
     let Some(l) = LimitExceeded::find(&e) else {
-        return e;
+        return e.into();
     };
     let (flag, what) = match l.which {
         sifbox_engine::transfer::sparse::Limit::Bytes => ("--max-size", "bytes of file data"),
@@ -197,7 +197,7 @@ fn setid(a: &CpArgs) -> SetId {
     }
 }
 
-fn not_setid(a: &CpArgs) -> sifbox_engine::Result<()> {
+fn not_setid(a: &CpArgs) -> crate::error::Result<()> {
     if a.keep_setid {
         return Err(bad(
             "--keep-setid",
@@ -208,7 +208,7 @@ fn not_setid(a: &CpArgs) -> sifbox_engine::Result<()> {
     Ok(())
 }
 
-fn not_owner(a: &CpArgs) -> sifbox_engine::Result<()> {
+fn not_owner(a: &CpArgs) -> crate::error::Result<()> {
     if a.owner.is_some() {
         return Err(bad(
             "--owner",
@@ -219,7 +219,7 @@ fn not_owner(a: &CpArgs) -> sifbox_engine::Result<()> {
     Ok(())
 }
 
-fn check_inside(path: &str) -> sifbox_engine::Result<()> {
+fn check_inside(path: &str) -> crate::error::Result<()> {
     if path.starts_with('/') {
         Ok(())
     } else {

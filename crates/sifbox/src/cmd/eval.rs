@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sifbox_engine::spec::NetMode;
-use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
 use sifbox_eval::{cancel::Cancel, task};
@@ -324,7 +323,7 @@ impl Observer for Display {
     }
 }
 
-fn usage(what: String, why: &str, fix: &str) -> Error {
+fn usage(what: String, why: &str, fix: &str) -> crate::error::CliError {
     bad(&what, why, fix)
 }
 

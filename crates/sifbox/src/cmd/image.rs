@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use sifbox_engine::Error;
 use sifbox_eval::result::rfc3339_secs;
 use sifbox_image::import;
 
@@ -192,7 +191,7 @@ pub fn human_size(bytes: u64) -> String {
 
 /// The error of `image rm` refused for an image in use: the caller's
 /// sandboxes that run it by name, else who else can hold it.
-fn in_use(reference: &str, digest: &str) -> Error {
+fn in_use(reference: &str, digest: &str) -> crate::error::CliError {
     let users: Vec<String> = sifbox_engine::runtime::root()
         .and_then(|root| sifbox_engine::runtime::scan(&root))
         .unwrap_or_default()
@@ -221,11 +220,7 @@ fn in_use(reference: &str, digest: &str) -> Error {
             ),
         )
     };
-    Error::BadInput {
-        what: format!("image {reference} ({digest})"),
-        why,
-        fix,
-    }
+    crate::error::CliError::usage(format!("image {reference} ({digest})"), why, fix)
 }
 
 /// Writes the stored image `d` as the SIF file `out`, for `what` (the

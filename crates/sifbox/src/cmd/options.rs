@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use sifbox_engine::spec::{self, Confinement, NetMode, SeccompMode, UsernsMode};
-use sifbox_engine::Error;
 use sifbox_launch::{Layer, LimitOptions, LimitsFrom, Logs, Memory, Planned, SandboxOptions};
 use sifbox_registry::Resolved;
 
@@ -60,7 +59,7 @@ pub enum ProgressArg {
 /// A flag's value as one of `E`'s (by its clap names and aliases), for
 /// the commands whose every bad input is one line of sifbox's (`build`,
 /// `eval`): `--progress loud: unknown mode; use auto, plain or quiet`.
-pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> Result<E, Error> {
+pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> crate::error::Result<E> {
     E::from_str(s, false).map_err(|_| {
         let names: Vec<String> = E::value_variants()
             .iter()
@@ -257,7 +256,7 @@ pub struct EnvArgs {
 
 impl EnvArgs {
     /// The variables given, in order (files first, then --env).
-    pub fn resolve(&self) -> sifbox_engine::Result<Vec<(String, String)>> {
+    pub fn resolve(&self) -> crate::error::Result<Vec<(String, String)>> {
         let mut out = Vec::new();
         for f in &self.env_file {
             out.extend(spec::parse_env_file(f)?);
@@ -280,12 +279,8 @@ impl EnvArgs {
     }
 }
 
-pub fn bad(what: &str, why: &str, fix: &str) -> Error {
-    Error::BadInput {
-        what: what.into(),
-        why: why.into(),
-        fix: fix.into(),
-    }
+pub fn bad(what: &str, why: &str, fix: &str) -> crate::error::CliError {
+    crate::error::CliError::usage(what, why, fix)
 }
 
 impl SandboxArgs {
