@@ -188,13 +188,11 @@ fn layer_size(text: &str) -> crate::error::Result<u64> {
             format!("--layer-size {text}"),
             "is below 16 MiB, the least a step's layer may have",
             "give at least 16m",
-        )
-        .into()),
+        )),
         Err(why) => Err(bad(
             format!("--layer-size {text}"),
             &why,
             "give a size such as 512m or 10g",
-        )
-        .into()),
+        )),
     }
 }

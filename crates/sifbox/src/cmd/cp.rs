@@ -105,16 +105,14 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                     "-L",
                     "follows a symlink at a source path; a tar stream on stdin has none",
                     USAGE,
-                )
-                .into());
+                ));
             }
             if rustix::termios::isatty(std::io::stdin()) {
                 return Err(bad(
                     "sifbox cp - NAME:DIR",
                     "stdin is a terminal, not a tar stream",
                     "pipe one in: tar -C SRC -c . | sifbox cp - NAME:DIR",
-                )
-                .into());
+                ));
             }
             let sandbox = Sandbox::attach(name)?;
             sandbox.upload_tar(path, a.owner.as_deref(), |mut pipe| {
@@ -129,8 +127,7 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                     "sifbox cp NAME:/path -",
                     "stdout is a terminal; the tar stream would go to it",
                     "send it to a pipe or a file: sifbox cp NAME:/path - | tar -t",
-                )
-                .into());
+                ));
             }
             let limits = limits(&a)?;
             let sandbox = Sandbox::attach(name)?;
@@ -147,8 +144,7 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                 "sifbox cp",
                 "one side must be NAME:/path and the other a host path or -",
                 USAGE,
-            )
-            .into())
+            ))
         }
     }
     Ok(ExitCode::SUCCESS)

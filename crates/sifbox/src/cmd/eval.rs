@@ -363,8 +363,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
                 format!("--pass-env {name}"),
                 "not a variable name",
                 "give the name alone (letters, digits, _), not NAME=VALUE",
-            )
-            .into());
+            ));
         }
     }
     let image_dirs = {
@@ -385,8 +384,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             format!("task {name}: {what}"),
             &why,
             "keep the SIF file beneath the directory given to eval, or allow its directory with --allow-image-dir DIR (or [eval] image_dirs in ~/.config/sifbox/config.toml)",
-        )
-        .into());
+        ));
     }
     for name in &a.allow_userns_task {
         if !tasks.iter().any(|t| &t.name == name) {
@@ -394,8 +392,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
                 format!("--allow-userns-task {name}"),
                 "no task of that name in the suite",
                 "name a task of the suite by its name (its directory's name, as result.json's `task` gives it)",
-            )
-            .into());
+            ));
         }
     }
     let store = crate::cmd::image::open_store()?;

@@ -60,8 +60,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
             "sifbox exec",
             "no command given",
             "usage: sifbox exec [OPTIONS] NAME [--] CMD [ARGS...]",
-        )
-        .into());
+        ));
     }
     let timeout = match a.timeout {
         None => None,
@@ -71,8 +70,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
                 "--timeout",
                 "must be a positive number of seconds",
                 "e.g. --timeout 30",
-            )
-            .into())
+            ))
         }
     };
     let sandbox = Sandbox::attach(&a.name)?;

@@ -120,7 +120,7 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
                         "removed {r} ({d}); the image itself goes once no sandbox uses it (`sifbox gc`)"
                     ),
                     Ok((d, _)) => outln!("removed {r} ({d})"),
-                    Err(StoreError::InUse { digest }) => return Err(in_use(&r, &digest).into()),
+                    Err(StoreError::InUse { digest }) => return Err(in_use(&r, &digest)),
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -237,8 +237,7 @@ pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::er
                 "give the file to write, e.g. {}/IMAGE.sif",
                 shown.trim_end_matches('/')
             ),
-        )
-        .into());
+        ));
     }
     let parent = out
         .parent()
@@ -249,15 +248,14 @@ pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::er
             &what,
             &format!("{} is not a directory", parent.display()),
             "create it first, or give a path in an existing directory",
-        )
-        .into());
+        ));
     }
     import::export(store, d, out).map_err(|e| {
         let why = match &e {
             import::ImportError::Source { message, .. } => message.clone(),
             other => other.to_string(),
         };
-        crate::error::CliError::from(bad(&what, &why, "give a path you can write"))
+        bad(&what, &why, "give a path you can write")
     })
 }
 
