@@ -327,6 +327,22 @@ fn usage(what: String, why: &str, fix: &str) -> crate::error::CliError {
     bad(&what, why, fix)
 }
 
+/// What task.toml says that sifbox ignores or cannot honour, before
+/// anything runs (also in each rollout's result.json).
+fn warn_tasks(tasks: &[task::Task]) {
+    for t in tasks {
+        for w in &t.config.warnings {
+            eprintln!("sifbox: warning: {w}");
+        }
+        for u in &t.config.unsupported {
+            eprintln!(
+                "sifbox: warning: task {}: {u}; its rollouts end unsupported",
+                t.name
+            );
+        }
+    }
+}
+
 /// `docker_image`: the store, else a registry; a `.sif` file, imported.
 pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
     let progress = match value_of::<ProgressArg>("--progress", &a.progress)? {
@@ -344,19 +360,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         .collect::<Result<Vec<_>, _>>()?;
     let agent = Agent::parse(&a.agent)?;
     let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
-    // What task.toml says that sifbox ignores or cannot honour, before
-    // anything runs (also in each rollout's result.json).
-    for t in &tasks {
-        for w in &t.config.warnings {
-            eprintln!("sifbox: warning: {w}");
-        }
-        for u in &t.config.unsupported {
-            eprintln!(
-                "sifbox: warning: task {}: {u}; its rollouts end unsupported",
-                t.name
-            );
-        }
-    }
+    warn_tasks(&tasks);
     for name in &a.pass_env {
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(usage(
