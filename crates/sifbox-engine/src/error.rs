@@ -5,13 +5,21 @@
 //! went wrong; advice naming a command's flags is the CLI's to give (it
 //! matches on these variants).
 
-pub use crate::aio::AioError;
-pub use crate::disk::DiskError;
-pub use crate::evidence::EvidenceError;
-pub use crate::runtime::RuntimeError;
-pub use crate::sandbox::SandboxError;
-pub use crate::spec::SpecError;
-pub use crate::supervisor::SupervisorError;
+//!
+//! The enums live in leaf files (`spec/error.rs`, `runtime/error.rs`, ...)
+//! that use nothing of this file, so this file is imported by every
+//! module and imports none of them.
+
+pub use crate::aio::error::AioError;
+pub use crate::disk::error::DiskError;
+pub use crate::evidence::error::EvidenceError;
+use crate::idmap::error::IdMapError;
+use crate::rootfs::error::RootfsError;
+pub use crate::runtime::error::RuntimeError;
+pub use crate::sandbox::error::SandboxError;
+pub use crate::spec::error::SpecError;
+pub use crate::supervisor::error::SupervisorError;
+use crate::supervisor::error::{InitError, OuterError};
 
 /// An engine error.
 #[derive(Debug, thiserror::Error)]
@@ -37,16 +45,6 @@ pub enum Error {
     /// The supervisor's side of a launch, or the failure it reported.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
-    /// The caller gave something unusable. Left for the id maps (whose
-    /// errors are typed with the syscall seam) and the CLI's own checks of
-    /// its flags and config, which move to the CLI's error type: no other
-    /// module of the engine builds one.
-    #[error("{what}: {why}; {fix}")]
-    BadInput {
-        what: String,
-        why: String,
-        fix: String,
-    },
     /// The host does not allow something sifbox needs.
     #[error("{what}: {source}; {fix}")]
     Host {
@@ -64,10 +62,6 @@ pub enum Error {
     /// (`step`, naming what it did it on) and the errno.
     #[error("{step}: {}", std::io::Error::from_raw_os_error(*.errno))]
     Syscall { step: String, errno: i32 },
-    /// The sandbox supervisor reported a failure while setting up (one that
-    /// is not a system call's).
-    #[error("{0}")]
-    Setup(String),
     /// The supervisor stopped answering or said something unexpected.
     #[error("sandbox {name}: {why}")]
     Protocol { name: String, why: String },
@@ -75,16 +69,16 @@ pub enum Error {
     Sys(#[from] sifbox_sys::Error),
     /// Assembling the sandbox's root failed.
     #[error(transparent)]
-    Rootfs(#[from] crate::rootfs::RootfsError),
+    Rootfs(#[from] RootfsError),
     /// Writing an id map failed.
     #[error(transparent)]
-    IdMap(#[from] crate::idmap::IdMapError),
+    IdMap(#[from] IdMapError),
     /// init (the sandbox's PID 1) failed to set the sandbox up.
     #[error(transparent)]
-    Init(#[from] crate::supervisor::InitError),
+    Init(#[from] InitError),
     /// The outer supervisor failed to set the sandbox up.
     #[error(transparent)]
-    Outer(#[from] crate::supervisor::OuterError),
+    Outer(#[from] OuterError),
 }
 
 /// Engine result.
@@ -104,9 +98,7 @@ impl Error {
         match self {
             Error::Syscall { errno, .. } => Some(*errno),
             Error::Rootfs(e) => e.errno(),
-            Error::IdMap(crate::idmap::IdMapError::Write { errno, .. }) => {
-                Some(errno.raw_os_error())
-            }
+            Error::IdMap(IdMapError::Write { errno, .. }) => Some(errno.raw_os_error()),
             Error::Host { source, .. } | Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
@@ -116,7 +108,8 @@ impl Error {
     /// directory it chose) rather than the host or sifbox.
     pub fn is_bad_input(&self) -> bool {
         match self {
-            Error::Spec(_) | Error::BadInput { .. } => true,
+            Error::Spec(_) => true,
+            Error::IdMap(e) => e.is_bad_input(),
             Error::Aio(e) => e.is_bad_input(),
             Error::Runtime(e) => e.is_bad_input(),
             Error::Evidence(e) => e.is_bad_input(),
@@ -204,7 +197,7 @@ mod tests {
     #[test]
     fn the_typed_errors_name_what_they_carry() {
         use std::path::PathBuf;
-        let e = Error::from(SpecError::ZeroLimit(crate::spec::Limit::Pids));
+        let e = Error::from(SpecError::ZeroLimit(crate::spec::error::Limit::Pids));
         assert_eq!(
             e.to_string(),
             "pids limit 0: a sandbox needs at least one process; give a number such as 4096"
@@ -228,7 +221,7 @@ mod tests {
         let e = Error::from(RuntimeError::Named {
             path: PathBuf::from("/r"),
             from: "SIFBOX_RUNTIME".into(),
-            problem: crate::runtime::DirProblem::Owner(7),
+            problem: crate::runtime::error::DirProblem::Owner(7),
         });
         assert_eq!(
             e.to_string(),

@@ -4,27 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rustix::io::Errno;
 use sifbox_sys::syscall::Syscall;
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 use crate::spec::{IdMapping, IdRange, UsernsMode};
 
-/// Why an id map could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum IdMapError {
-    /// newuidmap or newgidmap refused the map.
-    #[error("{tool} {pid} {args}: {stderr}; check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)")]
-    ToolFailed {
-        tool: &'static str,
-        pid: i32,
-        args: String,
-        stderr: String,
-    },
-    /// Writing a map file (`/proc/PID/uid_map`, ...) failed.
-    #[error("writing {}: {}", .path.display(), std::io::Error::from(*.errno))]
-    Write { path: PathBuf, errno: Errno },
-}
+pub(crate) mod error;
+pub use error::{IdMapError, SubidsMissing};
 
 /// A subordinate id range from /etc/subuid or /etc/subgid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,15 +200,11 @@ pub fn resolve(mode: UsernsMode, caller: &Caller) -> Result<IdMapping> {
             }
             (u, g) => {
                 let missing = match (u, g, &caller.newuidmap, &caller.newgidmap) {
-                    (None, _, _, _) => "no range for you in /etc/subuid",
-                    (_, None, _, _) => "no range for you in /etc/subgid",
-                    _ => "newuidmap/newgidmap are not installed (Debian package uidmap)",
+                    (None, _, _, _) => SubidsMissing::Subuid,
+                    (_, None, _, _) => SubidsMissing::Subgid,
+                    _ => SubidsMissing::Tools,
                 };
-                Err(Error::BadInput {
-                    what: "the full id mapping (subordinate ids)".into(),
-                    why: missing.into(),
-                    fix: "ask an admin for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, or map a single id (`--userns single`); `sifbox doctor` shows what this host offers".into(),
-                })
+                Err(IdMapError::NoSubids(missing).into())
             }
         },
     }
@@ -268,11 +250,9 @@ pub fn write_external(
         (&caller.newuidmap, &mapping.uid, "newuidmap"),
         (&caller.newgidmap, &mapping.gid, "newgidmap"),
     ] {
-        let tool = tool.as_ref().ok_or_else(|| Error::BadInput {
-            what: "the full id mapping (subordinate ids)".into(),
-            why: format!("{which} is not installed"),
-            fix: "install the uidmap package, or map a single id (`--userns single`)".into(),
-        })?;
+        let tool = tool
+            .as_ref()
+            .ok_or(IdMapError::NoSubids(SubidsMissing::Tool(which)))?;
         let out = Command::new(tool)
             .arg(pid.to_string())
             .args(map_args(ranges))

@@ -32,6 +32,15 @@ pub enum CliError {
     /// Boxed: the assembly's errors carry paths and keys.
     #[error(transparent)]
     Launch(Box<sifbox_launch::LaunchError>),
+    /// A flag, argument or config value the command was given is unusable
+    /// (`what`: the flag or value; `why`; `fix`: what to give instead):
+    /// exit 125.
+    #[error("{what}: {why}; {fix}")]
+    Usage {
+        what: String,
+        why: String,
+        fix: String,
+    },
     /// Whoever read stdout went away (`sifbox ... | head`): the command
     /// stops, quietly, with status 0.
     #[error("stdout was closed")]
@@ -60,12 +69,22 @@ impl From<sifbox_launch::LaunchError> for CliError {
 pub type Result<T, E = CliError> = std::result::Result<T, E>;
 
 impl CliError {
+    /// A refused flag, argument or config value.
+    pub fn usage(what: impl Into<String>, why: impl Into<String>, fix: impl Into<String>) -> Self {
+        CliError::Usage {
+            what: what.into(),
+            why: why.into(),
+            fix: fix.into(),
+        }
+    }
+
     /// What to do about it, where the message does not already say.
     pub fn fix(&self) -> Option<String> {
         match self {
             CliError::Engine(e) => engine_fix(e),
             // Its messages carry the fix (`what: why; fix`).
             CliError::Eval(_)
+            | CliError::Usage { .. }
             | CliError::StdoutClosed
             | CliError::Interrupted { .. }
             | CliError::ChecksFailed => None,
@@ -131,8 +150,27 @@ impl CliError {
 /// The advice for an engine error that names a command or its flags (the
 /// engine says what went wrong; what to type instead is the CLI's).
 fn engine_fix(e: &sifbox_engine::Error) -> Option<String> {
-    let sifbox_engine::Error::Sandbox(e) = e else {
-        return None;
+    use sifbox_engine::idmap::{IdMapError, SubidsMissing};
+    let e = match e {
+        sifbox_engine::Error::Sandbox(e) => e,
+        sifbox_engine::Error::IdMap(e) => {
+            return Some(
+                match e {
+                    IdMapError::NoSubids(SubidsMissing::Tool(_)) => {
+                        "install the uidmap package, or map a single id (`--userns single`)"
+                    }
+                    IdMapError::NoSubids(_) => {
+                        "ask an admin for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, or map a single id (`--userns single`); `sifbox doctor` shows what this host offers"
+                    }
+                    IdMapError::ToolFailed { .. } => {
+                        "check /etc/subuid and /etc/subgid for your user, or map a single id (`--userns single`)"
+                    }
+                    IdMapError::Write { .. } => return None,
+                }
+                .to_string(),
+            )
+        }
+        _ => return None,
     };
     Some(match e {
         SandboxError::NoSuchSandbox(_) | SandboxError::SupervisorGone(_) | SandboxError::BadState(_) => {
@@ -349,5 +387,45 @@ mod tests {
                 "sifbox {sub} --{flag}"
             );
         }
+    }
+
+    #[test]
+    fn the_id_map_advice_names_userns_at_the_cli_only() {
+        use sifbox_engine::idmap::{IdMapError, SubidsMissing};
+        let e = IdMapError::NoSubids(SubidsMissing::Subuid);
+        assert!(!e.to_string().contains("--"), "{e}");
+        let line = CliError::from(sifbox_engine::Error::from(e)).line();
+        assert_eq!(
+            line,
+            "the full id mapping (subordinate ids): no range for you in /etc/subuid; ask an admin \
+             for a subordinate id range (usermod --add-subuids/--add-subgids) and install uidmap, \
+             or map a single id (`--userns single`); `sifbox doctor` shows what this host offers"
+        );
+        let e = CliError::from(sifbox_engine::Error::from(IdMapError::NoSubids(
+            SubidsMissing::Tool("newgidmap"),
+        )));
+        assert_eq!(
+            e.line(),
+            "the full id mapping (subordinate ids): newgidmap is not installed; install the \
+             uidmap package, or map a single id (`--userns single`)"
+        );
+        assert_eq!(e.exit_code(), crate::EXIT_SIFBOX_ERROR);
+        let e = CliError::from(sifbox_engine::Error::from(IdMapError::ToolFailed {
+            tool: "newuidmap",
+            pid: 7,
+            args: "0 1000 1".into(),
+            stderr: "no".into(),
+        }));
+        assert!(
+            e.line().ends_with(
+                "newuidmap 7 0 1000 1: no; check /etc/subuid and /etc/subgid for your user, \
+                 or map a single id (`--userns single`)"
+            ),
+            "{}",
+            e.line()
+        );
+        let e = CliError::usage("--tag x", "not a name", "give NAME[:TAG]");
+        assert_eq!(e.line(), "--tag x: not a name; give NAME[:TAG]");
+        assert_eq!(e.exit_code(), crate::EXIT_SIFBOX_ERROR);
     }
 }

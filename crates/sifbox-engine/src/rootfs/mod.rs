@@ -34,7 +34,7 @@
 //! are named to the kernel as `/proc/self/fd/N`, so no host path shows in the sandbox's `/proc/self/mountinfo`.
 
 mod apply;
-mod error;
+pub(crate) mod error;
 mod lookup;
 mod prepare;
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
 
+use super::error::InitError;
 use super::handoff::{Activity, KeptLayer, Nest};
 use super::serve::serve;
 use super::{errno, exit_now, Launch, Status};
@@ -17,22 +18,6 @@ use crate::error::{Error, Result};
 use crate::protocol::{self, CONTROL_SOCKET};
 use crate::spec::{NetMode, SandboxSpec};
 use crate::{rootfs, worker};
-
-/// Why init could not set the sandbox up, where no system call of its
-/// own failed (those are [`Error::Syscall`]s naming the step).
-#[derive(Debug, thiserror::Error)]
-pub enum InitError {
-    /// The request for the nested id maps did not reach outer.
-    #[error("asking for the nested id maps: {0}")]
-    AskMaps(#[source] protocol::ProtocolError),
-    /// outer did not map the nested user namespace.
-    #[error("mapping the sandbox's nested user namespace failed")]
-    NotMapped,
-    /// The child that makes the guarded mount namespace failed (`why`, as
-    /// it sent it) or did not answer.
-    #[error("making the guarded mount namespace: {why}")]
-    GuardedNamespace { why: String },
-}
 
 /// PID 1 of the sandbox. Every system call that sets the sandbox up goes
 /// through `sys` (the syscall seam).

@@ -39,23 +39,6 @@ use crate::error::{Error, Result};
 use crate::protocol;
 use crate::spec::SandboxSpec;
 
-/// The supervisor's side of a launch, or the failure a supervisor reported
-/// (text: it crossed the status pipe).
-#[derive(Debug, thiserror::Error)]
-pub enum SupervisorError {
-    #[error("reading the launch description: {0}")]
-    Launch(protocol::ProtocolError),
-    #[error("the launch came without its runtime dir's descriptor")]
-    NoRuntimeDir,
-    #[error("the launch came with {count} descriptors (a disk-backed layer given: {disk_given})")]
-    Descriptors { count: usize, disk_given: bool },
-    #[error("the client went away during setup")]
-    ClientGone,
-    /// What a supervisor reported on its status pipe or control socket.
-    #[error("{message}")]
-    Reported { message: String },
-}
-
 /// The hidden first argument that turns the sifbox binary into a supervisor.
 mod handoff;
 mod init;
@@ -64,9 +47,10 @@ mod pool;
 mod serve;
 mod watchdog;
 
-pub use init::InitError;
 use outer::outer;
-pub use outer::OuterError;
+
+pub(crate) mod error;
+pub use error::{InitError, OuterError, SupervisorError};
 
 pub const SUPERVISOR_ARG: &str = "__supervisor";
 

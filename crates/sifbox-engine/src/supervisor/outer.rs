@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use rustix::process::{Pid, Signal, WaitOptions};
 use rustix::thread::UnshareFlags;
 
+use super::error::OuterError;
 use super::handoff::Nest;
 use super::init::init_main;
 use super::watchdog::Watchdog;
@@ -22,21 +23,6 @@ use crate::error::{Error, Result};
 use crate::idmap::{self, IdMapError};
 use crate::protocol;
 use crate::spec::IdMapping;
-
-/// Why the outer supervisor could not set the sandbox up, where no system
-/// call of its own failed.
-#[derive(Debug, thiserror::Error)]
-pub enum OuterError {
-    /// The client said it made the disk-backed layer but sent none.
-    #[error("the disk-backed layer did not come with the launch")]
-    DiskNotSent,
-    /// The disk-backed layer needs mkfs.ext4.
-    #[error("the disk-backed layer: mkfs.ext4 is not installed")]
-    NoMkfs,
-    /// Something the sandbox uses is being removed.
-    #[error("{}: locked by a remover of what the sandbox uses", .0.display())]
-    BeingRemoved(PathBuf),
-}
 
 /// `listener`: the control socket when the client made it; else init makes
 /// it. `given`: the disk-backed layer when the client made it. Every

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use sifbox_build::build::{BuildOptions, Built};
 use sifbox_build::error::BuildError;
 use sifbox_build::progress::{Mode, Progress};
-use sifbox_engine::Error;
 
 use crate::cmd::options::{value_of, ProgressArg, UsernsArg};
 use crate::cmd::signals::Interrupts;
@@ -68,12 +67,12 @@ pub struct BuildArgs {
     pub context: PathBuf,
 }
 
-fn bad(what: impl Into<String>, why: impl Into<String>, fix: impl Into<String>) -> Error {
-    Error::BadInput {
-        what: what.into(),
-        why: why.into(),
-        fix: fix.into(),
-    }
+fn bad(
+    what: impl Into<String>,
+    why: impl Into<String>,
+    fix: impl Into<String>,
+) -> crate::error::CliError {
+    crate::error::CliError::usage(what, why, fix)
 }
 
 /// Resolves a `FROM` reference: the store first (name, digest), then a
@@ -189,13 +188,11 @@ fn layer_size(text: &str) -> crate::error::Result<u64> {
             format!("--layer-size {text}"),
             "is below 16 MiB, the least a step's layer may have",
             "give at least 16m",
-        )
-        .into()),
+        )),
         Err(why) => Err(bad(
             format!("--layer-size {text}"),
             &why,
             "give a size such as 512m or 10g",
-        )
-        .into()),
+        )),
     }
 }

@@ -105,16 +105,14 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                     "-L",
                     "follows a symlink at a source path; a tar stream on stdin has none",
                     USAGE,
-                )
-                .into());
+                ));
             }
             if rustix::termios::isatty(std::io::stdin()) {
                 return Err(bad(
                     "sifbox cp - NAME:DIR",
                     "stdin is a terminal, not a tar stream",
                     "pipe one in: tar -C SRC -c . | sifbox cp - NAME:DIR",
-                )
-                .into());
+                ));
             }
             let sandbox = Sandbox::attach(name)?;
             sandbox.upload_tar(path, a.owner.as_deref(), |mut pipe| {
@@ -129,8 +127,7 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                     "sifbox cp NAME:/path -",
                     "stdout is a terminal; the tar stream would go to it",
                     "send it to a pipe or a file: sifbox cp NAME:/path - | tar -t",
-                )
-                .into());
+                ));
             }
             let limits = limits(&a)?;
             let sandbox = Sandbox::attach(name)?;
@@ -147,15 +144,14 @@ pub fn run(a: CpArgs) -> crate::error::Result<ExitCode> {
                 "sifbox cp",
                 "one side must be NAME:/path and the other a host path or -",
                 USAGE,
-            )
-            .into())
+            ))
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `--max-size` and `--max-files`.
-fn limits(a: &CpArgs) -> sifbox_engine::Result<Limits> {
+fn limits(a: &CpArgs) -> crate::error::Result<Limits> {
     let max_bytes = sifbox_engine::spec::parse_size(&a.max_size).map_err(|why| {
         bad(
             &format!("--max-size {}", a.max_size),
@@ -171,9 +167,9 @@ fn limits(a: &CpArgs) -> sifbox_engine::Result<Limits> {
 
 /// A download that passed a limit: one error naming the limit and its
 /// flag (what it wrote is removed by then).
-fn past_limit(e: sifbox_engine::Error, src: &str, after: &str) -> sifbox_engine::Error {
+fn past_limit(e: sifbox_engine::Error, src: &str, after: &str) -> crate::error::CliError {
     let Some(l) = LimitExceeded::find(&e) else {
-        return e;
+        return e.into();
     };
     let (flag, what) = match l.which {
         sifbox_engine::transfer::sparse::Limit::Bytes => ("--max-size", "bytes of file data"),
@@ -197,7 +193,7 @@ fn setid(a: &CpArgs) -> SetId {
     }
 }
 
-fn not_setid(a: &CpArgs) -> sifbox_engine::Result<()> {
+fn not_setid(a: &CpArgs) -> crate::error::Result<()> {
     if a.keep_setid {
         return Err(bad(
             "--keep-setid",
@@ -208,7 +204,7 @@ fn not_setid(a: &CpArgs) -> sifbox_engine::Result<()> {
     Ok(())
 }
 
-fn not_owner(a: &CpArgs) -> sifbox_engine::Result<()> {
+fn not_owner(a: &CpArgs) -> crate::error::Result<()> {
     if a.owner.is_some() {
         return Err(bad(
             "--owner",
@@ -219,7 +215,7 @@ fn not_owner(a: &CpArgs) -> sifbox_engine::Result<()> {
     Ok(())
 }
 
-fn check_inside(path: &str) -> sifbox_engine::Result<()> {
+fn check_inside(path: &str) -> crate::error::Result<()> {
     if path.starts_with('/') {
         Ok(())
     } else {

@@ -51,7 +51,7 @@ pub fn wait(a: WaitArgs) -> crate::error::Result<ExitCode> {
     Ok(status_exit(&sandbox.wait_detached(&a.id)?))
 }
 
-fn parse_signal(s: &str) -> sifbox_engine::Result<i32> {
+fn parse_signal(s: &str) -> crate::error::Result<i32> {
     let name = s.trim_start_matches("SIG").to_ascii_uppercase();
     let known = [
         ("HUP", 1),

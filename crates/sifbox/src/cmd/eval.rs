@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sifbox_engine::spec::NetMode;
-use sifbox_engine::Error;
 use sifbox_eval::result::{RolloutResult, Status};
 use sifbox_eval::runner::{self, Agent, EvalOptions, JobInfo, Observer};
 use sifbox_eval::{cancel::Cancel, task};
@@ -324,8 +323,24 @@ impl Observer for Display {
     }
 }
 
-fn usage(what: String, why: &str, fix: &str) -> Error {
+fn usage(what: String, why: &str, fix: &str) -> crate::error::CliError {
     bad(&what, why, fix)
+}
+
+/// What task.toml says that sifbox ignores or cannot honour, before
+/// anything runs (also in each rollout's result.json).
+fn warn_tasks(tasks: &[task::Task]) {
+    for t in tasks {
+        for w in &t.config.warnings {
+            eprintln!("sifbox: warning: {w}");
+        }
+        for u in &t.config.unsupported {
+            eprintln!(
+                "sifbox: warning: task {}: {u}; its rollouts end unsupported",
+                t.name
+            );
+        }
+    }
 }
 
 /// `docker_image`: the store, else a registry; a `.sif` file, imported.
@@ -345,27 +360,14 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
         .collect::<Result<Vec<_>, _>>()?;
     let agent = Agent::parse(&a.agent)?;
     let tasks = task::discover(&a.tasks).and_then(|t| task::select(t, &a.filter))?;
-    // What task.toml says that sifbox ignores or cannot honour, before
-    // anything runs (also in each rollout's result.json).
-    for t in &tasks {
-        for w in &t.config.warnings {
-            eprintln!("sifbox: warning: {w}");
-        }
-        for u in &t.config.unsupported {
-            eprintln!(
-                "sifbox: warning: task {}: {u}; its rollouts end unsupported",
-                t.name
-            );
-        }
-    }
+    warn_tasks(&tasks);
     for name in &a.pass_env {
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(usage(
                 format!("--pass-env {name}"),
                 "not a variable name",
                 "give the name alone (letters, digits, _), not NAME=VALUE",
-            )
-            .into());
+            ));
         }
     }
     let image_dirs = {
@@ -386,8 +388,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
             format!("task {name}: {what}"),
             &why,
             "keep the SIF file beneath the directory given to eval, or allow its directory with --allow-image-dir DIR (or [eval] image_dirs in ~/.config/sifbox/config.toml)",
-        )
-        .into());
+        ));
     }
     for name in &a.allow_userns_task {
         if !tasks.iter().any(|t| &t.name == name) {
@@ -395,8 +396,7 @@ pub fn run(a: EvalArgs) -> crate::error::Result<ExitCode> {
                 format!("--allow-userns-task {name}"),
                 "no task of that name in the suite",
                 "name a task of the suite by its name (its directory's name, as result.json's `task` gives it)",
-            )
-            .into());
+            ));
         }
     }
     let store = crate::cmd::image::open_store()?;

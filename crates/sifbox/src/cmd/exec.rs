@@ -59,8 +59,7 @@ pub fn run(a: ExecArgs) -> crate::error::Result<ExitCode> {
             "sifbox exec",
             "no command given",
             "usage: sifbox exec [OPTIONS] NAME [--] CMD [ARGS...]",
-        )
-        .into());
+        ));
     }
     let timeout = a.timeout.duration()?;
     let sandbox = Sandbox::attach(&a.name)?;

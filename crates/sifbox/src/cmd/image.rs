@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use sifbox_engine::Error;
 use sifbox_eval::result::rfc3339_secs;
 use sifbox_image::import;
 
@@ -126,7 +125,7 @@ pub fn run(cmd: ImageCommand) -> crate::error::Result<ExitCode> {
                         "removed {r} ({d}); the image itself goes once no sandbox uses it (`sifbox gc`)"
                     ),
                     Ok((d, _)) => outln!("removed {r} ({d})"),
-                    Err(StoreError::InUse { digest }) => return Err(in_use(&r, &digest).into()),
+                    Err(StoreError::InUse { digest }) => return Err(in_use(&r, &digest)),
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -197,7 +196,7 @@ pub fn human_size(bytes: u64) -> String {
 
 /// The error of `image rm` refused for an image in use: the caller's
 /// sandboxes that run it by name, else who else can hold it.
-fn in_use(reference: &str, digest: &str) -> Error {
+fn in_use(reference: &str, digest: &str) -> crate::error::CliError {
     let users: Vec<String> = sifbox_engine::runtime::root()
         .and_then(|root| sifbox_engine::runtime::scan(&root))
         .unwrap_or_default()
@@ -226,11 +225,7 @@ fn in_use(reference: &str, digest: &str) -> Error {
             ),
         )
     };
-    Error::BadInput {
-        what: format!("image {reference} ({digest})"),
-        why,
-        fix,
-    }
+    crate::error::CliError::usage(format!("image {reference} ({digest})"), why, fix)
 }
 
 /// Writes the stored image `d` as the SIF file `out`, for `what` (the
@@ -247,8 +242,7 @@ pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::er
                 "give the file to write, e.g. {}/IMAGE.sif",
                 shown.trim_end_matches('/')
             ),
-        )
-        .into());
+        ));
     }
     let parent = out
         .parent()
@@ -259,15 +253,14 @@ pub fn export_to(store: &Store, d: &Digest, out: &Path, what: &str) -> crate::er
             &what,
             &format!("{} is not a directory", parent.display()),
             "create it first, or give a path in an existing directory",
-        )
-        .into());
+        ));
     }
     import::export(store, d, out).map_err(|e| {
         let why = match &e {
             import::ImportError::Source { message, .. } => message.clone(),
             other => other.to_string(),
         };
-        crate::error::CliError::from(bad(&what, &why, "give a path you can write"))
+        bad(&what, &why, "give a path you can write")
     })
 }
 

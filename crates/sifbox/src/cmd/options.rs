@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 
 use sifbox_engine::spec::{self, Confinement, NetMode, SeccompMode, UsernsMode};
-use sifbox_engine::Error;
 use sifbox_launch::{Layer, LimitOptions, LimitsFrom, Logs, Memory, Planned, SandboxOptions};
 use sifbox_registry::Resolved;
 
@@ -60,7 +59,7 @@ pub enum ProgressArg {
 /// A flag's value as one of `E`'s (by its clap names and aliases), for
 /// the commands whose every bad input is one line of sifbox's (`build`,
 /// `eval`): `--progress loud: unknown mode; use auto, plain or quiet`.
-pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> Result<E, Error> {
+pub fn value_of<E: clap::ValueEnum>(flag: &str, s: &str) -> crate::error::Result<E> {
     E::from_str(s, false).map_err(|_| {
         let names: Vec<String> = E::value_variants()
             .iter()
@@ -150,7 +149,7 @@ impl LimitArgs {
     /// The limits as the flags ask for them (the rest is the config
     /// file's, else sifbox's defaults: `sifbox_launch::LimitOptions`);
     /// `--cpus` above the host's CPUs is refused.
-    pub fn options(&self) -> sifbox_engine::Result<LimitOptions> {
+    pub fn options(&self) -> crate::error::Result<LimitOptions> {
         cpus_within_host(self.cpus, sifbox_engine::limits::allowed_cpus().len())?;
         Ok(LimitOptions {
             memory: self.memory,
@@ -164,14 +163,14 @@ impl LimitArgs {
 
 /// `--cpus` above the CPUs this process may use (`have`) is refused, as
 /// Docker does: it would limit nothing, while saying it does.
-fn cpus_within_host(milli: Option<u32>, have: usize) -> sifbox_engine::Result<()> {
+fn cpus_within_host(milli: Option<u32>, have: usize) -> crate::error::Result<()> {
     match milli {
         Some(m) if have > 0 && u64::from(m) > u64::try_from(have).unwrap_or(u64::MAX) * 1000 => {
-            Err(sifbox_engine::Error::BadInput {
-                what: format!("--cpus {}", f64::from(m) / 1000.0),
-                why: format!("this host lets sifbox use {have} CPUs"),
-                fix: format!("ask for at most --cpus {have}, or leave --cpus out for no CPU limit"),
-            })
+            Err(crate::error::CliError::usage(
+                format!("--cpus {}", f64::from(m) / 1000.0),
+                format!("this host lets sifbox use {have} CPUs"),
+                format!("ask for at most --cpus {have}, or leave --cpus out for no CPU limit"),
+            ))
         }
         _ => Ok(()),
     }
@@ -274,7 +273,7 @@ pub struct EnvArgs {
 
 impl EnvArgs {
     /// The variables given, in order (files first, then --env).
-    pub fn resolve(&self) -> sifbox_engine::Result<Vec<(String, String)>> {
+    pub fn resolve(&self) -> crate::error::Result<Vec<(String, String)>> {
         let mut out = Vec::new();
         for f in &self.env_file {
             out.extend(spec::parse_env_file(f)?);
@@ -307,7 +306,7 @@ pub struct TimeoutArg {
 
 impl TimeoutArg {
     /// The limit, checked: a positive, finite number of seconds.
-    pub fn duration(&self) -> Result<Option<std::time::Duration>, Error> {
+    pub fn duration(&self) -> Result<Option<std::time::Duration>, crate::error::CliError> {
         match self.timeout {
             None => Ok(None),
             Some(t) if t > 0.0 && t.is_finite() => Ok(Some(std::time::Duration::from_secs_f64(t))),
@@ -320,12 +319,8 @@ impl TimeoutArg {
     }
 }
 
-pub fn bad(what: &str, why: &str, fix: &str) -> Error {
-    Error::BadInput {
-        what: what.into(),
-        why: why.into(),
-        fix: fix.into(),
-    }
+pub fn bad(what: &str, why: &str, fix: &str) -> crate::error::CliError {
+    crate::error::CliError::usage(what, why, fix)
 }
 
 impl SandboxArgs {
@@ -432,7 +427,7 @@ mod tests {
         // Unknown CPUs (affinity unreadable): not refused.
         assert!(cpus_within_host(Some(99_000), 0).is_ok());
         let e = cpus_within_host(Some(2001), 2).expect_err("refused");
-        assert!(e.is_bad_input());
+        assert_eq!(e.exit_code(), crate::EXIT_SIFBOX_ERROR);
         let text = e.to_string();
         assert!(text.contains("--cpus 2.001"), "{text}");
         assert!(text.contains("at most --cpus 2"), "{text}");

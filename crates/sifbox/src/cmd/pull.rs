@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use sifbox_engine::Error;
 use sifbox_image::layer::Platform;
 use sifbox_image::store::Store;
 use sifbox_registry::{Credentials, PullOptions, Pulled, Reference};
@@ -31,12 +30,8 @@ pub struct PullArgs {
     quiet: bool,
 }
 
-fn bad_input(what: &str, why: String, fix: &str) -> Error {
-    Error::BadInput {
-        what: what.to_string(),
-        why,
-        fix: fix.to_string(),
-    }
+fn bad_input(what: &str, why: String, fix: &str) -> crate::error::CliError {
+    crate::error::CliError::usage(what, why, fix)
 }
 
 pub fn run(a: PullArgs) -> crate::error::Result<ExitCode> {

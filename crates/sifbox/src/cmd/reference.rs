@@ -48,8 +48,7 @@ pub fn man(a: ManArgs, cli: clap::Command) -> crate::error::Result<ExitCode> {
                 &format!("sifbox man {}", a.subcommand.join(" ")),
                 &format!("{name} has no subcommand {sub:?}"),
                 &format!("name one of: {}", known.join(", ")),
-            )
-            .into());
+            ));
         };
         name = format!("{name}-{}", found.get_name());
         typed = format!("{typed} {}", found.get_name());

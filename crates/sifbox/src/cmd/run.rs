@@ -74,7 +74,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
     let mut args = a.args.clone();
     let image_arg = match &a.sandbox.rootfs {
         Some(_) => None,
-        None if args.is_empty() => return Err(bad("sifbox run", "no image given", USAGE).into()),
+        None if args.is_empty() => return Err(bad("sifbox run", "no image given", USAGE)),
         None => Some(args.remove(0)),
     };
     if args.first().map(String::as_str) == Some("--") {
@@ -87,8 +87,7 @@ pub fn run(a: RunArgs) -> crate::error::Result<ExitCode> {
             "sifbox run",
             "no command given (and the image names none)",
             USAGE,
-        )
-        .into());
+        ));
     }
     let planned = build_spec(&a.sandbox, &image)?;
     let opts = StartOptions {

@@ -36,8 +36,7 @@ pub fn run(a: StartArgs) -> crate::error::Result<ExitCode> {
             "--ready-timeout",
             "must be a positive number of seconds",
             "e.g. --ready-timeout 60",
-        )
-        .into());
+        ));
     }
     let image = resolve_image(&a.sandbox, a.image.as_deref())?;
     let planned = build_spec(&a.sandbox, &image)?;

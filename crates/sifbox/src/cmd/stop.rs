@@ -26,8 +26,7 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
             "--timeout",
             "must be zero or more seconds",
             "e.g. --timeout 10",
-        )
-        .into());
+        ));
     }
     let grace = Duration::from_secs_f64(a.timeout);
     let root = runtime::root()?;
@@ -62,8 +61,7 @@ pub fn run(a: StopArgs, verb: &str) -> crate::error::Result<ExitCode> {
                         &format!("sandbox {name}"),
                         "it runs but does not answer",
                         "kill its supervisor (see `sifbox ps`), then run `sifbox gc`",
-                    )
-                    .into());
+                    ));
                 }
                 if existed {
                     eprintln!("sifbox: {name} was not running; removed what it left");
