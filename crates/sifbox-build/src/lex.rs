@@ -583,9 +583,22 @@ mod tests {
         .collect()
     }
 
+    /// Expands each input of `cases` with `expand` and `escape` against
+    /// `env()`, asserting the wanted result.
+    fn assert_expands(
+        expand: fn(&str, &dyn Lookup, char) -> Result<String, LexError>,
+        escape: char,
+        cases: &[(&str, &str)],
+    ) {
+        let env = env();
+        for (input, want) in cases {
+            let got = expand(input, &env, escape);
+            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
+        }
+    }
+
     #[test]
     fn expand_word_table() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("plain", "plain"),
             ("$foo", "/bar"),
@@ -647,15 +660,11 @@ mod tests {
             ("$1", ""),
             ("$@x", "x"),
         ];
-        for (input, want) in cases {
-            let got = expand_word(input, &env, '\\');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_word, '\\', cases);
     }
 
     #[test]
     fn backtick_escape() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("`$foo", "$foo"),
             ("c:\\foo", "c:\\foo"),
@@ -663,10 +672,7 @@ mod tests {
             ("\"a`\"b\"", "a\"b"),
             ("a` b", "a b"),
         ];
-        for (input, want) in cases {
-            let got = expand_word(input, &env, '`');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_word, '`', cases);
     }
 
     #[test]
@@ -728,7 +734,6 @@ mod tests {
 
     #[test]
     fn heredoc_expansion() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("echo $foo\n", "echo /bar\n"),
             ("echo '$foo'\n", "echo '/bar'\n"),
@@ -738,10 +743,7 @@ mod tests {
             ("a \\\\ b", "a \\ b"),
             ("${nope:-'x y'}", "x y"),
         ];
-        for (input, want) in cases {
-            let got = expand_heredoc(input, &env, '\\');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_heredoc, '\\', cases);
     }
 
     #[test]

@@ -121,37 +121,24 @@ fn read_until_exit(
     stop: OwnedFd,
     max: usize,
 ) -> ((String, bool), (String, bool)) {
-    use rustix::event::{poll, PollFd, PollFlags};
+    use super::relay::{readable_now, wait_input, Wait};
     let mut tails = [Tail::new(max), Tail::new(max)];
     let mut open = [Some(out), Some(err)];
     let mut buf = vec![0u8; 65536];
     let mut draining = false;
     while open.iter().any(Option::is_some) {
         if !draining {
-            let mut fds: Vec<PollFd<'_>> = open
-                .iter()
-                .flatten()
-                .map(|fd| PollFd::new(fd, PollFlags::IN))
-                .collect();
-            fds.push(PollFd::new(&stop, PollFlags::IN));
-            match poll(&mut fds, None) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => break,
-            }
-            if fds.last().is_some_and(|f| !f.revents().is_empty()) {
-                draining = true;
-                for fd in open.iter().flatten() {
-                    let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
-                }
+            let fds: Vec<BorrowedFd<'_>> = open.iter().flatten().map(AsFd::as_fd).collect();
+            match wait_input(&fds, stop.as_fd()) {
+                Wait::Interrupted => continue,
+                Wait::Failed => break,
+                Wait::Stopped => draining = true,
+                Wait::Input => {}
             }
         }
         for (slot, tail) in open.iter_mut().zip(tails.iter_mut()) {
             let Some(fd) = slot else { continue };
-            let mut fds = [PollFd::new(&*fd, PollFlags::IN)];
-            let ready = draining
-                || matches!(poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0);
-            if !ready {
+            if !draining && !readable_now(fd.as_fd()) {
                 continue;
             }
             match rustix::io::read(&*fd, &mut buf) {

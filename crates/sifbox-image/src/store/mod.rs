@@ -1154,6 +1154,14 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
     }
 
+    /// Opens the store at `root` private and asserts it closed the store
+    /// and its rootfs/ to the group.
+    fn assert_reopens_private(root: &Path) {
+        Store::open(root).expect("reopen private");
+        assert_eq!(mode_of(root), 0o700);
+        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+    }
+
     /// A tree as an unpack leaves it: a setuid and a setgid file.
     fn setid_tree(dest: &Path) -> Result<()> {
         std::fs::create_dir_all(dest.join("bin")).map_err(io(dest))?;
@@ -1187,9 +1195,7 @@ mod tests {
         // As an older sifbox left it.
         chmod(&root, 0o755);
         chmod(&root.join("rootfs"), 0o755);
-        Store::open(&root).expect("reopen");
-        assert_eq!(mode_of(&root), 0o700);
-        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+        assert_reopens_private(&root);
     }
 
     #[test]
@@ -1239,9 +1245,7 @@ mod tests {
         let r = s.gc().expect("gc");
         assert!(r.unpacked_without_image.contains(&base), "{r:?}");
         // Opened private again: closed to the group at once.
-        Store::open(&root).expect("private again");
-        assert_eq!(mode_of(&root), 0o700);
-        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+        assert_reopens_private(&root);
     }
 
     #[test]
