@@ -192,19 +192,12 @@ impl Sandbox {
         // server started with `&`) must not hold the caller.
         let (stop_r, stop_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let reader = std::thread::spawn(move || read_until_exit(out_r, err_r, stop_r, max_output));
-        let mut denied = Vec::new();
         let ended = self
             .wait_ready()
-            .and_then(|()| wait_exit(&conn, &self.name))
-            .map(|(st, t, d)| {
-                denied = d;
-                (st, t)
-            });
+            .and_then(|()| wait_exit(&conn, &self.name));
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
-        let (status, t) = self.over_memory(ended, kills_before, last)?;
-        self.note_last(last, t);
-        self.note_denied(&denied);
+        let (status, denied) = self.exec_ended(ended, kills_before, last)?;
         let mut out = ExecOutput::new(
             status,
             (stdout, out_cut),
@@ -228,15 +221,28 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
+        let ended = wait_exit(&conn, &self.name);
+        Ok(self.exec_ended(ended, kills_before, last)?.0)
+    }
+
+    /// An exec's end as [`wait_exit`] read it, made its status: read for
+    /// a memory limit ([`Self::over_memory`]), noted when the exec was the
+    /// sandbox's `last`, its denied calls reported (and returned).
+    pub(super) fn exec_ended(
+        &self,
+        ended: Result<(ExecStatus, u64, Vec<Denied>)>,
+        kills_before: Option<u64>,
+        last: bool,
+    ) -> Result<(ExecStatus, Vec<Denied>)> {
         let mut denied = Vec::new();
-        let ended = wait_exit(&conn, &self.name).map(|(st, t, d)| {
+        let ended = ended.map(|(st, t, d)| {
             denied = d;
             (st, t)
         });
         let (status, t) = self.over_memory(ended, kills_before, last)?;
         self.note_last(last, t);
         self.note_denied(&denied);
-        Ok(status)
+        Ok((status, denied))
     }
 
     /// With a memory limit, the kills for it so far (to tell whether an
@@ -347,9 +353,7 @@ impl Sandbox {
                 }
             },
             Event::Error { code, message } => Ok(Err(ExecStatus::Failed { code, message })),
-            other => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
-                "unexpected {other:?}"
-            ))))),
+            other => Err(self.unexpected(&other)),
         }
     }
 }

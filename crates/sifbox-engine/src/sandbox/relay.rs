@@ -265,15 +265,7 @@ impl Sandbox {
             let _ = pump.join();
             ended
         });
-        let mut denied = Vec::new();
-        let ended = ended.map(|(st, t, d)| {
-            denied = d;
-            (st, t)
-        });
-        let (status, t) = self.over_memory(ended, kills_before, last)?;
-        self.note_last(last, t);
-        self.note_denied(&denied);
-        Ok(status)
+        Ok(self.exec_ended(ended, kills_before, last)?.0)
     }
 }
 
