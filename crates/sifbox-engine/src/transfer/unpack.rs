@@ -103,6 +103,16 @@ pub fn unpack_to_host_limited(
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     let root = open_root(dst)?;
+    unpack_relative(input, root, owner)
+}
+
+/// The unpacking of a stream of relative names into `root`, setuid and
+/// setgid bits kept, unlimited (what the caller sends is its own).
+fn unpack_relative(
+    input: impl Read,
+    root: OwnedFd,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     unpack_with(
         input,
         root,
@@ -136,14 +146,7 @@ pub fn extract_into(
         ),
         e => e.into(),
     })?;
-    unpack_with(
-        input,
-        root,
-        relative_name,
-        owner,
-        SetId::Keep,
-        Limits::UNLIMITED,
-    )
+    unpack_relative(input, root, owner)
 }
 
 /// An entry's name as a path below the destination: plain components only
