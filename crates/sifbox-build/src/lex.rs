@@ -119,22 +119,7 @@ pub fn split_words(s: &str, escape: char) -> Vec<String> {
     while i < chars.len() {
         let c = chars[i];
         i += 1;
-        if let Some(q) = quote {
-            if c == q {
-                quote = None;
-                word.push(c);
-            } else if c == escape && q != '\'' {
-                if let Some(&n) = chars.get(i) {
-                    word.push(c);
-                    word.push(n);
-                    i += 1;
-                }
-            } else {
-                word.push(c);
-            }
-            continue;
-        }
-        if c.is_whitespace() {
+        if quote.is_none() && c.is_whitespace() {
             if in_word {
                 words.push(std::mem::take(&mut word));
                 in_word = false;
@@ -142,18 +127,20 @@ pub fn split_words(s: &str, escape: char) -> Vec<String> {
             continue;
         }
         in_word = true;
-        if c == '\'' || c == '"' {
-            quote = Some(c);
-            word.push(c);
-        } else if c == escape {
+        if c == escape && quote != Some('\'') {
             if let Some(&n) = chars.get(i) {
                 word.push(c);
                 word.push(n);
                 i += 1;
             }
-        } else {
-            word.push(c);
+            continue;
         }
+        match quote {
+            Some(q) if c == q => quote = None,
+            None if c == '\'' || c == '"' => quote = Some(c),
+            _ => {}
+        }
+        word.push(c);
     }
     if in_word {
         words.push(word);

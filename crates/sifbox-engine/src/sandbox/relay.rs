@@ -87,7 +87,8 @@ pub(super) fn wait_input(fds: &[BorrowedFd<'_>], stop: BorrowedFd<'_>) -> Wait {
         Err(rustix::io::Errno::INTR) => return Wait::Interrupted,
         Err(_) => return Wait::Failed,
     }
-    if !polled.last().is_some_and(|f| !f.revents().is_empty()) {
+    let stopped = polled.last().is_some_and(|f| !f.revents().is_empty());
+    if !stopped {
         return Wait::Input;
     }
     for fd in fds {
