@@ -514,6 +514,15 @@ fn serve_in_child(
         reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{at}: {e}"))));
         i32::from(failed)
     };
+    // The ids of the image's user `owner`; `None`, replied, when unknown.
+    let owner_ids =
+        |owner: Option<String>| match owner.as_deref().map(worker::lookup_user).transpose() {
+            Ok(o) => Some(o.map(|u| (u.uid, u.gid))),
+            Err(e) => {
+                reply(Err(std::io::Error::other(e)));
+                None
+            }
+        };
     match req {
         Request::Exec(exec) => worker::run(&Kernel, conn, exec, fds, confinement),
         Request::Download { path, follow } => {
@@ -530,24 +539,16 @@ fn serve_in_child(
         }
         Request::Upload { dst, name, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
-            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
-                Ok(o) => o.map(|u| (u.uid, u.gid)),
-                Err(e) => {
-                    reply(Err(std::io::Error::other(e)));
-                    return 125;
-                }
+            let Some(owner) = owner_ids(owner) else {
+                return 125;
             };
             let r = transfer::unpack_tar(File::from(fd), Path::new(&dst), &name, owner);
             reply_at(&dst, r)
         }
         Request::UploadTar { dst, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
-            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
-                Ok(o) => o.map(|u| (u.uid, u.gid)),
-                Err(e) => {
-                    reply(Err(std::io::Error::other(e)));
-                    return 125;
-                }
+            let Some(owner) = owner_ids(owner) else {
+                return 125;
             };
             let r = transfer::extract_into(File::from(fd), Path::new(&dst), owner);
             reply_at(&dst, r)

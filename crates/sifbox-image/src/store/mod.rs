@@ -1154,6 +1154,13 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
     }
 
+    /// A place for a store not made yet (`store` in a temporary dir).
+    fn store_root() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("store");
+        (t, root)
+    }
+
     /// Opens the store at `root` private and asserts it closed the store
     /// and its rootfs/ to the group.
     fn assert_reopens_private(root: &Path) {
@@ -1175,8 +1182,7 @@ mod tests {
 
     #[test]
     fn a_private_store_is_0700_and_an_old_one_is_tightened() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
+        let (_t, root) = store_root();
         let s = Store::open(&root).expect("open");
         assert_eq!(mode_of(&root), 0o700);
         for d in SUBDIRS {
@@ -1200,8 +1206,7 @@ mod tests {
 
     #[test]
     fn a_shared_store_opens_to_its_group_only_stripped_trees() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
+        let (_t, root) = store_root();
         // Private first, with a tree that has its bits.
         let private = Store::open(&root).expect("open");
         let old = make_sif(&private, b"old");
@@ -1250,8 +1255,7 @@ mod tests {
 
     #[test]
     fn an_older_open_store_made_shared_is_stripped_first() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
+        let (_t, root) = store_root();
         let s = Store::open(&root).expect("open");
         let d = make_sif(&s, b"old");
         let tree = s.rootfs(&d, setid_tree).expect("rootfs");
