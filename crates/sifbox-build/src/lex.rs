@@ -119,22 +119,7 @@ pub fn split_words(s: &str, escape: char) -> Vec<String> {
     while i < chars.len() {
         let c = chars[i];
         i += 1;
-        if let Some(q) = quote {
-            if c == q {
-                quote = None;
-                word.push(c);
-            } else if c == escape && q != '\'' {
-                if let Some(&n) = chars.get(i) {
-                    word.push(c);
-                    word.push(n);
-                    i += 1;
-                }
-            } else {
-                word.push(c);
-            }
-            continue;
-        }
-        if c.is_whitespace() {
+        if quote.is_none() && c.is_whitespace() {
             if in_word {
                 words.push(std::mem::take(&mut word));
                 in_word = false;
@@ -142,18 +127,20 @@ pub fn split_words(s: &str, escape: char) -> Vec<String> {
             continue;
         }
         in_word = true;
-        if c == '\'' || c == '"' {
-            quote = Some(c);
-            word.push(c);
-        } else if c == escape {
+        if c == escape && quote != Some('\'') {
             if let Some(&n) = chars.get(i) {
                 word.push(c);
                 word.push(n);
                 i += 1;
             }
-        } else {
-            word.push(c);
+            continue;
         }
+        match quote {
+            Some(q) if c == q => quote = None,
+            None if c == '\'' || c == '"' => quote = Some(c),
+            _ => {}
+        }
+        word.push(c);
     }
     if in_word {
         words.push(word);
@@ -583,9 +570,22 @@ mod tests {
         .collect()
     }
 
+    /// Expands each input of `cases` with `expand` and `escape` against
+    /// `env()`, asserting the wanted result.
+    fn assert_expands(
+        expand: fn(&str, &dyn Lookup, char) -> Result<String, LexError>,
+        escape: char,
+        cases: &[(&str, &str)],
+    ) {
+        let env = env();
+        for (input, want) in cases {
+            let got = expand(input, &env, escape);
+            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
+        }
+    }
+
     #[test]
     fn expand_word_table() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("plain", "plain"),
             ("$foo", "/bar"),
@@ -647,15 +647,11 @@ mod tests {
             ("$1", ""),
             ("$@x", "x"),
         ];
-        for (input, want) in cases {
-            let got = expand_word(input, &env, '\\');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_word, '\\', cases);
     }
 
     #[test]
     fn backtick_escape() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("`$foo", "$foo"),
             ("c:\\foo", "c:\\foo"),
@@ -663,10 +659,7 @@ mod tests {
             ("\"a`\"b\"", "a\"b"),
             ("a` b", "a b"),
         ];
-        for (input, want) in cases {
-            let got = expand_word(input, &env, '`');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_word, '`', cases);
     }
 
     #[test]
@@ -728,7 +721,6 @@ mod tests {
 
     #[test]
     fn heredoc_expansion() {
-        let env = env();
         let cases: &[(&str, &str)] = &[
             ("echo $foo\n", "echo /bar\n"),
             ("echo '$foo'\n", "echo '/bar'\n"),
@@ -738,10 +730,7 @@ mod tests {
             ("a \\\\ b", "a \\ b"),
             ("${nope:-'x y'}", "x y"),
         ];
-        for (input, want) in cases {
-            let got = expand_heredoc(input, &env, '\\');
-            assert_eq!(got.as_deref(), Ok(*want), "input {input:?}");
-        }
+        assert_expands(expand_heredoc, '\\', cases);
     }
 
     #[test]

@@ -44,19 +44,6 @@ fn times_of(st: &Stat) -> Timestamps {
     }
 }
 
-fn names(dir: &OwnedFd) -> std::io::Result<Vec<OsString>> {
-    let mut out = Vec::new();
-    for e in rustix::fs::Dir::read_from(dir)? {
-        let e = e?;
-        let n = e.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            out.push(OsStr::from_bytes(n).to_os_string());
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Copies the extended attributes of `src` onto `dst`.
 fn copy_xattrs(src: &impl AsFd, dst: &impl AsFd) -> std::io::Result<()> {
     let mut list = vec![0u8; 4096];
@@ -134,7 +121,7 @@ fn copy_data(src: &File, dst: &File, size: u64) -> std::io::Result<()> {
 pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
     let top = rustix::fs::fstat(&src)?;
     let mut linked: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    let rest = names(&src)?.into_iter();
+    let rest = sifbox_sys::beneath::names(&src)?.into_iter();
     copy_xattrs(&src, &dst)?;
     let mut stack = vec![Level {
         src,
@@ -172,7 +159,7 @@ pub fn copy_tree(src: OwnedFd, dst: OwnedFd) -> std::io::Result<()> {
                     copy_xattrs(&sfd, &dfd)?;
                     rustix::fs::fchown(&dfd, uid, gid)?;
                     rustix::fs::fchmod(&dfd, perm)?;
-                    let rest = names(&sfd)?.into_iter();
+                    let rest = sifbox_sys::beneath::names(&sfd)?.into_iter();
                     Ok(Level {
                         src: sfd,
                         dst: dfd,

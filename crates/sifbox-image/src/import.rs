@@ -229,7 +229,7 @@ pub fn verify_sif(path: &Path, source: &Path) -> Result<()> {
         message: e.to_string(),
     };
     let sif = Sif::open(path).map_err(|e| match e {
-        sif::SifError::Io { .. } | sif::SifError::BadVersion { .. } => src_err(source, e),
+        sif::SifError::Io(_) | sif::SifError::BadVersion { .. } => src_err(source, e),
         other => damaged(&other),
     })?;
     if let Some(d) = sif
@@ -259,9 +259,7 @@ pub fn verify_sif(path: &Path, source: &Path) -> Result<()> {
     }
     let started = std::time::Instant::now();
     let stats = squash::verify_at(sif.file(), part.offset, part.size, 0).map_err(|e| match e {
-        squash::SquashError::Io { .. } | squash::SquashError::Unsupported { .. } => {
-            src_err(source, e)
-        }
+        squash::SquashError::Io(_) | squash::SquashError::Unsupported { .. } => src_err(source, e),
         other => damaged(&format!("its root file system: {other}")),
     })?;
     tracing::debug!(

@@ -54,7 +54,9 @@ fn bad(what: impl Into<String>) -> io::Error {
     io::Error::other(what.into())
 }
 
-fn times(t: i64) -> Timestamps {
+/// Access and modification times both `t` (seconds), as unpacking sets
+/// them.
+pub(crate) fn times(t: i64) -> Timestamps {
     let t = Timespec {
         tv_sec: t,
         tv_nsec: 0,

@@ -54,13 +54,9 @@ const EXTRA_LEN: usize = 384;
 /// One clear error per problem; reader errors name the field and value.
 #[derive(Debug, thiserror::Error)]
 pub enum SifError {
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    /// A system call on a path failed.
+    #[error(transparent)]
+    Io(#[from] crate::IoAt),
     #[error("not a SIF file: {len} bytes is shorter than the {what} ({need} bytes needed)")]
     Truncated {
         what: &'static str,
@@ -433,10 +429,12 @@ fn count(field: &str, v: i64) -> Result<u64, SifError> {
 /// ([`MAX_DESCRIPTORS`] × 585 bytes), whatever the input.
 pub fn read_meta<R: Read + Seek>(r: &mut R) -> Result<(Header, Vec<Descriptor>), SifError> {
     let io = |op| {
-        move |source| SifError::Io {
-            op,
-            path: PathBuf::from("SIF"),
-            source,
+        move |source| {
+            SifError::Io(crate::IoAt {
+                op,
+                path: PathBuf::from("SIF"),
+                source,
+            })
         }
     };
     let len = r.seek(SeekFrom::End(0)).map_err(io("seek in"))?;
@@ -724,10 +722,12 @@ pub struct Sif {
 impl Sif {
     /// Opens and validates the SIF at `path` (see [`read_meta`]).
     pub fn open(path: &Path) -> Result<Self, SifError> {
-        let file = File::open(path).map_err(|source| SifError::Io {
-            op: "open",
-            path: path.to_path_buf(),
-            source,
+        let file = File::open(path).map_err(|source| {
+            SifError::Io(crate::IoAt {
+                op: "open",
+                path: path.to_path_buf(),
+                source,
+            })
         })?;
         Self::from_file(file, path)
     }
@@ -735,11 +735,11 @@ impl Sif {
     /// Validates an already open SIF; `path` is used in messages.
     pub fn from_file(mut file: File, path: &Path) -> Result<Self, SifError> {
         let (header, descriptors) = read_meta(&mut file).map_err(|e| match e {
-            SifError::Io { op, source, .. } => SifError::Io {
+            SifError::Io(crate::IoAt { op, source, .. }) => SifError::Io(crate::IoAt {
                 op,
                 path: path.to_path_buf(),
                 source,
-            },
+            }),
             other => other,
         })?;
         Ok(Self {
@@ -789,10 +789,12 @@ impl Sif {
         ];
         self.file
             .read_exact_at(&mut buf, d.offset)
-            .map_err(|source| SifError::Io {
-                op: "read",
-                path: self.path.clone(),
-                source,
+            .map_err(|source| {
+                SifError::Io(crate::IoAt {
+                    op: "read",
+                    path: self.path.clone(),
+                    source,
+                })
             })?;
         Ok(buf)
     }
@@ -986,13 +988,13 @@ impl<'a> SifWriter<'a> {
         mut source: impl Read + Seek + 'a,
         partition: Partition,
     ) -> Result<u32, SifError> {
-        let size = source
-            .seek(SeekFrom::End(0))
-            .map_err(|source| SifError::Io {
+        let size = source.seek(SeekFrom::End(0)).map_err(|source| {
+            SifError::Io(crate::IoAt {
                 op: "measure",
                 path: "partition source".into(),
                 source,
-            })?;
+            })
+        })?;
         self.push(Object {
             data_type: DataType::Partition,
             name: String::new(),
@@ -1004,10 +1006,12 @@ impl<'a> SifWriter<'a> {
 
     /// Writes the file to `out` (sequentially; no seeking) and returns its length.
     pub fn write_to<W: Write>(self, mut out: W) -> Result<u64, SifError> {
-        let wio = |source| SifError::Io {
-            op: "write",
-            path: "SIF output".into(),
-            source,
+        let wio = |source| {
+            SifError::Io(crate::IoAt {
+                op: "write",
+                path: "SIF output".into(),
+                source,
+            })
         };
         let to_i64 = |v: u64| {
             i64::try_from(v).map_err(|_| SifError::Write {
@@ -1105,10 +1109,12 @@ impl<'a> SifWriter<'a> {
             match o.source {
                 Source::Bytes(b) => out.write_all(&b).map_err(wio)?,
                 Source::Stream(mut s) => {
-                    s.seek(SeekFrom::Start(0)).map_err(|source| SifError::Io {
-                        op: "read",
-                        path: "partition source".into(),
-                        source,
+                    s.seek(SeekFrom::Start(0)).map_err(|source| {
+                        SifError::Io(crate::IoAt {
+                            op: "read",
+                            path: "partition source".into(),
+                            source,
+                        })
                     })?;
                     let copied = io::copy(&mut s.take(o.size), &mut out).map_err(wio)?;
                     if copied != o.size {

@@ -33,14 +33,9 @@ use std::path::{Path, PathBuf};
 /// Errors of packing and unpacking. Each names what failed and where.
 #[derive(Debug, thiserror::Error)]
 pub enum SquashError {
-    /// A system call on `path` failed.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    /// A system call on a path failed.
+    #[error(transparent)]
+    Io(#[from] crate::IoAt),
     /// The tree to pack holds something squashfs cannot record, changed
     /// while being read, or an option is out of range.
     #[error("cannot pack {}: {what}", path.display())]
@@ -232,17 +227,21 @@ pub fn pack(dir: &Path, out: &Path, opts: &PackOptions) -> Result<PackStats, Squ
 /// Extracts the squashfs image file `image` into `dest` (created when
 /// missing; must be empty otherwise).
 pub fn unpack(image: &Path, dest: &Path, opts: &UnpackOptions) -> Result<UnpackStats, SquashError> {
-    let file = File::open(image).map_err(|source| SquashError::Io {
-        op: "open",
-        path: image.to_path_buf(),
-        source,
+    let file = File::open(image).map_err(|source| {
+        SquashError::Io(crate::IoAt {
+            op: "open",
+            path: image.to_path_buf(),
+            source,
+        })
     })?;
     let len = file
         .metadata()
-        .map_err(|source| SquashError::Io {
-            op: "stat",
-            path: image.to_path_buf(),
-            source,
+        .map_err(|source| {
+            SquashError::Io(crate::IoAt {
+                op: "stat",
+                path: image.to_path_buf(),
+                source,
+            })
         })?
         .len();
     unpack::unpack(&file, 0, len, dest, opts)

@@ -11,7 +11,7 @@ use super::{Builder, StageResult};
 use crate::context::{clean_abs, Context, CopyPlan, Entry, Kind};
 use crate::dockerfile::{Copy, Instruction, Source};
 use crate::error::{BuildError, Result};
-use crate::layers::{chain_key, FsState, StepOptions};
+use crate::layers::{chain_key, FsState};
 
 impl Builder<'_> {
     pub(super) fn copy(
@@ -146,45 +146,36 @@ impl Builder<'_> {
             ),
         );
         let dest_dir = plan.dest_dir.clone();
-        let (state, cached) = self.layers.step(
-            &cur.state,
-            &key,
-            self.opts.no_cache,
-            &StepOptions::default(),
-            |sb| {
-                let archives: Vec<Entry> = plan
+        let (state, cached) = self.plain_step(&cur.state, &key, |sb| {
+            let archives: Vec<Entry> = plan
+                .entries
+                .iter()
+                .filter(|e| matches!(e.kind, Kind::File { .. }) && e.name.as_os_str().is_empty())
+                .cloned()
+                .collect();
+            let files = CopyPlan {
+                dest_dir: plan.dest_dir.clone(),
+                entries: plan
                     .entries
                     .iter()
-                    .filter(|e| {
-                        matches!(e.kind, Kind::File { .. }) && e.name.as_os_str().is_empty()
-                    })
+                    .filter(|e| !e.name.as_os_str().is_empty())
                     .cloned()
-                    .collect();
-                let files = CopyPlan {
-                    dest_dir: plan.dest_dir.clone(),
-                    entries: plan
-                        .entries
-                        .iter()
-                        .filter(|e| !e.name.as_os_str().is_empty())
-                        .cloned()
-                        .collect(),
-                };
-                if !files.entries.is_empty() || archives.is_empty() {
-                    sb.extract(&dest_dir, owner, move |w| files.write_tar(w))?;
-                }
-                for a in archives {
-                    sb.extract(&dest_dir, owner, move |w| {
-                        let f = a.src.open()?;
-                        let mut d = crate::archive::open(f.try_clone()?)?;
-                        let mut w = w;
-                        std::io::copy(&mut d, &mut w)?;
-                        a.src.check(&f)
-                    })?;
-                }
-                Ok(())
-            },
-            &[],
-        )?;
+                    .collect(),
+            };
+            if !files.entries.is_empty() || archives.is_empty() {
+                sb.extract(&dest_dir, owner, move |w| files.write_tar(w))?;
+            }
+            for a in archives {
+                sb.extract(&dest_dir, owner, move |w| {
+                    let f = a.src.open()?;
+                    let mut d = crate::archive::open(f.try_clone()?)?;
+                    let mut w = w;
+                    std::io::copy(&mut d, &mut w)?;
+                    a.src.check(&f)
+                })?;
+            }
+            Ok(())
+        })?;
         drop(scratch);
         cur.state = state;
         Ok(cached)

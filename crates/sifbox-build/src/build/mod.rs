@@ -274,6 +274,24 @@ fn hash_json(v: &impl serde::Serialize) -> String {
 }
 
 impl Builder<'_> {
+    /// A step on `state` whose sandbox has the default options (no
+    /// network, no binds) and `f` alone changes the tree.
+    fn plain_step(
+        &self,
+        state: &FsState,
+        key: &str,
+        f: impl FnOnce(&sifbox_engine::Sandbox) -> Result<()>,
+    ) -> Result<(FsState, bool)> {
+        self.layers.step(
+            state,
+            key,
+            self.opts.no_cache,
+            &StepOptions::default(),
+            f,
+            &[],
+        )
+    }
+
     /// [`BuildError::Interrupted`] once the build was asked to stop.
     fn check_interrupted(&self) -> Result<()> {
         match &self.opts.interrupted {
@@ -498,17 +516,10 @@ impl Builder<'_> {
                     return Ok(None);
                 }
                 let key = chain_key(&cur.state.key, &format!("WORKDIR\n{dir}"));
-                let (state, cached) = self.layers.step(
-                    &cur.state,
-                    &key,
-                    self.opts.no_cache,
-                    &StepOptions::default(),
-                    |sb| {
-                        sb.extract(&dir, None, |w| tar::Builder::new(w).finish())?;
-                        Ok(())
-                    },
-                    &[],
-                )?;
+                let (state, cached) = self.plain_step(&cur.state, &key, |sb| {
+                    sb.extract(&dir, None, |w| tar::Builder::new(w).finish())?;
+                    Ok(())
+                })?;
                 cur.state = state;
                 Ok(Some(cached))
             }

@@ -36,6 +36,18 @@ pub struct NewRoot {
 }
 
 impl NewRoot {
+    /// The root `fd` alone: no other mount made yet, no writable layer.
+    pub(super) fn bare(fd: OwnedFd) -> Self {
+        NewRoot {
+            fd,
+            mounts: HashMap::new(),
+            empty: None,
+            guarded: Vec::new(),
+            layer: None,
+            upper: None,
+        }
+    }
+
     /// The writable clones of the guarded binds, detached, each with the
     /// path in the sandbox where the guarded mount namespace shows it.
     pub fn take_guarded(&mut self) -> Vec<(PathBuf, OwnedFd)> {

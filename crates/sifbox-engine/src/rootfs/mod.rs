@@ -497,7 +497,6 @@ mod tests {
     use super::*;
     use crate::spec::{Bind, Confinement, IdMapping, UsernsMode, Writable};
     use rustix::fs::{Mode, OFlags};
-    use std::collections::HashMap;
 
     pub(super) fn spec() -> SandboxSpec {
         SandboxSpec {
@@ -575,43 +574,40 @@ mod tests {
     #[test]
     fn the_plan_covers_and_masks_what_it_must() {
         let steps = plan(&spec());
-        let covered: Vec<String> = steps
-            .iter()
-            .filter_map(|s| match s {
+        // Each of `want` is a place of a step `pick` selects.
+        let assert_each = |what: &str, pick: fn(&Step) -> Option<String>, want: &[&str]| {
+            let have: Vec<String> = steps.iter().filter_map(pick).collect();
+            for p in want {
+                assert!(have.contains(&p.to_string()), "{p} not {what}: {have:?}");
+            }
+        };
+        assert_each(
+            "read-only",
+            |s| match s {
                 Step::ReadOnly { at } => Some(at.shown()),
                 _ => None,
-            })
-            .collect();
-        for p in [
-            "/proc/sys",
-            "/proc/sysrq-trigger",
-            "/proc/irq",
-            "/proc/bus",
-            "/proc/fs",
-        ] {
-            assert!(
-                covered.contains(&p.to_string()),
-                "{p} not read-only: {covered:?}"
-            );
-        }
-        let masked: Vec<String> = steps
-            .iter()
-            .filter_map(|s| match s {
+            },
+            &[
+                "/proc/sys",
+                "/proc/sysrq-trigger",
+                "/proc/irq",
+                "/proc/bus",
+                "/proc/fs",
+            ],
+        );
+        assert_each(
+            "masked",
+            |s| match s {
                 Step::Mask { at } => Some(at.shown()),
                 _ => None,
-            })
-            .collect();
-        for p in [
-            "/proc/kcore",
-            "/proc/keys",
-            "/proc/timer_list",
-            "/sys/firmware",
-        ] {
-            assert!(
-                masked.contains(&p.to_string()),
-                "{p} not masked: {masked:?}"
-            );
-        }
+            },
+            &[
+                "/proc/kcore",
+                "/proc/keys",
+                "/proc/timer_list",
+                "/sys/firmware",
+            ],
+        );
         // Covers and masks only ever look inside sifbox's own mounts, and
         // follow nothing there.
         for s in &steps {
@@ -792,14 +788,7 @@ mod tests {
         std::fs::write(rootp.join("sys"), b"").expect("file");
         let fd = rustix::fs::open(&rootp, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
             .expect("open");
-        let root = NewRoot {
-            fd,
-            mounts: HashMap::new(),
-            empty: None,
-            guarded: Vec::new(),
-            layer: None,
-            upper: None,
-        };
+        let root = NewRoot::bare(fd);
         // Image lookups: the absolute symlink is taken relative to the root.
         root.resolve(
             &At::new(Base::Root, "evil/x/y", Lookup::Image(Create::Dir)),

@@ -2,7 +2,6 @@
 //! the image's layers ([`prepare_root`]), every mount through the syscall
 //! seam.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -195,12 +194,9 @@ pub fn prepare_root(
     let fd = beneath::open_beneath(&m, Path::new("root"), OFlags::PATH | OFlags::DIRECTORY)
         .map_err(sys_err("opening the overlay root"))?;
     Ok(NewRoot {
-        fd,
-        mounts: HashMap::new(),
-        empty: None,
-        guarded: Vec::new(),
         layer: Some(m),
         upper: spec.keep_layer.is_some().then_some(upper),
+        ..NewRoot::bare(fd)
     })
 }
 

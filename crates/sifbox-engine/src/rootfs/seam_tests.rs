@@ -52,14 +52,7 @@ impl Image {
             Mode::empty(),
         )
         .expect("open root");
-        NewRoot {
-            fd,
-            mounts: HashMap::new(),
-            empty: None,
-            guarded: Vec::new(),
-            layer: None,
-            upper: None,
-        }
+        NewRoot::bare(fd)
     }
 
     /// A sandbox with its own network, a read-only and a writable bind

@@ -121,37 +121,24 @@ fn read_until_exit(
     stop: OwnedFd,
     max: usize,
 ) -> ((String, bool), (String, bool)) {
-    use rustix::event::{poll, PollFd, PollFlags};
+    use super::relay::{readable_now, wait_input, Wait};
     let mut tails = [Tail::new(max), Tail::new(max)];
     let mut open = [Some(out), Some(err)];
     let mut buf = vec![0u8; 65536];
     let mut draining = false;
     while open.iter().any(Option::is_some) {
         if !draining {
-            let mut fds: Vec<PollFd<'_>> = open
-                .iter()
-                .flatten()
-                .map(|fd| PollFd::new(fd, PollFlags::IN))
-                .collect();
-            fds.push(PollFd::new(&stop, PollFlags::IN));
-            match poll(&mut fds, None) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => break,
-            }
-            if fds.last().is_some_and(|f| !f.revents().is_empty()) {
-                draining = true;
-                for fd in open.iter().flatten() {
-                    let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
-                }
+            let fds: Vec<BorrowedFd<'_>> = open.iter().flatten().map(AsFd::as_fd).collect();
+            match wait_input(&fds, stop.as_fd()) {
+                Wait::Interrupted => continue,
+                Wait::Failed => break,
+                Wait::Stopped => draining = true,
+                Wait::Input => {}
             }
         }
         for (slot, tail) in open.iter_mut().zip(tails.iter_mut()) {
             let Some(fd) = slot else { continue };
-            let mut fds = [PollFd::new(&*fd, PollFlags::IN)];
-            let ready = draining
-                || matches!(poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0);
-            if !ready {
+            if !draining && !readable_now(fd.as_fd()) {
                 continue;
             }
             match rustix::io::read(&*fd, &mut buf) {
@@ -205,19 +192,12 @@ impl Sandbox {
         // server started with `&`) must not hold the caller.
         let (stop_r, stop_w) = pipe_with(PipeFlags::CLOEXEC).map_err(|e| Error::io("pipe", e))?;
         let reader = std::thread::spawn(move || read_until_exit(out_r, err_r, stop_r, max_output));
-        let mut denied = Vec::new();
         let ended = self
             .wait_ready()
-            .and_then(|()| wait_exit(&conn, &self.name))
-            .map(|(st, t, d)| {
-                denied = d;
-                (st, t)
-            });
+            .and_then(|()| wait_exit(&conn, &self.name));
         drop(stop_w);
         let ((stdout, out_cut), (stderr, err_cut)) = reader.join().unwrap_or_default();
-        let (status, t) = self.over_memory(ended, kills_before, last)?;
-        self.note_last(last, t);
-        self.note_denied(&denied);
+        let (status, denied) = self.exec_ended(ended, kills_before, last)?;
         let mut out = ExecOutput::new(
             status,
             (stdout, out_cut),
@@ -241,15 +221,28 @@ impl Sandbox {
         )
         .map_err(|e| self.proto(e))?;
         self.wait_ready()?;
+        let ended = wait_exit(&conn, &self.name);
+        Ok(self.exec_ended(ended, kills_before, last)?.0)
+    }
+
+    /// An exec's end as [`wait_exit`] read it, made its status: read for
+    /// a memory limit ([`Self::over_memory`]), noted when the exec was the
+    /// sandbox's `last`, its denied calls reported (and returned).
+    pub(super) fn exec_ended(
+        &self,
+        ended: Result<(ExecStatus, u64, Vec<Denied>)>,
+        kills_before: Option<u64>,
+        last: bool,
+    ) -> Result<(ExecStatus, Vec<Denied>)> {
         let mut denied = Vec::new();
-        let ended = wait_exit(&conn, &self.name).map(|(st, t, d)| {
+        let ended = ended.map(|(st, t, d)| {
             denied = d;
             (st, t)
         });
         let (status, t) = self.over_memory(ended, kills_before, last)?;
         self.note_last(last, t);
         self.note_denied(&denied);
-        Ok(status)
+        Ok((status, denied))
     }
 
     /// With a memory limit, the kills for it so far (to tell whether an
@@ -360,9 +353,7 @@ impl Sandbox {
                 }
             },
             Event::Error { code, message } => Ok(Err(ExecStatus::Failed { code, message })),
-            other => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
-                "unexpected {other:?}"
-            ))))),
+            other => Err(self.unexpected(&other)),
         }
     }
 }

@@ -137,18 +137,11 @@ impl Sandbox {
         owner: Option<&str>,
         executable: &Path,
     ) -> Result<()> {
-        let name = base_name(src)?;
-        let req = Request::Upload {
-            dst: dst.to_string(),
-            name: name.clone(),
-            owner: owner.map(str::to_string),
-        };
-        let src_owned = src.to_path_buf();
-        let marked = Path::new(&name).join(executable);
-        let (reply, written) = self.over_pipe(&req, Flow::In, move |w| {
-            transfer::write_tar_marking(&src_owned, &name, Some(&marked), w)
-        })?;
-        first_failure(reply, written, || format!("reading {}", src.display()))
+        let executable = executable.to_path_buf();
+        self.upload_writing(src, dst, owner, move |src, name, w| {
+            let marked = Path::new(name).join(&executable);
+            transfer::write_tar_marking(src, name, Some(&marked), w)
+        })
     }
 
     /// [`Sandbox::upload`]; with `follow`, a symlink at `src` itself is
@@ -160,6 +153,21 @@ impl Sandbox {
         owner: Option<&str>,
         follow: bool,
     ) -> Result<()> {
+        self.upload_writing(src, dst, owner, move |src, name, w| {
+            if follow {
+                transfer::write_tar_following(src, name, w)
+            } else {
+                transfer::write_tar(src, name, w)
+            }
+        })
+    }
+
+    /// An upload of `src` to `dst` whose tar stream `write` makes (given
+    /// `src`, the name it has in the sandbox, and the pipe).
+    fn upload_writing<F>(&self, src: &Path, dst: &str, owner: Option<&str>, write: F) -> Result<()>
+    where
+        F: FnOnce(&Path, &str, File) -> std::io::Result<()> + Send + 'static,
+    {
         let name = base_name(src)?;
         let req = Request::Upload {
             dst: dst.to_string(),
@@ -167,13 +175,8 @@ impl Sandbox {
             owner: owner.map(str::to_string),
         };
         let src_owned = src.to_path_buf();
-        let (reply, written) = self.over_pipe(&req, Flow::In, move |w| {
-            if follow {
-                transfer::write_tar_following(&src_owned, &name, w)
-            } else {
-                transfer::write_tar(&src_owned, &name, w)
-            }
-        })?;
+        let (reply, written) =
+            self.over_pipe(&req, Flow::In, move |w| write(&src_owned, &name, w))?;
         first_failure(reply, written, || format!("reading {}", src.display()))
     }
 

@@ -358,31 +358,36 @@ impl Sandbox {
         protocol::send(&conn, &Request::EndProcesses, &[]).map_err(|e| self.proto(e))?;
         match protocol::recv::<Event>(&conn) {
             Ok((Event::Ended { processes }, _)) => Ok(processes),
-            Ok((Event::Error { message, .. }, _)) => Err(SandboxError::Refused {
-                name: self.name.clone(),
-                message,
-            }
-            .into()),
-            Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
-                "unexpected {other:?}"
-            ))))),
-            Err(e) => Err(self.proto(e)),
+            got => Err(self.not_wanted(got.map(|(ev, _)| ev))),
         }
     }
 
     fn reply(&self, conn: &UnixStream) -> Result<u64> {
         match protocol::recv::<Event>(conn) {
             Ok((Event::Ok { time_ns, .. }, _)) => Ok(time_ns),
-            Ok((Event::Error { message, .. }, _)) => Err(SandboxError::Refused {
+            got => Err(self.not_wanted(got.map(|(ev, _)| ev))),
+        }
+    }
+
+    /// The error a reply other than the one waited for makes: the
+    /// server's refusal, or a protocol failure.
+    fn not_wanted(&self, got: std::result::Result<Event, ProtocolError>) -> Error {
+        match got {
+            Ok(Event::Error { message, .. }) => SandboxError::Refused {
                 name: self.name.clone(),
                 message,
             }
-            .into()),
-            Ok((other, _)) => Err(self.proto(ProtocolError::Io(std::io::Error::other(format!(
-                "unexpected {other:?}"
-            ))))),
-            Err(e) => Err(self.proto(e)),
+            .into(),
+            Ok(other) => self.unexpected(&other),
+            Err(e) => self.proto(e),
         }
+    }
+
+    /// The protocol failure an event out of turn makes.
+    fn unexpected(&self, ev: &Event) -> Error {
+        self.proto(ProtocolError::Io(std::io::Error::other(format!(
+            "unexpected {ev:?}"
+        ))))
     }
 
     /// How the sandbox's limits are enforced on this host, and which it

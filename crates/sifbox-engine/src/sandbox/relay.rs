@@ -60,13 +60,60 @@ fn write_all(to: BorrowedFd<'_>, mut data: &[u8]) -> bool {
     true
 }
 
+/// What one wait of a copy loop ([`pump_out`], `exec`'s reader) found.
+pub(super) enum Wait {
+    /// A signal came first: wait again.
+    Interrupted,
+    /// poll failed: stop copying.
+    Failed,
+    /// `stop` is readable (the command exited): the fds were made
+    /// non-blocking, so what is buffered drains without waiting.
+    Stopped,
+    /// One of the fds is readable.
+    Input,
+}
+
+/// Waits until one of `fds` or `stop` is readable; once `stop` is, makes
+/// each of `fds` non-blocking.
+pub(super) fn wait_input(fds: &[BorrowedFd<'_>], stop: BorrowedFd<'_>) -> Wait {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut polled: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
+        .collect();
+    polled.push(PollFd::new(&stop, PollFlags::IN));
+    match poll(&mut polled, None) {
+        Ok(_) => {}
+        Err(rustix::io::Errno::INTR) => return Wait::Interrupted,
+        Err(_) => return Wait::Failed,
+    }
+    let stopped = polled.last().is_some_and(|f| !f.revents().is_empty());
+    if !stopped {
+        return Wait::Input;
+    }
+    for fd in fds {
+        let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
+    }
+    Wait::Stopped
+}
+
+/// Whether `fd` has input now (a poll that does not wait).
+pub(super) fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+}
+
 /// Copies what the command writes (each pipe's read end) to the caller's
 /// descriptor, until `stop` is readable (the command exited) and what is
 /// buffered has been read. A caller's descriptor that refuses writes
 /// (a closed reader) has the rest of its stream read and dropped, so the
 /// command never blocks on it.
 fn pump_out(streams: Vec<(OwnedFd, BorrowedFd<'_>)>, stop: OwnedFd) {
-    use rustix::event::{poll, PollFd, PollFlags};
     let mut open: Vec<Option<(OwnedFd, BorrowedFd<'_>, bool)>> = streams
         .into_iter()
         .map(|(from, to)| Some((from, to, true)))
@@ -75,37 +122,21 @@ fn pump_out(streams: Vec<(OwnedFd, BorrowedFd<'_>)>, stop: OwnedFd) {
     let mut draining = false;
     while open.iter().any(Option::is_some) {
         if !draining {
-            let mut fds: Vec<PollFd<'_>> = open
-                .iter()
-                .flatten()
-                .map(|(fd, _, _)| PollFd::new(fd, PollFlags::IN))
-                .collect();
-            fds.push(PollFd::new(&stop, PollFlags::IN));
-            match poll(&mut fds, None) {
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => break,
-            }
-            if fds.last().is_some_and(|f| !f.revents().is_empty()) {
-                draining = true;
-                for (fd, _, _) in open.iter().flatten() {
-                    let _ = rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK);
-                }
+            let fds: Vec<BorrowedFd<'_>> =
+                open.iter().flatten().map(|(fd, _, _)| fd.as_fd()).collect();
+            match wait_input(&fds, stop.as_fd()) {
+                Wait::Interrupted => continue,
+                Wait::Failed => break,
+                Wait::Stopped => draining = true,
+                Wait::Input => {}
             }
         }
         for slot in &mut open {
             let Some((from, to, writable)) = slot else {
                 continue;
             };
-            if !draining {
-                let mut fds = [PollFd::new(&*from, PollFlags::IN)];
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                if !matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0) {
-                    continue;
-                }
+            if !draining && !readable_now(from.as_fd()) {
+                continue;
             }
             match rustix::io::read(&*from, &mut buf) {
                 Ok(0) => *slot = None,
@@ -235,15 +266,7 @@ impl Sandbox {
             let _ = pump.join();
             ended
         });
-        let mut denied = Vec::new();
-        let ended = ended.map(|(st, t, d)| {
-            denied = d;
-            (st, t)
-        });
-        let (status, t) = self.over_memory(ended, kills_before, last)?;
-        self.note_last(last, t);
-        self.note_denied(&denied);
-        Ok(status)
+        Ok(self.exec_ended(ended, kills_before, last)?.0)
     }
 }
 

@@ -512,6 +512,21 @@ fn serve_in_child(
         };
         let _ = protocol::send(conn, &ev, &[]);
     };
+    // The reply to a request on `at`, whose error names it; the status.
+    let reply_at = |at: &str, r: std::io::Result<()>| {
+        let failed = r.is_err();
+        reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{at}: {e}"))));
+        i32::from(failed)
+    };
+    // The ids of the image's user `owner`; `None`, replied, when unknown.
+    let owner_ids =
+        |owner: Option<String>| match owner.as_deref().map(worker::lookup_user).transpose() {
+            Ok(o) => Some(o.map(|u| (u.uid, u.gid))),
+            Err(e) => {
+                reply(Err(std::io::Error::other(e)));
+                None
+            }
+        };
     match req {
         Request::Exec(exec) => worker::run(&Kernel, conn, exec, fds, confinement),
         Request::Download { path, follow } => {
@@ -524,71 +539,47 @@ fn serve_in_child(
             } else {
                 transfer::write_tar(Path::new(&path), &name, File::from(fd))
             };
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
-            i32::from(failed)
+            reply_at(&path, r)
         }
         Request::Upload { dst, name, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
-            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
-                Ok(o) => o.map(|u| (u.uid, u.gid)),
-                Err(e) => {
-                    reply(Err(std::io::Error::other(e)));
-                    return 125;
-                }
+            let Some(owner) = owner_ids(owner) else {
+                return 125;
             };
             let r = transfer::unpack_tar(File::from(fd), Path::new(&dst), &name, owner);
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
-            i32::from(failed)
+            reply_at(&dst, r)
         }
         Request::UploadTar { dst, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
-            let owner = match owner.as_deref().map(worker::lookup_user).transpose() {
-                Ok(o) => o.map(|u| (u.uid, u.gid)),
-                Err(e) => {
-                    reply(Err(std::io::Error::other(e)));
-                    return 125;
-                }
+            let Some(owner) = owner_ids(owner) else {
+                return 125;
             };
             let r = transfer::extract_into(File::from(fd), Path::new(&dst), owner);
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
-            i32::from(failed)
+            reply_at(&dst, r)
         }
         Request::Extract { dst, owner } => {
             let Some(fd) = fds.pop() else { return 125 };
             let r = transfer::extract_tar(File::from(fd), Path::new(&dst), owner);
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
-            i32::from(failed)
+            reply_at(&dst, r)
         }
         Request::Remove { path } => {
             let r = match std::fs::remove_dir_all(&path) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 r => r,
             };
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
-            i32::from(failed)
+            reply_at(&path, r)
         }
         Request::GiveBack { path } => {
             let r = transfer::give_back(Path::new(&path));
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
-            i32::from(failed)
+            reply_at(&path, r)
         }
         Request::Chown { path, user } => {
             let r = chown_nofollow(&path, &user);
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}"))));
-            i32::from(failed)
+            reply_at(&path, r)
         }
         Request::MirrorOwners { dst } => {
             let r = transfer::mirror_owners(Path::new(&dst));
-            let failed = r.is_err();
-            reply(r.map_err(|e| std::io::Error::new(e.kind(), format!("{dst}: {e}"))));
-            i32::from(failed)
+            reply_at(&dst, r)
         }
         Request::Snapshot => {
             let Some(fd) = fds.pop() else { return 125 };

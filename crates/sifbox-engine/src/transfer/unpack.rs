@@ -103,6 +103,16 @@ pub fn unpack_to_host_limited(
 pub fn extract_tar(input: impl Read, dst: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     let root = open_root(dst)?;
+    unpack_relative(input, root, owner)
+}
+
+/// The unpacking of a stream of relative names into `root`, setuid and
+/// setgid bits kept, unlimited (what the caller sends is its own).
+fn unpack_relative(
+    input: impl Read,
+    root: OwnedFd,
+    owner: Option<(u32, u32)>,
+) -> std::io::Result<()> {
     unpack_with(
         input,
         root,
@@ -136,14 +146,7 @@ pub fn extract_into(
         ),
         e => e.into(),
     })?;
-    unpack_with(
-        input,
-        root,
-        relative_name,
-        owner,
-        SetId::Keep,
-        Limits::UNLIMITED,
-    )
+    unpack_relative(input, root, owner)
 }
 
 /// An entry's name as a path below the destination: plain components only
@@ -251,14 +254,7 @@ impl<W: Write> Retar<'_, W> {
         let rel = entry_path(raw, name, name)?;
         let header = entry.header();
         let kind = header.entry_type();
-        let new = if kind.is_dir() {
-            Written::Dir
-        } else if kind.is_symlink() {
-            Written::Symlink
-        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
-            Written::File { dev: 0, ino: 0 }
-        } else {
-            tracing::debug!("leaving out special file {}", raw.display());
+        let Some(new) = Written::of(kind, raw) else {
             return Ok(());
         };
         for above in rel.ancestors().skip(1) {
@@ -362,6 +358,21 @@ enum Written {
 }
 
 impl Written {
+    /// What an entry of `kind` writes (a file's inode yet unknown); `None`
+    /// for a special file, which is left out.
+    fn of(kind: tar::EntryType, raw: &Path) -> Option<Self> {
+        if kind.is_dir() {
+            Some(Written::Dir)
+        } else if kind.is_symlink() {
+            Some(Written::Symlink)
+        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
+            Some(Written::File { dev: 0, ino: 0 })
+        } else {
+            tracing::debug!("leaving out special file {}", raw.display());
+            None
+        }
+    }
+
     fn what(self) -> &'static str {
         match self {
             Written::Dir => "a directory",
@@ -479,14 +490,7 @@ impl<M: Fn(&Path) -> std::io::Result<PathBuf>> Unpacker<M> {
         let mtime = header.mtime().unwrap_or(0);
         let kind = header.entry_type();
         let (parent, file) = split(&rel)?;
-        let new = if kind.is_dir() {
-            Written::Dir
-        } else if kind.is_symlink() {
-            Written::Symlink
-        } else if kind.is_hard_link() || kind.is_file() || kind == tar::EntryType::Continuous {
-            Written::File { dev: 0, ino: 0 }
-        } else {
-            tracing::debug!("skipping special file {}", raw.display());
+        let Some(new) = Written::of(kind, raw) else {
             return Ok(());
         };
         if let Some(old) = self.written.get(&rel) {

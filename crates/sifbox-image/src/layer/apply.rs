@@ -14,9 +14,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use cap_std::fs::Dir;
-use rustix::fs::{
-    self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Timespec, Timestamps, Uid, XattrFlags,
-};
+use rustix::fs::{self as rfs, AtFlags, FileType, Gid, Mode, OFlags, Uid, XattrFlags};
 use rustix::io::Errno;
 use sifbox_sys::beneath;
 
@@ -832,24 +830,19 @@ fn ids(uid: u64, gid: u64, entry: &str) -> Result<(Uid, Gid)> {
     Ok((Uid::from_raw(u), Gid::from_raw(g)))
 }
 
-fn times(mtime: i64) -> Timestamps {
-    let t = Timespec {
-        tv_sec: mtime,
-        tv_nsec: 0,
-    };
-    Timestamps {
-        last_access: t,
-        last_modification: t,
-    }
-}
-
 fn set_times_fd<Fd: AsFd>(fd: Fd, mtime: i64, entry: &str) -> Result<()> {
-    rfs::futimens(fd, &times(mtime)).map_err(|e| entry_err(entry, "set the modification time", e))
+    rfs::futimens(fd, &crate::relink::times(mtime))
+        .map_err(|e| entry_err(entry, "set the modification time", e))
 }
 
 fn set_times_at(dir: &Dir, name: &[u8], mtime: i64, entry: &str) -> Result<()> {
-    rfs::utimensat(dir, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)
-        .map_err(|e| entry_err(entry, "set the modification time", e))
+    rfs::utimensat(
+        dir,
+        name,
+        &crate::relink::times(mtime),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| entry_err(entry, "set the modification time", e))
 }
 
 fn entry_err(entry: &str, op: &'static str, e: Errno) -> Error {

@@ -71,10 +71,12 @@ pub(super) fn io_err<'p>(
     op: &'static str,
     path: &'p Path,
 ) -> impl FnOnce(io::Error) -> SquashError + 'p {
-    move |source| SquashError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        SquashError::Io(crate::IoAt {
+            op,
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -1306,7 +1308,7 @@ mod tests {
             ..PackOptions::default()
         };
         let r = pack(tmp.path(), Path::new("/dev/full"), &opts);
-        assert!(matches!(&r, Err(SquashError::Io { .. })), "{r:?}");
+        assert!(matches!(&r, Err(SquashError::Io(_))), "{r:?}");
     }
 
     #[test]

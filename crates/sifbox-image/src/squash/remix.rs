@@ -559,11 +559,11 @@ fn read_all(path: &str, src: &FileSource, at: u64, buf: &mut [u8]) -> Result<(),
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     changed(path)
                 } else {
-                    SquashError::Io {
+                    SquashError::Io(crate::IoAt {
                         op: "read",
                         path: PathBuf::from(path),
                         source: e,
-                    }
+                    })
                 }
             })?;
         }
@@ -590,14 +590,13 @@ fn content_key(path: &str, src: &FileSource) -> Result<(u64, [u8; 32]), SquashEr
             }
             use std::os::unix::fs::FileExt;
             let mut one = [0u8; 1];
-            if f.as_file()
-                .read_at(&mut one, size)
-                .map_err(|e| SquashError::Io {
+            if f.as_file().read_at(&mut one, size).map_err(|e| {
+                SquashError::Io(crate::IoAt {
                     op: "read",
                     path: PathBuf::from(path),
                     source: e,
-                })?
-                != 0
+                })
+            })? != 0
             {
                 return Err(changed(path));
             }

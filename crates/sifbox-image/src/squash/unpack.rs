@@ -54,12 +54,13 @@ impl<'f> Image<'f> {
                 "{len} bytes is too short for a superblock"
             )));
         }
-        file.read_exact_at(&mut raw, base)
-            .map_err(|e| SquashError::Io {
+        file.read_exact_at(&mut raw, base).map_err(|e| {
+            SquashError::Io(crate::IoAt {
                 op: "read",
                 path: "squashfs superblock".into(),
                 source: e,
-            })?;
+            })
+        })?;
         let sb = SuperBlock::decode(&raw).ok_or(SquashError::NotSquashfs)?;
         if (sb.version_major, sb.version_minor) != (4, 0) {
             return Err(SquashError::Unsupported {
@@ -155,13 +156,13 @@ impl<'f> Image<'f> {
             .base
             .checked_add(at)
             .ok_or_else(|| corrupt("image offset overflows"))?;
-        self.file
-            .read_exact_at(buf, pos)
-            .map_err(|e| SquashError::Io {
+        self.file.read_exact_at(buf, pos).map_err(|e| {
+            SquashError::Io(crate::IoAt {
                 op: "read",
                 path: "squashfs image".into(),
                 source: e,
             })
+        })
     }
 
     fn read_index(&self, at: u64, count: u64, what: &str) -> Result<Vec<u64>, SquashError> {
@@ -697,10 +698,12 @@ struct FileJob {
 }
 
 fn io_at<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> SquashError + 'p {
-    move |source| SquashError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    move |source| {
+        SquashError::Io(crate::IoAt {
+            op,
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -708,10 +711,12 @@ fn errno_at<'p>(
     op: &'static str,
     path: &'p Path,
 ) -> impl FnOnce(rustix::io::Errno) -> SquashError + 'p {
-    move |e| SquashError::Io {
-        op,
-        path: path.to_path_buf(),
-        source: e.into(),
+    move |e| {
+        SquashError::Io(crate::IoAt {
+            op,
+            path: path.to_path_buf(),
+            source: e.into(),
+        })
     }
 }
 

@@ -1154,6 +1154,37 @@ mod tests {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod");
     }
 
+    /// A place for a store not made yet (`store` in a temporary dir).
+    fn store_root() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("store");
+        (t, root)
+    }
+
+    /// A private store at `root` with an image unpacked to a tree that
+    /// has its setuid bits (see [`setid_tree`]).
+    fn store_with_setid_tree(root: &Path) -> (Store, Digest, PathBuf) {
+        let s = Store::open(root).expect("open");
+        let d = make_sif(&s, b"old");
+        let tree = s.rootfs(&d, setid_tree).expect("rootfs");
+        (s, d, tree)
+    }
+
+    /// The store at `root` and its rootfs/ 0755, as an older sifbox left
+    /// them.
+    fn loosen_as_an_older_sifbox_left_it(root: &Path) {
+        chmod(root, 0o755);
+        chmod(&root.join("rootfs"), 0o755);
+    }
+
+    /// Opens the store at `root` private and asserts it closed the store
+    /// and its rootfs/ to the group.
+    fn assert_reopens_private(root: &Path) {
+        Store::open(root).expect("reopen private");
+        assert_eq!(mode_of(root), 0o700);
+        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+    }
+
     /// A tree as an unpack leaves it: a setuid and a setgid file.
     fn setid_tree(dest: &Path) -> Result<()> {
         std::fs::create_dir_all(dest.join("bin")).map_err(io(dest))?;
@@ -1167,8 +1198,7 @@ mod tests {
 
     #[test]
     fn a_private_store_is_0700_and_an_old_one_is_tightened() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
+        let (_t, root) = store_root();
         let s = Store::open(&root).expect("open");
         assert_eq!(mode_of(&root), 0o700);
         for d in SUBDIRS {
@@ -1184,22 +1214,15 @@ mod tests {
         // A private store keeps the bits (sudo works in its sandboxes).
         let tree = s.rootfs(&d, setid_tree).expect("rootfs");
         assert_eq!(mode_of(&tree.join("bin/su")), 0o4755);
-        // As an older sifbox left it.
-        chmod(&root, 0o755);
-        chmod(&root.join("rootfs"), 0o755);
-        Store::open(&root).expect("reopen");
-        assert_eq!(mode_of(&root), 0o700);
-        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+        loosen_as_an_older_sifbox_left_it(&root);
+        assert_reopens_private(&root);
     }
 
     #[test]
     fn a_shared_store_opens_to_its_group_only_stripped_trees() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
+        let (_t, root) = store_root();
         // Private first, with a tree that has its bits.
-        let private = Store::open(&root).expect("open");
-        let old = make_sif(&private, b"old");
-        let old_tree = private.rootfs(&old, setid_tree).expect("rootfs");
+        let (private, _old, old_tree) = store_with_setid_tree(&root);
         assert_eq!(mode_of(&old_tree.join("bin/su")), 0o4755);
 
         let s = Store::open_with(&root, Access::Group).expect("open shared");
@@ -1239,22 +1262,16 @@ mod tests {
         let r = s.gc().expect("gc");
         assert!(r.unpacked_without_image.contains(&base), "{r:?}");
         // Opened private again: closed to the group at once.
-        Store::open(&root).expect("private again");
-        assert_eq!(mode_of(&root), 0o700);
-        assert_eq!(mode_of(&root.join("rootfs")), 0o700);
+        assert_reopens_private(&root);
     }
 
     #[test]
     fn an_older_open_store_made_shared_is_stripped_first() {
-        let t = tempfile::tempdir().expect("tempdir");
-        let root = t.path().join("store");
-        let s = Store::open(&root).expect("open");
-        let d = make_sif(&s, b"old");
-        let tree = s.rootfs(&d, setid_tree).expect("rootfs");
+        let (_t, root) = store_root();
+        let (_s, _d, tree) = store_with_setid_tree(&root);
         // As an older sifbox left it: 0755, whose group bits are those of
         // a shared rootfs/ but whose trees were never stripped.
-        chmod(&root, 0o755);
-        chmod(&root.join("rootfs"), 0o755);
+        loosen_as_an_older_sifbox_left_it(&root);
         Store::open_with(&root, Access::Group).expect("open shared");
         assert_eq!(mode_of(&tree.join("bin/su")), 0o755);
         assert_eq!(mode_of(&root.join("rootfs")), SHARED_DIR);

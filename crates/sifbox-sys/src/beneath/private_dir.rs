@@ -217,6 +217,10 @@ mod tests {
         rustix::fs::CWD
     }
 
+    fn mode_of(p: &Path) -> u32 {
+        std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777
+    }
+
     #[test]
     fn makes_a_missing_dir_0700_and_opens_an_existing_one() {
         let t = tempfile::tempdir().expect("tempdir");
@@ -249,26 +253,11 @@ mod tests {
         let e = private_dir(cwd(), &target, true).expect_err("open to others");
         let n = NotPrivate::of(&e).expect("typed");
         assert_eq!(n.mode, Some(0o777));
-        assert_eq!(
-            std::fs::metadata(&target)
-                .expect("stat")
-                .permissions()
-                .mode()
-                & 0o7777,
-            0o777,
-            "left as it was"
-        );
+        assert_eq!(mode_of(&target), 0o777, "left as it was");
         // Readable by others only: ours to make private.
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         private_dir(cwd(), &target, false).expect("made private");
-        assert_eq!(
-            std::fs::metadata(&target)
-                .expect("stat")
-                .permissions()
-                .mode()
-                & 0o7777,
-            0o700
-        );
+        assert_eq!(mode_of(&target), 0o700);
     }
 
     #[test]
