@@ -11,7 +11,7 @@ use crate::cmd::options::{bad, build_spec, resolve_image, SandboxArgs};
 // `--name` is optional for `run` (which names its sandbox run-<random>) but
 // a long-lived sandbox is reached by its name: clap requires it here, so
 // help and usage say so.
-#[command(override_usage = "sifbox start [OPTIONS] --name NAME (--rootfs DIR | IMAGE)")]
+#[command(override_usage = "sifbox start [OPTIONS] --name <NAME> (--rootfs DIR | IMAGE)")]
 #[command(mut_arg("name", |a| a
     .required(true)
     .value_name("NAME")

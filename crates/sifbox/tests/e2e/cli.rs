@@ -2067,7 +2067,7 @@ fn a_misspelt_flag_shows_the_commands_real_usage() {
         ),
         (
             "start",
-            "Usage: sifbox start [OPTIONS] --name NAME (--rootfs DIR | IMAGE)",
+            "Usage: sifbox start [OPTIONS] --name <NAME> (--rootfs DIR | IMAGE)",
         ),
     ] {
         let out = sb.cmd([cmd, "--bogus"]).output();

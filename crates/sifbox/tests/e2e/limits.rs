@@ -429,7 +429,7 @@ fn disk_layers_are_fresh_copies_of_a_template_that_sandboxes_cannot_touch() {
     let stale = scratch.path().join(".ext4-template-64m-0000000000000000");
     std::fs::write(&stale, b"old").expect("stale template");
     let out = sb
-        .cmd(["gc"])
+        .cmd(["gc", "-v"])
         .env("SIFBOX_SCRATCH", scratch.path())
         .output();
     out.success();

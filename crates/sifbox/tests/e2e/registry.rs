@@ -34,32 +34,21 @@ use crate::harness::{
 // Tools
 // ---------------------------------------------------------------------------
 
-/// skopeo with an auth file of its own: without one it reads
+/// skopeo with its files in `scratch` (a test's temp dir, gone with it):
+/// an auth file of its own (without one it reads
 /// /run/containers/UID/auth.json, which another user's podman or buildah
-/// may have made unreadable. The file (no credentials) is one per user,
-/// made once and reused by every test process, so nothing piles up in
-/// /tmp (a static temp dir is never dropped).
-fn skopeo() -> Command {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    static AUTH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    let file = AUTH.get_or_init(|| {
-        let uid = rustix::process::geteuid().as_raw();
-        let dir = std::env::temp_dir().join(format!("sifbox-e2e-skopeo-{uid}"));
-        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-        let meta = std::fs::symlink_metadata(&dir).expect("skopeo's auth dir");
-        assert!(
-            meta.is_dir() && meta.uid() == uid,
-            "{} is not ours",
-            dir.display()
-        );
-        let file = dir.join("auth.json");
-        let tmp = dir.join(format!("auth.json.{}", std::process::id()));
-        std::fs::write(&tmp, b"{\"auths\":{}}").expect("auth file");
-        std::fs::rename(&tmp, &file).expect("auth file");
-        file
-    });
+/// may have made unreadable) and its blob-info cache (else
+/// ~/.local/share/containers/cache), so nothing is left behind.
+fn skopeo(scratch: &Path) -> Command {
+    let dir = scratch.join("skopeo");
+    std::fs::create_dir_all(dir.join("data")).expect("skopeo's dir");
+    let file = dir.join("auth.json");
+    if !file.exists() {
+        std::fs::write(&file, b"{\"auths\":{}}").expect("auth file");
+    }
     let mut c = Command::new(require("skopeo", "skopeo"));
-    c.env("REGISTRY_AUTH_FILE", file);
+    c.env("REGISTRY_AUTH_FILE", &file)
+        .env("XDG_DATA_HOME", dir.join("data"));
     c
 }
 
@@ -483,7 +472,7 @@ impl Layout {
     fn push(&self, tag: &str, registry: &Registry, dest: &str, extra: &[&str]) {
         require("skopeo", "skopeo");
         run_tool(
-            skopeo()
+            skopeo(self.scratch.path())
                 .args([
                     "copy",
                     "--quiet",
@@ -832,7 +821,7 @@ fn zstd_layers() {
     // skopeo recompresses into a second layout, then pushes that as it is.
     let zstd_dir = layout.scratch.path().join("zstd");
     run_tool(
-        skopeo()
+        skopeo(layout.scratch.path())
             .args([
                 "copy",
                 "--quiet",
@@ -844,7 +833,7 @@ fn zstd_layers() {
             .arg(format!("oci:{}:z", zstd_dir.display())),
     );
     run_tool(
-        skopeo()
+        skopeo(layout.scratch.path())
             .args([
                 "copy",
                 "--quiet",
@@ -853,6 +842,18 @@ fn zstd_layers() {
             ])
             .arg(format!("oci:{}:z", zstd_dir.display()))
             .arg(format!("docker://{}/test/zstd:1", reg.host())),
+    );
+    // skopeo kept its blob-info cache in the test's scratch dir, not in
+    // the user's home (issue 26: tests left it in ~/.local/share). Root's
+    // skopeo uses the system's /var/lib/containers/cache whatever it is told.
+    assert!(
+        harness::is_root()
+            || layout
+                .scratch
+                .path()
+                .join("skopeo/data/containers/cache")
+                .is_dir(),
+        "skopeo's cache is not in the scratch dir"
     );
     let env = Env::new();
     let digest = env.pull(&format!("{}/test/zstd:1", reg.host()));
