@@ -131,6 +131,8 @@ else
     before=$(mktemp)
     enabled_units >"$before"
     if [[ ! -e $policy ]]; then
+        # Gone however this script ends (an error, ^C), not only below.
+        trap 'rm -f "$policy" "$before"' EXIT
         printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts while it installs\nexit 101\n' >"$policy"
         chmod 0755 "$policy"
         ours=true
